@@ -1,0 +1,38 @@
+//! `berth bench`: measurements comparable with `shared/bench` (PyTorch's scripts).
+//!
+//! One file per benchmark; each owns its arguments.
+
+mod dataloader;
+mod gpu;
+
+/// Arguments of `berth bench`.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    which: Which,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Which {
+    /// DataLoader throughput (host memory always; the GPU when present).
+    Dataloader(dataloader::Args),
+    /// Host/device transfer bandwidth: pageable, pinned, device to device, `pin_memory()`.
+    Transfers(gpu::TransfersArgs),
+    /// Allocation latency through berth's caching allocator and the raw driver.
+    Alloc(gpu::AllocArgs),
+    /// Copy/compute overlap on two streams.
+    Overlap(gpu::OverlapArgs),
+    /// Cost of synchronising reads (`item()` in a loop) and blocked host time of copies.
+    Sync(gpu::SyncArgs),
+}
+
+/// Runs `berth bench`.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.which {
+        Which::Dataloader(a) => dataloader::run(a),
+        Which::Transfers(a) => gpu::run_transfers(a),
+        Which::Alloc(a) => gpu::run_alloc(a),
+        Which::Overlap(a) => gpu::run_overlap(a),
+        Which::Sync(a) => gpu::run_sync(a),
+    }
+}

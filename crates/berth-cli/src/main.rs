@@ -1,0 +1,70 @@
+//! `berth`: the command-line tool of berth.
+//!
+//! Subcommands: `info` (devices), `train` / `eval` (the Fashion-MNIST main job), `replay`
+//! (PyTorch allocator traces through berth's allocators) and `bench` (measurements).
+//! Errors print one line and exit with status 2 (usage and input errors) or 1 (failures).
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod info;
+mod replay;
+mod train;
+
+/// berth: where your tensors live, how fast they move, and where your GPU memory went.
+#[derive(Parser, Debug)]
+#[command(name = "berth", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show berth's version, CPU cores and every CUDA device (or why CUDA is not available).
+    Info(info::InfoArgs),
+    /// Train an MLP on Fashion-MNIST on the best device present (the main job).
+    Train(train::TrainArgs),
+    /// Evaluate a saved state dict on the Fashion-MNIST test set.
+    Eval(train::EvalArgs),
+    /// Replay PyTorch allocator traces through berth's allocators and compare with PyTorch.
+    Replay(replay::ReplayArgs),
+    /// Run a benchmark.
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info(a) => info::run(a),
+        Command::Train(a) => train::run_train(a),
+        Command::Eval(a) => train::run_eval(a),
+        Command::Replay(a) => replay::run(a),
+        Command::Bench(a) => bench::run(a),
+    };
+    if let Err(err) = result {
+        eprintln!("berth: error: {err:#}");
+        std::process::exit(exit_code(&err));
+    }
+}
+
+/// Exit status for an error: 2 for bad user input (the error chain holds a [`UsageError`]), 1 otherwise.
+fn exit_code(err: &anyhow::Error) -> i32 {
+    if err.chain().any(|e| e.is::<UsageError>()) {
+        2
+    } else {
+        1
+    }
+}
+
+/// A user-input error (bad flag value, missing file): the CLI exits with status 2.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}

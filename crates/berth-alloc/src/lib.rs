@@ -1,1 +1,39 @@
-//! berth-alloc
+//! berth-alloc: device memory allocators over a small backend trait, with PyTorch's caching
+//! policy reproduced exactly, its statistics, snapshots and history, and a simulated device.
+//!
+//! # Layers
+//! 1. [`backend::MemoryBackend`]: raw segments, memory info and stream events (plus the
+//!    [`backend::VirtualMemoryBackend`] capability for expandable segments). Implemented by
+//!    [`backend::sim::SimBackend`], the [`adaptor`]s and, in crate `berth`, the CUDA backend.
+//! 2. Policies implementing [`DeviceAllocator`]: [`caching::CachingAllocator`] (PyTorch's
+//!    `CUDACachingAllocator` policy, byte-exact on real traces).
+//! 3. Users (tensor storage, `berth replay`) see only [`DeviceAllocator`] and [`Allocation`].
+//!
+//! # Quick start
+//! ```ignore
+//! use berth_alloc::{backend::{sim::SimBackend, StreamId}, caching::CachingAllocator, DeviceAllocator};
+//! let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+//! let a = alloc.allocate(4, StreamId::DEFAULT).unwrap();
+//! assert_eq!(alloc.stats().memory_allocated(), 512);
+//! assert_eq!(alloc.stats().memory_reserved(), 2 << 20);
+//! drop(a);
+//! alloc.empty_cache().unwrap();
+//! assert_eq!(alloc.stats().memory_reserved(), 0);
+//! ```
+
+pub mod adaptor;
+mod allocator;
+pub mod backend;
+// caching: added next
+pub mod config;
+pub mod error;
+pub mod snapshot;
+pub mod stats;
+pub mod summary;
+
+pub use allocator::{Allocation, AllocationOwner, DeviceAllocator};
+pub use backend::{DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend};
+pub use config::AllocatorConfig;
+pub use error::{AllocError, BackendError, ConfigError};
+pub use snapshot::{BlockInfo, BlockState, MemorySnapshot, SegmentInfo, TraceAction, TraceEntry};
+pub use stats::{MemoryStats, Stat, StatKind};

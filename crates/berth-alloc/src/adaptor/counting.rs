@@ -1,0 +1,171 @@
+//! [`Counting`]: counts the calls made to another backend (RMM's statistics adaptor, calls only).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::backend::{DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend};
+use crate::error::BackendError;
+
+/// Counts of calls through a [`Counting`] adaptor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallCounts {
+    /// `malloc` calls.
+    pub malloc: u64,
+    /// `free` calls.
+    pub free: u64,
+    /// `map` calls.
+    pub map: u64,
+    /// `unmap` calls.
+    pub unmap: u64,
+    /// `record_event` calls.
+    pub record_event: u64,
+    /// Bytes currently allocated or mapped through the adaptor.
+    pub live_bytes: u64,
+}
+
+impl CallCounts {
+    /// Calls that create, map, unmap or free device memory.
+    pub fn device_calls(&self) -> u64 {
+        self.malloc + self.free + self.map + self.unmap
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    malloc: AtomicU64,
+    free: AtomicU64,
+    map: AtomicU64,
+    unmap: AtomicU64,
+    record_event: AtomicU64,
+    live_bytes: AtomicU64,
+}
+
+/// Counts `malloc`, `free`, `map`, `unmap` and `record_event` calls, and live bytes.
+#[derive(Debug)]
+pub struct Counting<B> {
+    inner: B,
+    c: Counters,
+}
+
+impl<B: MemoryBackend> Counting<B> {
+    /// Wraps `inner`.
+    pub fn new(inner: B) -> Self {
+        Counting {
+            inner,
+            c: Counters::default(),
+        }
+    }
+
+    /// The counts so far.
+    pub fn counts(&self) -> CallCounts {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CallCounts {
+            malloc: l(&self.c.malloc),
+            free: l(&self.c.free),
+            map: l(&self.c.map),
+            unmap: l(&self.c.unmap),
+            record_event: l(&self.c.record_event),
+            live_bytes: l(&self.c.live_bytes),
+        }
+    }
+
+    /// The wrapped backend.
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+}
+
+impl<B: MemoryBackend> MemoryBackend for Counting<B> {
+    type Event = B::Event;
+
+    fn malloc(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr, BackendError> {
+        self.c.malloc.fetch_add(1, Ordering::Relaxed);
+        let p = self.inner.malloc(bytes, stream)?;
+        self.c.live_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        Ok(p)
+    }
+
+    unsafe fn free(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        self.c.free.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged; the caller upholds `MemoryBackend::free`'s contract.
+        unsafe { self.inner.free(ptr, bytes, stream) }?;
+        self.c.live_bytes.fetch_sub(bytes as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn mem_info(&self) -> Result<MemInfo, BackendError> {
+        self.inner.mem_info()
+    }
+
+    fn record_event(&self, stream: StreamId) -> Result<Self::Event, BackendError> {
+        self.c.record_event.fetch_add(1, Ordering::Relaxed);
+        self.inner.record_event(stream)
+    }
+
+    fn query_event(&self, event: &Self::Event) -> Result<bool, BackendError> {
+        self.inner.query_event(event)
+    }
+
+    fn sync_event(&self, event: &Self::Event) -> Result<(), BackendError> {
+        self.inner.sync_event(event)
+    }
+
+    fn alignment(&self) -> usize {
+        self.inner.alignment()
+    }
+
+    fn as_virtual(&self) -> Option<&dyn VirtualMemoryBackend> {
+        self.inner
+            .as_virtual()
+            .map(|_| self as &dyn VirtualMemoryBackend)
+    }
+}
+
+fn no_vm() -> BackendError {
+    BackendError::Other {
+        op: "virtual memory",
+        message: "the wrapped backend has no virtual-memory support".into(),
+    }
+}
+
+impl<B: MemoryBackend> VirtualMemoryBackend for Counting<B> {
+    fn granularity(&self) -> usize {
+        self.inner.as_virtual().map_or(1, |v| v.granularity())
+    }
+
+    fn reserve(&self, bytes: usize) -> Result<DevicePtr, BackendError> {
+        self.inner.as_virtual().ok_or_else(no_vm)?.reserve(bytes)
+    }
+
+    fn map(&self, addr: DevicePtr, bytes: usize, stream: StreamId) -> Result<(), BackendError> {
+        let vm = self.inner.as_virtual().ok_or_else(no_vm)?;
+        self.c.map.fetch_add(1, Ordering::Relaxed);
+        vm.map(addr, bytes, stream)?;
+        self.c.live_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    unsafe fn unmap(
+        &self,
+        addr: DevicePtr,
+        bytes: usize,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        let vm = self.inner.as_virtual().ok_or_else(no_vm)?;
+        self.c.unmap.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged; the caller upholds `unmap`'s contract.
+        unsafe { vm.unmap(addr, bytes, stream) }?;
+        self.c.live_bytes.fetch_sub(bytes as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    unsafe fn release(&self, base: DevicePtr, bytes: usize) -> Result<(), BackendError> {
+        let vm = self.inner.as_virtual().ok_or_else(no_vm)?;
+        // SAFETY: forwarded unchanged; the caller upholds `release`'s contract.
+        unsafe { vm.release(base, bytes) }
+    }
+}

@@ -1,0 +1,190 @@
+//! The raw device-memory source under every allocator policy.
+//!
+//! A [`MemoryBackend`] hands out whole segments (`cudaMalloc` / `cudaFree` on a real GPU), reports
+//! device memory, and records stream events. It is deliberately small (the house style's "about
+//! seven methods"): policies ([`crate::caching::CachingAllocator`], berth's own) add everything
+//! else. Virtual-memory support for expandable segments is a separate, object-safe capability,
+//! [`VirtualMemoryBackend`], reached through [`MemoryBackend::as_virtual`].
+//!
+//! Implementations: [`sim::SimBackend`] (a simulated device, first-class, used by every test and by
+//! `berth replay`), the adaptors of [`crate::adaptor`] and, outside this crate, the CUDA backend.
+
+pub mod sim;
+
+use crate::error::BackendError;
+
+/// A stream handle as an integer, exactly as PyTorch's traces and snapshots write it.
+///
+/// The CUDA backend uses the raw `CUstream` value; `StreamId(0)` is the default (legacy) stream.
+/// Ordering is numeric, which is the order PyTorch's pools sort streams in (by handle value).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct StreamId(pub u64);
+
+impl StreamId {
+    /// The default stream (handle 0).
+    pub const DEFAULT: StreamId = StreamId(0);
+}
+
+impl std::fmt::Display for StreamId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stream {:#x}", self.0)
+    }
+}
+
+/// A device address (a `CUdeviceptr` on CUDA). `DevicePtr(0)` is the null pointer, returned for
+/// zero-byte allocations as PyTorch does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The null device pointer.
+    pub const NULL: DevicePtr = DevicePtr(0);
+
+    /// Whether this is the null pointer.
+    pub fn is_null(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl std::fmt::Display for DevicePtr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// Device memory as the driver reports it (`cudaMemGetInfo`), in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct MemInfo {
+    /// Free device memory in bytes (all processes and the context included).
+    pub free_bytes: u64,
+    /// Total device memory in bytes.
+    pub total_bytes: u64,
+}
+
+/// Raw device memory: segments, memory info and stream events.
+///
+/// All methods take `&self`; implementations are `Send + Sync` and do their own locking.
+/// Policies call [`MemoryBackend::malloc`] without holding their own state lock where they can
+/// (house style, after PyTorch's `Note [HostAllocator design]`).
+pub trait MemoryBackend: Send + Sync + 'static {
+    /// A recorded stream event (a `CUevent`, or the simulator's ticket). Dropping it releases it.
+    type Event: Send + Sync + 'static;
+
+    /// Allocates a segment of `bytes` bytes, ordered on `stream` (`cudaMalloc` ignores the
+    /// stream; a stream-ordered backend may use it).
+    ///
+    /// # Errors
+    /// 1. [`BackendError::OutOfMemory`] when the device cannot provide `bytes` now; callers free
+    ///    cached memory and retry on this variant only.
+    /// 2. [`BackendError::Other`] for every other failure (never retried).
+    fn malloc(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr, BackendError>;
+
+    /// Frees a segment obtained from [`MemoryBackend::malloc`] (`cudaFree`, which synchronizes
+    /// the device on CUDA).
+    ///
+    /// # Safety
+    /// 1. `ptr` was returned by `malloc` on this backend with this `bytes`, and is not freed yet.
+    /// 2. No work queued on any stream still reads or writes the segment, or the backend
+    ///    synchronizes before releasing it (as `cudaFree` does).
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidPointer`] when the backend can tell `ptr` is not one of its live
+    /// segments (the simulator can); [`BackendError::Other`] for driver failures.
+    unsafe fn free(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        stream: StreamId,
+    ) -> Result<(), BackendError>;
+
+    /// Free and total device memory in bytes (`cudaMemGetInfo`).
+    ///
+    /// # Errors
+    /// [`BackendError::Other`] when the driver call fails.
+    fn mem_info(&self) -> Result<MemInfo, BackendError>;
+
+    /// Records an event on `stream` that completes when the work queued so far completes.
+    ///
+    /// # Errors
+    /// [`BackendError::Other`] when the driver call fails.
+    fn record_event(&self, stream: StreamId) -> Result<Self::Event, BackendError>;
+
+    /// Whether `event` has completed (`cudaEventQuery`; "not ready" is `Ok(false)`).
+    ///
+    /// # Errors
+    /// [`BackendError::Other`] when the query fails for another reason.
+    fn query_event(&self, event: &Self::Event) -> Result<bool, BackendError>;
+
+    /// Blocks until `event` has completed (`cudaEventSynchronize`).
+    ///
+    /// # Errors
+    /// [`BackendError::Other`] when the driver call fails.
+    fn sync_event(&self, event: &Self::Event) -> Result<(), BackendError>;
+
+    /// The alignment in bytes of every pointer [`MemoryBackend::malloc`] returns (`cudaMalloc`
+    /// guarantees 256).
+    fn alignment(&self) -> usize {
+        256
+    }
+
+    /// The virtual-memory capability used by expandable segments, if this backend has it.
+    /// Default: `None`.
+    fn as_virtual(&self) -> Option<&dyn VirtualMemoryBackend> {
+        None
+    }
+}
+
+/// Virtual-memory capability for expandable segments (`cuMemAddressReserve`, `cuMemCreate` +
+/// `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap` + `cuMemRelease`, `cuMemAddressFree`).
+///
+/// A separate, object-safe trait (not a subtrait with an `Event` type) so that a policy generic
+/// over any [`MemoryBackend`] can ask for it at run time through [`MemoryBackend::as_virtual`].
+/// Physical memory is mapped in pages of [`VirtualMemoryBackend::granularity`] bytes chosen by the
+/// caller (PyTorch: 2 MiB for the small pool, 20 MiB for the large one), each a multiple of the
+/// backend's minimum granularity.
+pub trait VirtualMemoryBackend: Send + Sync {
+    /// The minimum mapping granularity in bytes (`cuMemGetAllocationGranularity`, 2 MiB on
+    /// current GPUs). Every `bytes` and offset below is a multiple of it.
+    fn granularity(&self) -> usize;
+
+    /// Reserves `bytes` bytes of device address space, with nothing mapped.
+    ///
+    /// # Errors
+    /// [`BackendError::OutOfMemory`] when no address range is left; [`BackendError::Other`] else.
+    fn reserve(&self, bytes: usize) -> Result<DevicePtr, BackendError>;
+
+    /// Creates `bytes` bytes of physical memory and maps it at `addr` (inside a reservation)
+    /// with read/write access for this device.
+    ///
+    /// # Errors
+    /// [`BackendError::OutOfMemory`] when the physical memory is not available (nothing is left
+    /// mapped then); [`BackendError::Other`] for a range outside a reservation or already mapped.
+    fn map(&self, addr: DevicePtr, bytes: usize, stream: StreamId) -> Result<(), BackendError>;
+
+    /// Unmaps `bytes` bytes at `addr` and releases their physical memory.
+    ///
+    /// # Safety
+    /// 1. The range was mapped by [`VirtualMemoryBackend::map`] (possibly in several calls).
+    /// 2. No queued work still uses it (callers synchronize first; `cuMemUnmap` does not).
+    ///
+    /// # Errors
+    /// [`BackendError::Other`] for a range that is not mapped.
+    unsafe fn unmap(
+        &self,
+        addr: DevicePtr,
+        bytes: usize,
+        stream: StreamId,
+    ) -> Result<(), BackendError>;
+
+    /// Releases a reservation made by [`VirtualMemoryBackend::reserve`].
+    ///
+    /// # Safety
+    /// 1. Nothing inside the range is mapped any more.
+    ///
+    /// # Errors
+    /// [`BackendError::Other`] for an unknown reservation.
+    unsafe fn release(&self, base: DevicePtr, bytes: usize) -> Result<(), BackendError>;
+}

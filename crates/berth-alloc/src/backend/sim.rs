@@ -1,0 +1,544 @@
+//! [`SimBackend`]: a simulated device, a first-class backend (cubecl's `BytesStorage`).
+//!
+//! It has a capacity in bytes, hands out non-overlapping, increasing addresses (or, on request,
+//! the exact segment addresses a PyTorch trace recorded), supports virtual memory for expandable
+//! segments, keeps events that complete only when told, counts every call, and can be told to
+//! fail the Nth `malloc`. No memory is touched: addresses are numbers.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Mutex;
+
+use super::{DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend};
+use crate::error::BackendError;
+
+/// The first address the simulator hands out.
+const BASE_ADDR: u64 = 1 << 40;
+/// Gap left between consecutive segments, so that neighbours are never contiguous by accident.
+const GAP: u64 = 2 << 20;
+
+/// Counts of every backend call made on a [`SimBackend`] (failed calls included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimCounts {
+    /// `malloc` calls.
+    pub malloc: u64,
+    /// `malloc` calls that failed.
+    pub malloc_failed: u64,
+    /// `free` calls.
+    pub free: u64,
+    /// `mem_info` calls.
+    pub mem_info: u64,
+    /// `record_event` calls.
+    pub record_event: u64,
+    /// `query_event` calls.
+    pub query_event: u64,
+    /// `sync_event` calls.
+    pub sync_event: u64,
+    /// `reserve` calls (virtual address space).
+    pub reserve: u64,
+    /// `map` calls.
+    pub map: u64,
+    /// `unmap` calls.
+    pub unmap: u64,
+    /// `release` calls.
+    pub release: u64,
+}
+
+impl SimCounts {
+    /// Calls that create, map, unmap or free device memory (`malloc` + `free` + `map` + `unmap`),
+    /// the `device_calls` figure of `berth replay`.
+    pub fn device_calls(&self) -> u64 {
+        self.malloc + self.free + self.map + self.unmap
+    }
+}
+
+/// An event of the simulator: a ticket on a stream's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimEvent {
+    stream: StreamId,
+    seq: u64,
+}
+
+impl SimEvent {
+    /// The stream it was recorded on.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct StreamClock {
+    recorded: u64,
+    completed: u64,
+}
+
+#[derive(Default)]
+struct SimState {
+    next_addr: u64,
+    planned: VecDeque<u64>,
+    /// Live segments: address → bytes.
+    segments: BTreeMap<u64, u64>,
+    /// Address reservations: base → bytes.
+    reservations: BTreeMap<u64, u64>,
+    /// Mapped pages (addresses of granularity-sized pages).
+    mapped_pages: BTreeSet<u64>,
+    used: u64,
+    clocks: HashMap<StreamId, StreamClock>,
+    fail_malloc_at: Option<u64>,
+    auto_complete: bool,
+    initialized: bool,
+    counts: SimCounts,
+}
+
+/// A simulated device of a fixed capacity.
+///
+/// ```
+/// use berth_alloc::backend::{sim::SimBackend, MemoryBackend, StreamId};
+/// let sim = SimBackend::new(1 << 30);
+/// let p = sim.malloc(4 << 20, StreamId::DEFAULT).unwrap();
+/// assert_eq!(sim.used_bytes(), 4 << 20);
+/// // SAFETY: `p` came from this backend with this size and is freed once.
+/// unsafe { sim.free(p, 4 << 20, StreamId::DEFAULT).unwrap() };
+/// assert_eq!(sim.counts().malloc, 1);
+/// ```
+pub struct SimBackend {
+    capacity: u64,
+    context_bytes: u64,
+    alignment: usize,
+    granularity: usize,
+    state: Mutex<SimState>,
+}
+
+impl std::fmt::Debug for SimBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimBackend")
+            .field("capacity", &self.capacity)
+            .field("used", &self.used_bytes())
+            .finish()
+    }
+}
+
+fn align_up(v: u64, a: u64) -> u64 {
+    v.div_ceil(a) * a
+}
+
+impl SimBackend {
+    /// A device with `capacity` bytes, 512-byte alignment and 2 MiB mapping granularity.
+    pub fn new(capacity: u64) -> Self {
+        SimBackend {
+            capacity,
+            context_bytes: 0,
+            alignment: 512,
+            granularity: 2 << 20,
+            state: Mutex::new(SimState {
+                next_addr: BASE_ADDR,
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// The capacity of an H200 as `cudaMemGetInfo` reports it (150 109 880 320 bytes), the
+    /// device PyTorch's traces were recorded on.
+    pub const H200_BYTES: u64 = 150_109_880_320;
+
+    /// Simulates a driver context of `bytes` bytes that counts as used device memory once the
+    /// device is first used (BUG-12), outside any allocator.
+    pub fn with_context_bytes(mut self, bytes: u64) -> Self {
+        self.context_bytes = bytes;
+        self
+    }
+
+    /// Hands out these segment addresses, in order, to the next `malloc` calls (a trace's
+    /// `segment_alloc` rows); an address that would overlap a live segment is skipped, and when
+    /// the list runs out fresh increasing addresses follow.
+    pub fn with_addresses(self, addrs: impl IntoIterator<Item = u64>) -> Self {
+        self.lock().planned = addrs.into_iter().collect();
+        self
+    }
+
+    /// Makes every event complete as soon as it is recorded (a device that is always idle).
+    pub fn with_events_completing_immediately(self) -> Self {
+        self.lock().auto_complete = true;
+        self
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SimState> {
+        // A panic while holding this lock cannot leave the state half-updated in a way that
+        // matters for a simulator; keep going.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the `n`-th `malloc` call (1-based, counted from creation) fail with
+    /// [`BackendError::OutOfMemory`]; later calls succeed again.
+    pub fn fail_malloc_at(&self, n: u64) {
+        self.lock().fail_malloc_at = Some(n);
+    }
+
+    /// Completes every event recorded so far on `stream`.
+    pub fn complete_events_on(&self, stream: StreamId) {
+        let mut st = self.lock();
+        let clock = st.clocks.entry(stream).or_default();
+        clock.completed = clock.recorded;
+    }
+
+    /// Completes every event recorded so far on every stream.
+    pub fn complete_all(&self) {
+        for clock in self.lock().clocks.values_mut() {
+            clock.completed = clock.recorded;
+        }
+    }
+
+    /// Events recorded on `stream` and not completed yet.
+    pub fn pending_events(&self, stream: StreamId) -> u64 {
+        self.lock()
+            .clocks
+            .get(&stream)
+            .map_or(0, |c| c.recorded - c.completed)
+    }
+
+    /// Counts of every call so far.
+    pub fn counts(&self) -> SimCounts {
+        self.lock().counts
+    }
+
+    /// Bytes of device memory in use (live segments plus mapped pages; the context excluded).
+    pub fn used_bytes(&self) -> u64 {
+        self.lock().used
+    }
+
+    /// Number of live (not freed) segments.
+    pub fn live_segments(&self) -> usize {
+        self.lock().segments.len()
+    }
+
+    /// Whether any call has used the device yet (the simulated context exists).
+    pub fn is_initialized(&self) -> bool {
+        self.lock().initialized
+    }
+
+    /// The capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn available(&self, st: &SimState) -> u64 {
+        let context = if st.initialized {
+            self.context_bytes
+        } else {
+            0
+        };
+        self.capacity.saturating_sub(st.used + context)
+    }
+
+    fn fresh_range(&self, st: &mut SimState, bytes: u64) -> u64 {
+        let addr = align_up(st.next_addr, self.granularity as u64);
+        st.next_addr = addr + align_up(bytes.max(1), self.granularity as u64) + GAP;
+        addr
+    }
+
+    fn overlaps(st: &SimState, addr: u64, bytes: u64) -> bool {
+        let end = addr + bytes;
+        let seg = st
+            .segments
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&a, &b)| a + b > addr);
+        let res = st
+            .reservations
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&a, &b)| a + b > addr);
+        seg || res
+    }
+}
+
+impl MemoryBackend for SimBackend {
+    type Event = SimEvent;
+
+    fn malloc(&self, bytes: usize, _stream: StreamId) -> Result<DevicePtr, BackendError> {
+        let mut st = self.lock();
+        st.initialized = true;
+        st.counts.malloc += 1;
+        let bytes = bytes as u64;
+        let fail = st.fail_malloc_at == Some(st.counts.malloc);
+        if fail || bytes > self.available(&st) {
+            st.counts.malloc_failed += 1;
+            return Err(BackendError::OutOfMemory {
+                op: "malloc",
+                bytes,
+            });
+        }
+        let addr = loop {
+            match st.planned.pop_front() {
+                Some(a)
+                    if a != 0
+                        && a.is_multiple_of(self.alignment as u64)
+                        && !Self::overlaps(&st, a, bytes) =>
+                {
+                    st.next_addr = st.next_addr.max(a + bytes + GAP);
+                    break a;
+                }
+                Some(_) => continue,
+                None => break self.fresh_range(&mut st, bytes),
+            }
+        };
+        st.segments.insert(addr, bytes);
+        st.used += bytes;
+        Ok(DevicePtr(addr))
+    }
+
+    unsafe fn free(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        _stream: StreamId,
+    ) -> Result<(), BackendError> {
+        let mut st = self.lock();
+        st.counts.free += 1;
+        match st.segments.get(&ptr.0) {
+            Some(&b) if b == bytes as u64 => {
+                st.segments.remove(&ptr.0);
+                st.used -= b;
+                Ok(())
+            }
+            Some(&b) => Err(BackendError::Other {
+                op: "free",
+                message: format!("segment {ptr} has {b} bytes but free was given {bytes}"),
+            }),
+            None => Err(BackendError::InvalidPointer { op: "free", ptr }),
+        }
+    }
+
+    fn mem_info(&self) -> Result<MemInfo, BackendError> {
+        let mut st = self.lock();
+        st.initialized = true;
+        st.counts.mem_info += 1;
+        Ok(MemInfo {
+            free_bytes: self.available(&st),
+            total_bytes: self.capacity,
+        })
+    }
+
+    fn record_event(&self, stream: StreamId) -> Result<SimEvent, BackendError> {
+        let mut st = self.lock();
+        st.initialized = true;
+        st.counts.record_event += 1;
+        let auto = st.auto_complete;
+        let clock = st.clocks.entry(stream).or_default();
+        clock.recorded += 1;
+        if auto {
+            clock.completed = clock.recorded;
+        }
+        Ok(SimEvent {
+            stream,
+            seq: clock.recorded,
+        })
+    }
+
+    fn query_event(&self, event: &SimEvent) -> Result<bool, BackendError> {
+        let mut st = self.lock();
+        st.counts.query_event += 1;
+        Ok(st
+            .clocks
+            .get(&event.stream)
+            .is_some_and(|c| c.completed >= event.seq))
+    }
+
+    fn sync_event(&self, event: &SimEvent) -> Result<(), BackendError> {
+        let mut st = self.lock();
+        st.counts.sync_event += 1;
+        let clock = st.clocks.entry(event.stream).or_default();
+        clock.completed = clock.completed.max(event.seq);
+        Ok(())
+    }
+
+    fn alignment(&self) -> usize {
+        self.alignment
+    }
+
+    fn as_virtual(&self) -> Option<&dyn VirtualMemoryBackend> {
+        Some(self)
+    }
+}
+
+impl SimBackend {
+    fn check_range(
+        &self,
+        st: &SimState,
+        addr: u64,
+        bytes: u64,
+        op: &'static str,
+    ) -> Result<(), BackendError> {
+        let g = self.granularity as u64;
+        if !addr.is_multiple_of(g) || !bytes.is_multiple_of(g) || bytes == 0 {
+            return Err(BackendError::Other {
+                op,
+                message: format!("range {addr:#x}+{bytes} is not a non-empty multiple of the {g}-byte granularity"),
+            });
+        }
+        let inside = st
+            .reservations
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&a, &b)| addr + bytes <= a + b);
+        if !inside {
+            return Err(BackendError::Other {
+                op,
+                message: format!("range {addr:#x}+{bytes} is outside every reservation"),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl VirtualMemoryBackend for SimBackend {
+    fn granularity(&self) -> usize {
+        self.granularity
+    }
+
+    fn reserve(&self, bytes: usize) -> Result<DevicePtr, BackendError> {
+        let mut st = self.lock();
+        st.initialized = true;
+        st.counts.reserve += 1;
+        let bytes = align_up(bytes as u64, self.granularity as u64);
+        let addr = self.fresh_range(&mut st, bytes);
+        st.reservations.insert(addr, bytes);
+        Ok(DevicePtr(addr))
+    }
+
+    fn map(&self, addr: DevicePtr, bytes: usize, _stream: StreamId) -> Result<(), BackendError> {
+        let mut st = self.lock();
+        st.counts.map += 1;
+        let (addr, bytes) = (addr.0, bytes as u64);
+        self.check_range(&st, addr, bytes, "map")?;
+        let g = self.granularity as u64;
+        if st.mapped_pages.range(addr..addr + bytes).next().is_some() {
+            return Err(BackendError::Other {
+                op: "map",
+                message: format!("range {addr:#x}+{bytes} is already partly mapped"),
+            });
+        }
+        if bytes > self.available(&st) {
+            return Err(BackendError::OutOfMemory { op: "map", bytes });
+        }
+        for page in (addr..addr + bytes).step_by(g as usize) {
+            st.mapped_pages.insert(page);
+        }
+        st.used += bytes;
+        Ok(())
+    }
+
+    unsafe fn unmap(
+        &self,
+        addr: DevicePtr,
+        bytes: usize,
+        _stream: StreamId,
+    ) -> Result<(), BackendError> {
+        let mut st = self.lock();
+        st.counts.unmap += 1;
+        let (addr, bytes) = (addr.0, bytes as u64);
+        self.check_range(&st, addr, bytes, "unmap")?;
+        let g = self.granularity as u64;
+        let pages = st.mapped_pages.range(addr..addr + bytes).count() as u64;
+        if pages * g != bytes {
+            return Err(BackendError::Other {
+                op: "unmap",
+                message: format!("range {addr:#x}+{bytes} is not entirely mapped"),
+            });
+        }
+        for page in (addr..addr + bytes).step_by(g as usize) {
+            st.mapped_pages.remove(&page);
+        }
+        st.used -= bytes;
+        Ok(())
+    }
+
+    unsafe fn release(&self, base: DevicePtr, bytes: usize) -> Result<(), BackendError> {
+        let mut st = self.lock();
+        st.counts.release += 1;
+        let Some(&b) = st.reservations.get(&base.0) else {
+            return Err(BackendError::InvalidPointer {
+                op: "release",
+                ptr: base,
+            });
+        };
+        if b != align_up(bytes as u64, self.granularity as u64) {
+            return Err(BackendError::Other {
+                op: "release",
+                message: format!("reservation {base} has {b} bytes, not {bytes}"),
+            });
+        }
+        if st.mapped_pages.range(base.0..base.0 + b).next().is_some() {
+            return Err(BackendError::Other {
+                op: "release",
+                message: format!("reservation {base} still has mapped pages"),
+            });
+        }
+        st.reservations.remove(&base.0);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_increase_and_never_overlap() {
+        let sim = SimBackend::new(1 << 30);
+        let a = sim.malloc(3 << 20, StreamId(0)).unwrap();
+        let b = sim.malloc(1 << 20, StreamId(0)).unwrap();
+        assert!(b.0 >= a.0 + (3 << 20) + GAP);
+        assert!(matches!(
+            sim.malloc(2 << 30, StreamId(0)),
+            Err(BackendError::OutOfMemory { .. })
+        ));
+    }
+
+    #[test]
+    fn planned_addresses_are_used_in_order() {
+        let sim = SimBackend::new(1 << 30).with_addresses([0x2000_0000_0000, 0x1000_0000_0000]);
+        assert_eq!(
+            sim.malloc(2 << 20, StreamId(0)).unwrap(),
+            DevicePtr(0x2000_0000_0000)
+        );
+        assert_eq!(
+            sim.malloc(2 << 20, StreamId(0)).unwrap(),
+            DevicePtr(0x1000_0000_0000)
+        );
+    }
+
+    #[test]
+    fn events_complete_only_when_told() {
+        let sim = SimBackend::new(1 << 30);
+        let e = sim.record_event(StreamId(7)).unwrap();
+        assert!(!sim.query_event(&e).unwrap());
+        sim.complete_events_on(StreamId(7));
+        assert!(sim.query_event(&e).unwrap());
+    }
+
+    #[test]
+    fn nth_malloc_fails() {
+        let sim = SimBackend::new(1 << 30);
+        sim.fail_malloc_at(2);
+        assert!(sim.malloc(512, StreamId(0)).is_ok());
+        assert!(sim.malloc(512, StreamId(0)).unwrap_err().is_out_of_memory());
+        assert!(sim.malloc(512, StreamId(0)).is_ok());
+    }
+
+    #[test]
+    fn map_unmap_account_pages() {
+        let sim = SimBackend::new(1 << 30);
+        let base = sim.reserve(64 << 20).unwrap();
+        sim.map(base, 4 << 20, StreamId(0)).unwrap();
+        assert!(sim.map(base, 2 << 20, StreamId(0)).is_err());
+        assert_eq!(sim.used_bytes(), 4 << 20);
+        // SAFETY: the range was mapped above and nothing uses it.
+        unsafe {
+            sim.unmap(DevicePtr(base.0 + (2 << 20)), 2 << 20, StreamId(0))
+                .unwrap()
+        };
+        assert_eq!(sim.used_bytes(), 2 << 20);
+        // SAFETY: still mapped pages → error expected, nothing released.
+        assert!(unsafe { sim.release(base, 64 << 20) }.is_err());
+    }
+}

@@ -1,0 +1,438 @@
+//! Allocator configuration in `PYTORCH_CUDA_ALLOC_CONF` syntax
+//! (`c10/core/AllocatorConfig.cpp`, `c10/cuda/CUDAAllocatorConfig.cpp`).
+//!
+//! Comma-separated `key:value` pairs, lists in `[...]`, whitespace ignored, unknown keys are
+//! errors, booleans exactly `True`/`False`. berth reads it from `BERTH_ALLOC_CONF`.
+
+use crate::error::ConfigError;
+
+/// The number of power-of-two intervals of `roundup_power2_divisions` (1 MiB to 64 GiB).
+pub const ROUNDUP_INTERVALS: usize = 16;
+
+const MIB: u64 = 1 << 20;
+
+const KNOWN_KEYS: &str = "backend, max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, \
+garbage_collection_threshold, expandable_segments, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
+pinned_num_register_threads, pinned_use_background_threads, graph_capture_record_stream_reuse";
+
+/// The parsed configuration of a caching allocator. `Default` is PyTorch's default.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct AllocatorConfig {
+    /// The string it was parsed from (`PYTORCH_CUDA_ALLOC_CONF` in the snapshot's settings).
+    pub conf_string: String,
+    /// `backend`: `"native"` (default) or `"cudaMallocAsync"` (recorded; berth's caching
+    /// allocator is the native one).
+    pub backend: String,
+    /// `max_split_size_mb` in bytes; blocks of at least this size are never split. `None` =
+    /// unlimited (the default).
+    pub max_split_size: Option<u64>,
+    /// `max_non_split_rounding_mb` in bytes (default 20 MiB): an oversize block serves only
+    /// requests within this many bytes of its size.
+    pub max_non_split_rounding_size: u64,
+    /// `roundup_power2_divisions` per power-of-two interval from 1 MiB (index 0: < 2 MiB) to
+    /// 32 GiB and up (index 15); 0 = off.
+    pub roundup_power2_divisions: [u64; ROUNDUP_INTERVALS],
+    /// `garbage_collection_threshold` (0 = off; else 0 < t < 1, active only with a memory
+    /// fraction set).
+    pub garbage_collection_threshold: f64,
+    /// `expandable_segments`.
+    pub expandable_segments: bool,
+    /// `release_lock_on_cudamalloc` (berth never holds its lock during backend malloc; accepted
+    /// for compatibility).
+    pub release_lock_on_cudamalloc: bool,
+    /// `pinned_use_cuda_host_register` (host allocator).
+    pub pinned_use_cuda_host_register: bool,
+    /// `pinned_num_register_threads` (host allocator; power of two ≤ 128).
+    pub pinned_num_register_threads: u64,
+    /// `pinned_use_background_threads` (host allocator).
+    pub pinned_use_background_threads: bool,
+    /// `graph_capture_record_stream_reuse` (recorded only).
+    pub graph_capture_record_stream_reuse: bool,
+}
+
+impl Default for AllocatorConfig {
+    fn default() -> Self {
+        AllocatorConfig {
+            conf_string: String::new(),
+            backend: "native".into(),
+            max_split_size: None,
+            max_non_split_rounding_size: 20 * MIB,
+            roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
+            garbage_collection_threshold: 0.0,
+            expandable_segments: false,
+            release_lock_on_cudamalloc: false,
+            pinned_use_cuda_host_register: false,
+            pinned_num_register_threads: 1,
+            pinned_use_background_threads: false,
+            graph_capture_record_stream_reuse: false,
+        }
+    }
+}
+
+/// A token of the config string with its byte offset.
+#[derive(Debug)]
+struct Token<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+fn tokenize(s: &str) -> Vec<Token<'_>> {
+    let mut tokens = Vec::new();
+    let mut start: Option<usize> = None;
+    for (i, c) in s.char_indices() {
+        if matches!(c, ',' | ':' | '[' | ']') || c.is_whitespace() {
+            if let Some(st) = start.take() {
+                tokens.push(Token {
+                    text: &s[st..i],
+                    pos: st,
+                });
+            }
+            if !c.is_whitespace() {
+                tokens.push(Token {
+                    text: &s[i..i + 1],
+                    pos: i,
+                });
+            }
+        } else if start.is_none() {
+            start = Some(i);
+        }
+    }
+    if let Some(st) = start {
+        tokens.push(Token {
+            text: &s[st..],
+            pos: st,
+        });
+    }
+    tokens
+}
+
+fn invalid(key: &str, value: &str, expected: &'static str) -> ConfigError {
+    ConfigError::InvalidValue {
+        key: key.into(),
+        value: value.into(),
+        expected,
+    }
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool, ConfigError> {
+    match value {
+        "True" => Ok(true),
+        "False" => Ok(false),
+        _ => Err(invalid(key, value, "True or False")),
+    }
+}
+
+fn parse_u64(key: &str, value: &str, expected: &'static str) -> Result<u64, ConfigError> {
+    value
+        .parse::<u64>()
+        .map_err(|_| invalid(key, value, expected))
+}
+
+impl AllocatorConfig {
+    /// Parses a `PYTORCH_CUDA_ALLOC_CONF`-style string, e.g.
+    /// `"expandable_segments:True,max_split_size_mb:128"`. The empty string gives the default.
+    ///
+    /// # Errors
+    /// 1. [`ConfigError::UnknownKey`] naming a key that is not an option.
+    /// 2. [`ConfigError::InvalidValue`] naming the key and value that does not fit it.
+    /// 3. [`ConfigError::Syntax`] with the byte position of a malformed entry.
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        let mut cfg = AllocatorConfig {
+            conf_string: s.to_owned(),
+            ..Default::default()
+        };
+        let tokens = tokenize(s);
+        let mut i = 0;
+        let syntax = |pos: usize, message: String| ConfigError::Syntax {
+            position: pos,
+            message,
+        };
+        while i < tokens.len() {
+            let key_tok = &tokens[i];
+            if key_tok.text == "," {
+                i += 1;
+                continue;
+            }
+            if matches!(key_tok.text, ":" | "[" | "]") {
+                return Err(syntax(
+                    key_tok.pos,
+                    format!("unexpected '{}' where a key was expected", key_tok.text),
+                ));
+            }
+            let key = key_tok.text;
+            if !KNOWN_KEYS.split(", ").any(|k| k == key) {
+                return Err(ConfigError::UnknownKey {
+                    key: key.into(),
+                    known: KNOWN_KEYS,
+                });
+            }
+            match tokens.get(i + 1) {
+                Some(t) if t.text == ":" => {}
+                Some(t) => {
+                    return Err(syntax(
+                        t.pos,
+                        format!("expected ':' after key '{key}', found '{}'", t.text),
+                    ))
+                }
+                None => return Err(syntax(s.len(), format!("key '{key}' has no value"))),
+            }
+            i += 2;
+            let Some(value_tok) = tokens.get(i) else {
+                return Err(syntax(s.len(), format!("key '{key}' has no value")));
+            };
+            if value_tok.text == "[" {
+                if key != "roundup_power2_divisions" {
+                    return Err(invalid(key, "[", "a single value, not a list"));
+                }
+                i = cfg.parse_division_list(&tokens, i + 1, s.len())?;
+            } else {
+                if matches!(value_tok.text, "," | ":" | "]") {
+                    return Err(syntax(value_tok.pos, format!("key '{key}' has no value")));
+                }
+                cfg.set(key, value_tok.text)?;
+                i += 1;
+            }
+            if let Some(t) = tokens.get(i) {
+                if t.text != "," {
+                    return Err(syntax(
+                        t.pos,
+                        format!(
+                            "expected ',' after the value of '{key}', found '{}'",
+                            t.text
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Parses `BERTH_ALLOC_CONF` (default configuration when unset).
+    ///
+    /// # Errors
+    /// As [`AllocatorConfig::parse`].
+    pub fn from_env() -> Result<Self, ConfigError> {
+        match std::env::var("BERTH_ALLOC_CONF") {
+            Ok(s) => AllocatorConfig::parse(&s),
+            Err(_) => Ok(AllocatorConfig::default()),
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        match key {
+            "backend" => match value {
+                "native" | "cudaMallocAsync" => self.backend = value.into(),
+                _ => return Err(invalid(key, value, "native or cudaMallocAsync")),
+            },
+            "max_split_size_mb" => {
+                let mb = parse_u64(key, value, "an integer number of MiB ≥ 20")?;
+                if mb < 20 {
+                    return Err(invalid(key, value, "an integer number of MiB ≥ 20"));
+                }
+                self.max_split_size = Some(mb.saturating_mul(MIB));
+            }
+            "max_non_split_rounding_mb" => {
+                let mb = parse_u64(key, value, "an integer number of MiB ≥ 20")?;
+                if mb < 20 {
+                    return Err(invalid(key, value, "an integer number of MiB ≥ 20"));
+                }
+                self.max_non_split_rounding_size = mb.saturating_mul(MIB);
+            }
+            "roundup_power2_divisions" => {
+                let v = parse_u64(
+                    key,
+                    value,
+                    "0 or a power of two, or a list like [256:1,>:8]",
+                )?;
+                if v != 0 && !v.is_power_of_two() {
+                    return Err(invalid(key, value, "0 or a power of two"));
+                }
+                self.roundup_power2_divisions = [v; ROUNDUP_INTERVALS];
+            }
+            "garbage_collection_threshold" => {
+                let t: f64 = value
+                    .parse()
+                    .map_err(|_| invalid(key, value, "a number with 0 < t < 1"))?;
+                if !(t > 0.0 && t < 1.0) {
+                    return Err(invalid(key, value, "a number with 0 < t < 1"));
+                }
+                self.garbage_collection_threshold = t;
+            }
+            "expandable_segments" => self.expandable_segments = parse_bool(key, value)?,
+            "release_lock_on_cudamalloc" => {
+                self.release_lock_on_cudamalloc = parse_bool(key, value)?
+            }
+            "pinned_use_cuda_host_register" => {
+                self.pinned_use_cuda_host_register = parse_bool(key, value)?
+            }
+            "pinned_use_background_threads" => {
+                self.pinned_use_background_threads = parse_bool(key, value)?
+            }
+            "graph_capture_record_stream_reuse" => {
+                self.graph_capture_record_stream_reuse = parse_bool(key, value)?
+            }
+            "pinned_num_register_threads" => {
+                let v = parse_u64(key, value, "a power of two ≤ 128")?;
+                if !v.is_power_of_two() || v > 128 {
+                    return Err(invalid(key, value, "a power of two ≤ 128"));
+                }
+                self.pinned_num_register_threads = v;
+            }
+            _ => {
+                return Err(ConfigError::UnknownKey {
+                    key: key.into(),
+                    known: KNOWN_KEYS,
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// Parses `K:v,...,>:v]` starting after `[`; returns the index after `]`.
+    fn parse_division_list(
+        &mut self,
+        tokens: &[Token<'_>],
+        mut i: usize,
+        end: usize,
+    ) -> Result<usize, ConfigError> {
+        const KEY: &str = "roundup_power2_divisions";
+        let mut last_index = 0usize;
+        let mut first = true;
+        loop {
+            let Some(bound) = tokens.get(i) else {
+                return Err(ConfigError::Syntax {
+                    position: end,
+                    message: format!("unterminated '[' in {KEY}"),
+                });
+            };
+            if bound.text == "]" {
+                return Ok(i + 1);
+            }
+            match (tokens.get(i + 1), tokens.get(i + 2)) {
+                (Some(colon), Some(val)) if colon.text == ":" => {
+                    let v = parse_u64(KEY, val.text, "0 or a power of two")?;
+                    if v != 0 && !v.is_power_of_two() {
+                        return Err(invalid(KEY, val.text, "0 or a power of two"));
+                    }
+                    if bound.text == ">" {
+                        let from = if first { 0 } else { last_index + 1 };
+                        for d in self.roundup_power2_divisions.iter_mut().skip(from) {
+                            *d = v;
+                        }
+                    } else {
+                        let k = parse_u64(
+                            KEY,
+                            bound.text,
+                            "a power-of-two interval start in MiB, or '>'",
+                        )?;
+                        if !k.is_power_of_two() {
+                            return Err(invalid(
+                                KEY,
+                                bound.text,
+                                "a power-of-two interval start in MiB, or '>'",
+                            ));
+                        }
+                        let index = (k.trailing_zeros() as usize).min(ROUNDUP_INTERVALS - 1);
+                        if first {
+                            for d in self.roundup_power2_divisions.iter_mut().take(index) {
+                                *d = v;
+                            }
+                        }
+                        self.roundup_power2_divisions[index] = v;
+                        last_index = index;
+                    }
+                    first = false;
+                }
+                _ => {
+                    return Err(ConfigError::Syntax {
+                        position: bound.pos,
+                        message: format!(
+                            "expected 'interval:divisions' in {KEY}, found '{}'",
+                            bound.text
+                        ),
+                    })
+                }
+            }
+            i += 3;
+            match tokens.get(i) {
+                Some(t) if t.text == "," => i += 1,
+                Some(t) if t.text == "]" => {}
+                Some(t) => {
+                    return Err(ConfigError::Syntax {
+                        position: t.pos,
+                        message: format!("expected ',' or ']' in {KEY}, found '{}'", t.text),
+                    })
+                }
+                None => {
+                    return Err(ConfigError::Syntax {
+                        position: end,
+                        message: format!("unterminated '[' in {KEY}"),
+                    })
+                }
+            }
+        }
+    }
+
+    /// The `roundup_power2_divisions` entry for a size of `bytes`.
+    pub fn divisions_for(&self, bytes: u64) -> u64 {
+        let log = 63 - bytes.max(1).leading_zeros() as usize;
+        let index = log.saturating_sub(20).min(ROUNDUP_INTERVALS - 1);
+        self.roundup_power2_divisions[index]
+    }
+}
+
+impl std::str::FromStr for AllocatorConfig {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        AllocatorConfig::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_common_keys() {
+        let c = AllocatorConfig::parse("expandable_segments:True, max_split_size_mb:128").unwrap();
+        assert!(c.expandable_segments);
+        assert_eq!(c.max_split_size, Some(128 << 20));
+    }
+
+    #[test]
+    fn division_list_fills_like_pytorch() {
+        let c =
+            AllocatorConfig::parse("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]").unwrap();
+        assert_eq!(
+            &c.roundup_power2_divisions[..11],
+            &[1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4]
+        );
+        assert!(c.roundup_power2_divisions[11..].iter().all(|&d| d == 8));
+        assert_eq!(
+            AllocatorConfig::parse("roundup_power2_divisions:4")
+                .unwrap()
+                .divisions_for(1200),
+            4
+        );
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = AllocatorConfig::parse("max_split_size_mb:abc").unwrap_err();
+        assert!(e.to_string().contains("max_split_size_mb"), "{e}");
+        let e = AllocatorConfig::parse("expandable_segment:True").unwrap_err();
+        assert!(
+            matches!(e, ConfigError::UnknownKey { ref key, .. } if key == "expandable_segment")
+        );
+        let e = AllocatorConfig::parse("expandable_segments:true").unwrap_err();
+        assert!(e.to_string().contains("True or False"), "{e}");
+        assert!(matches!(
+            AllocatorConfig::parse("max_split_size_mb"),
+            Err(ConfigError::Syntax { .. })
+        ));
+        assert!(AllocatorConfig::parse("roundup_power2_divisions:[256:3]").is_err());
+        assert!(AllocatorConfig::parse("roundup_power2_divisions:[256:1").is_err());
+    }
+}

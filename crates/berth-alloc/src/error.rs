@@ -1,0 +1,216 @@
+//! Errors of backends, allocators and configuration.
+//!
+//! The retry contract is in the variants (cubecl's `IoError`): [`BackendError::OutOfMemory`] is the
+//! only backend failure a policy answers by freeing cache and retrying; [`AllocError::OutOfMemory`]
+//! means "everything was tried", [`AllocError::CapExceeded`] and [`AllocError::TooLarge`] mean the
+//! request can never succeed as configured.
+
+use crate::backend::{DevicePtr, StreamId};
+use crate::stats::format_size;
+
+/// A failure of a [`crate::backend::MemoryBackend`] call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The device has not got `bytes` bytes available now (`CUDA_ERROR_OUT_OF_MEMORY`).
+    #[error("device out of memory: {op} of {bytes} bytes failed")]
+    OutOfMemory {
+        /// The backend call that failed (`"malloc"`, `"map"`).
+        op: &'static str,
+        /// The size asked for, in bytes.
+        bytes: u64,
+    },
+    /// A pointer or range that this backend did not hand out, or already took back.
+    #[error("{op}: {ptr} is not a live allocation of this backend; pass a pointer returned by malloc/reserve and not yet freed")]
+    InvalidPointer {
+        /// The backend call that failed.
+        op: &'static str,
+        /// The offending address.
+        ptr: DevicePtr,
+    },
+    /// Any other failure, with the driver's message.
+    #[error("{op} failed: {message}")]
+    Other {
+        /// The backend call that failed (`"cuMemAlloc"`, `"record_event"`, ...).
+        op: &'static str,
+        /// What went wrong, in the driver's words.
+        message: String,
+    },
+}
+
+impl BackendError {
+    /// Whether this is [`BackendError::OutOfMemory`], the only retryable kind.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, BackendError::OutOfMemory { .. })
+    }
+}
+
+/// A failure of an allocator ([`crate::DeviceAllocator`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AllocError {
+    /// PyTorch's `torch.OutOfMemoryError`: no cached block fits and the backend could not provide
+    /// a new segment even after the retry sequence. The allocator stays usable. The message is
+    /// PyTorch's (`CUDACachingAllocator.cpp`, `malloc`), sizes as `format_size` prints them.
+    #[error("{}", oom_message(*.requested, *.device, *.device_total, *.device_free, *.allocated, *.reserved_unallocated, *.allowed, *.expandable_segments))]
+    OutOfMemory {
+        /// The bytes asked of the backend (the segment size, not the tensor size: a 5 MiB
+        /// tensor reports 20 MiB, as PyTorch does).
+        requested: u64,
+        /// The request as the caller made it, in bytes.
+        requested_by_caller: u64,
+        /// The device index.
+        device: i32,
+        /// Total device memory in bytes (`cudaMemGetInfo`).
+        device_total: u64,
+        /// Free device memory in bytes (`cudaMemGetInfo`).
+        device_free: u64,
+        /// Bytes allocated by this allocator (`allocated_bytes.all.current`).
+        allocated: u64,
+        /// Bytes reserved but not allocated (`reserved − allocated`).
+        reserved_unallocated: u64,
+        /// The memory-fraction cap in bytes, when one is set.
+        allowed: Option<u64>,
+        /// Whether expandable segments are already on (the hint then names `max_split_size_mb`).
+        expandable_segments: bool,
+    },
+    /// The request alone exceeds the memory-fraction cap: it cannot succeed even with an empty
+    /// cache. Counted as an OOM (`num_ooms`), like PyTorch, and [`AllocError::is_out_of_memory`]
+    /// is true for it.
+    #[error("CUDA out of memory. Tried to allocate {}. GPU {device} has a total capacity of {} of which {} is free. {} allowed; the request alone exceeds the per-process memory fraction; raise it with set_memory_fraction or allocate less", format_size(*.requested), format_size(*.device_total), format_size(*.device_free), format_size(*.cap))]
+    CapExceeded {
+        /// The bytes that would have been asked of the backend.
+        requested: u64,
+        /// The device index.
+        device: i32,
+        /// Total device memory in bytes.
+        device_total: u64,
+        /// Free device memory in bytes.
+        device_free: u64,
+        /// The cap in bytes (`fraction × total`).
+        cap: u64,
+    },
+    /// A request too large for any device (PyTorch: "Tried to allocate more than 1EB memory").
+    #[error("CUDA out of memory. Tried to allocate more than 1EB memory ({requested} bytes requested); requests must be below 2^60 bytes")]
+    TooLarge {
+        /// The request in bytes.
+        requested: u64,
+    },
+    /// A pointer this allocator never handed out (PyTorch: "invalid device pointer").
+    #[error("invalid device pointer: {ptr} was not allocated by this allocator (or is not the start of an allocation)")]
+    InvalidPointer {
+        /// The offending address.
+        ptr: DevicePtr,
+    },
+    /// A pointer that was handed out but is already freed.
+    #[error("double free: {ptr} was already freed; free each allocation exactly once")]
+    DoubleFree {
+        /// The offending address.
+        ptr: DevicePtr,
+    },
+    /// `set_memory_fraction` got a value outside `0..=1` (PyTorch: "Invalid fraction value").
+    #[error("Invalid fraction value: {fraction}. Allowed range: 0~1")]
+    InvalidFraction {
+        /// The value given.
+        fraction: f64,
+    },
+    /// A feature the backend cannot provide (for example expandable segments without
+    /// [`crate::backend::VirtualMemoryBackend`]).
+    #[error("{feature} needs {needs}, which this backend does not provide")]
+    Unsupported {
+        /// The feature asked for.
+        feature: &'static str,
+        /// The missing capability.
+        needs: &'static str,
+    },
+    /// A backend call failed for a reason other than running out of memory.
+    #[error("backend failure on {stream}: {source}")]
+    Backend {
+        /// The stream of the operation.
+        stream: StreamId,
+        /// The backend's error.
+        #[source]
+        source: BackendError,
+    },
+    /// A bad configuration string.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+impl AllocError {
+    /// Whether this is an out-of-memory condition ([`AllocError::OutOfMemory`] or
+    /// [`AllocError::CapExceeded`]), i.e. what PyTorch raises as `torch.OutOfMemoryError`.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(
+            self,
+            AllocError::OutOfMemory { .. }
+                | AllocError::CapExceeded { .. }
+                | AllocError::TooLarge { .. }
+        )
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn oom_message(
+    requested: u64,
+    device: i32,
+    total: u64,
+    free: u64,
+    allocated: u64,
+    reserved_unallocated: u64,
+    allowed: Option<u64>,
+    expandable: bool,
+) -> String {
+    let allowed = allowed
+        .map(|a| format!("{} allowed; ", format_size(a)))
+        .unwrap_or_default();
+    let hint = if expandable {
+        "If reserved but unallocated memory is large try setting max_split_size_mb to avoid fragmentation."
+    } else {
+        "If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
+    };
+    format!(
+        "CUDA out of memory. Tried to allocate {}. GPU {device} has a total capacity of {} of which {} is free. \
+         Including non-PyTorch memory, this process has {} memory in use. {allowed}Of the allocated memory {} is allocated by PyTorch, \
+         and {} is reserved by PyTorch but unallocated. {hint}  See documentation for Memory Management  \
+         (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+        format_size(requested),
+        format_size(total),
+        format_size(free),
+        format_size(total.saturating_sub(free)),
+        format_size(allocated),
+        format_size(reserved_unallocated),
+    )
+}
+
+/// A bad allocator configuration string (`PYTORCH_CUDA_ALLOC_CONF` syntax).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A key that is not an allocator option.
+    #[error("unrecognized allocator config key '{key}'; known keys: {known}")]
+    UnknownKey {
+        /// The key as written.
+        key: String,
+        /// The accepted keys, comma-separated.
+        known: &'static str,
+    },
+    /// A value the key does not accept.
+    #[error("invalid value '{value}' for allocator config key '{key}': expected {expected}")]
+    InvalidValue {
+        /// The key.
+        key: String,
+        /// The value as written.
+        value: String,
+        /// What would be accepted.
+        expected: &'static str,
+    },
+    /// A malformed entry (no `key:value` shape, unbalanced brackets).
+    #[error("malformed allocator config at byte {position}: {message} (expected comma-separated key:value pairs)")]
+    Syntax {
+        /// Byte offset in the string.
+        position: usize,
+        /// What was found.
+        message: String,
+    },
+}

@@ -1,0 +1,135 @@
+//! `memory_summary()` in PyTorch's table layout (`torch/cuda/memory.py`, `memory_summary`).
+
+use crate::stats::{MemoryStats, Stat, StatArray, StatKind};
+
+/// PyTorch's `_format_size`: the number truncated, the unit chosen from `pref` (the "all" row
+/// of the column), moving up while `pref ≥ 768 × 1024` of the current unit.
+fn format_bytes(mut value: i64, pref: i64) -> String {
+    const UNITS: [&str; 6] = ["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut unit = UNITS[0];
+    let mut pref = pref as f64;
+    for next in &UNITS[1..] {
+        if pref < 768.0 * 1024.0 {
+            break;
+        }
+        unit = next;
+        value = value.div_euclid(1024);
+        pref /= 1024.0;
+    }
+    format!("{value:6} {unit}")
+}
+
+/// PyTorch's `_format_count`: blank, K or M with a threshold of 750 × 1000.
+fn format_count(mut value: i64, pref: i64) -> String {
+    const UNITS: [&str; 3] = [" ", "K", "M"];
+    let mut unit = UNITS[0];
+    let mut pref = pref as f64;
+    for next in &UNITS[1..] {
+        if pref < 750.0 * 1000.0 {
+            break;
+        }
+        unit = next;
+        value = value.div_euclid(1000);
+        pref /= 1000.0;
+    }
+    format!("{value:7} {unit} ")
+}
+
+fn row(lines: &mut Vec<String>, name: &str, stat: &Stat, pref: &Stat, f: fn(i64, i64) -> String) {
+    lines.push(format!(
+        " {:<21} | {} | {} | {} | {} ",
+        name,
+        f(stat.current, pref.current),
+        f(stat.peak, pref.peak),
+        f(stat.allocated, pref.allocated),
+        f(stat.freed, pref.freed)
+    ));
+}
+
+/// Renders `stats` as `torch.cuda.memory_summary(device, abbreviated)` does: 77-character lines
+/// framed by `|`, byte rows then count rows, each with "all" and (unless `abbreviated`) large-
+/// and small-pool rows, then the oversize rows.
+pub fn memory_summary(stats: &MemoryStats, device: i32, abbreviated: bool) -> String {
+    let mut lines = vec![
+        "=".repeat(75),
+        format!(
+            " {:16} PyTorch CUDA memory summary, device ID {:<17} ",
+            "", device
+        ),
+        "-".repeat(75),
+        format!(
+            "  {:9} CUDA OOMs: {:<12} | {:6} cudaMalloc retries: {:<8}  ",
+            "", stats.num_ooms, "", stats.num_alloc_retries
+        ),
+        "=".repeat(75),
+        "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".to_owned(),
+    ];
+    type Metric<'a> = (&'a StatArray, &'static str, fn(i64, i64) -> String);
+    let metrics: [Metric<'_>; 9] = [
+        (&stats.allocated_bytes, "Allocated memory", format_bytes),
+        (&stats.active_bytes, "Active memory", format_bytes),
+        (&stats.requested_bytes, "Requested memory", format_bytes),
+        (&stats.reserved_bytes, "GPU reserved memory", format_bytes),
+        (
+            &stats.inactive_split_bytes,
+            "Non-releasable memory",
+            format_bytes,
+        ),
+        (&stats.allocation, "Allocations", format_count),
+        (&stats.active, "Active allocs", format_count),
+        (&stats.segment, "GPU reserved segments", format_count),
+        (&stats.inactive_split, "Non-releasable allocs", format_count),
+    ];
+    for (array, name, f) in metrics {
+        lines.push("-".repeat(75));
+        let all = array.get(StatKind::Aggregate);
+        row(&mut lines, name, all, all, f);
+        if !abbreviated {
+            row(
+                &mut lines,
+                "      from large pool",
+                array.get(StatKind::LargePool),
+                all,
+                f,
+            );
+            row(
+                &mut lines,
+                "      from small pool",
+                array.get(StatKind::SmallPool),
+                all,
+                f,
+            );
+        }
+    }
+    for (stat, name) in [
+        (&stats.oversize_allocations, "Oversize allocations"),
+        (&stats.oversize_segments, "Oversize GPU segments"),
+    ] {
+        lines.push("-".repeat(75));
+        row(&mut lines, name, stat, stat, format_count);
+    }
+    lines.push("=".repeat(75));
+    format!("|{}|\n", lines.join("|\n|"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_match_pytorch_output() {
+        assert_eq!(format_bytes(8192 * 1024, 8192 * 1024), "  8192 KiB");
+        assert_eq!(format_bytes(315396 * 1024, 315396 * 1024), "315396 KiB");
+        assert_eq!(format_bytes(4608, 315392 * 1024), "     4 KiB");
+        assert_eq!(format_count(4, 4), "      4   ");
+    }
+
+    #[test]
+    fn every_line_is_77_characters() {
+        let text = memory_summary(&MemoryStats::new(None), 0, false);
+        assert!(text.lines().all(|l| l.chars().count() == 77), "{text}");
+        assert!(text.contains(
+            "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |"
+        ));
+    }
+}

@@ -1,5 +1,8 @@
 //! `berth info`: version, CPU cores, CUDA devices.
 
+use berth::cuda;
+use serde::Serialize;
+
 /// Arguments of `berth info`.
 #[derive(clap::Args, Debug)]
 pub struct InfoArgs {
@@ -8,7 +11,131 @@ pub struct InfoArgs {
     pub json: bool,
 }
 
+/// One CUDA device as `berth info` reports it.
+#[derive(Serialize, Debug)]
+struct DeviceInfo {
+    index: usize,
+    name: String,
+    /// MiB.
+    total_mib: u64,
+    /// MiB, device-wide (`cuMemGetInfo`); `None` when the query failed.
+    free_mib: Option<u64>,
+    compute_capability: String,
+    multiprocessors: u32,
+}
+
+/// Everything `berth info` prints.
+#[derive(Serialize, Debug)]
+struct Info {
+    berth_version: &'static str,
+    cpu_cores: usize,
+    cuda_available: bool,
+    /// Why CUDA is not available; `None` when it is.
+    cuda_unavailable_reason: Option<String>,
+    devices: Vec<DeviceInfo>,
+}
+
+const MIB: u64 = 1 << 20;
+
+fn collect() -> anyhow::Result<Info> {
+    let reason = cuda::unavailable_reason();
+    let mut devices = Vec::new();
+    if reason.is_none() {
+        for i in 0..cuda::device_count() {
+            let p = cuda::get_device_properties(i)?;
+            // cuMemGetInfo needs a context on device i: `berth info` names every device.
+            let free_mib = cuda::mem_get_info(i)
+                .ok()
+                .map(|(free, _)| free as u64 / MIB);
+            devices.push(DeviceInfo {
+                index: i,
+                name: p.name,
+                total_mib: p.total_memory as u64 / MIB,
+                free_mib,
+                compute_capability: format!("{}.{}", p.major, p.minor),
+                multiprocessors: p.multi_processor_count,
+            });
+        }
+    }
+    Ok(Info {
+        berth_version: env!("CARGO_PKG_VERSION"),
+        cpu_cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cuda_available: reason.is_none(),
+        cuda_unavailable_reason: reason,
+        devices,
+    })
+}
+
+fn render(info: &Info) -> String {
+    let mut out = format!(
+        "berth {}\nCPU cores: {}\n",
+        info.berth_version, info.cpu_cores
+    );
+    match &info.cuda_unavailable_reason {
+        Some(reason) => out.push_str(&format!("CUDA: not available ({reason})\n")),
+        None => {
+            out.push_str(&format!("CUDA devices: {}\n", info.devices.len()));
+            for d in &info.devices {
+                let free = d.free_mib.map_or("?".to_string(), |f| f.to_string());
+                out.push_str(&format!(
+                    "  cuda:{}  {}  {} MiB total, {} MiB free, compute capability {}, {} SMs\n",
+                    d.index, d.name, d.total_mib, free, d.compute_capability, d.multiprocessors
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Runs `berth info`.
-pub fn run(_args: InfoArgs) -> anyhow::Result<()> {
-    anyhow::bail!("berth info: not built yet")
+pub fn run(args: InfoArgs) -> anyhow::Result<()> {
+    let info = collect()?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&info)?);
+    } else {
+        print!("{}", render(&info));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_names_each_device_with_memory_in_mib() {
+        let info = Info {
+            berth_version: "0.1.0",
+            cpu_cores: 16,
+            cuda_available: true,
+            cuda_unavailable_reason: None,
+            devices: vec![DeviceInfo {
+                index: 0,
+                name: "NVIDIA H200".into(),
+                total_mib: 143_771,
+                free_mib: Some(143_000),
+                compute_capability: "9.0".into(),
+                multiprocessors: 132,
+            }],
+        };
+        let text = render(&info);
+        assert!(text.contains("CPU cores: 16"));
+        assert!(text.contains(
+            "cuda:0  NVIDIA H200  143771 MiB total, 143000 MiB free, compute capability 9.0, 132 SMs"
+        ));
+    }
+
+    #[test]
+    fn unavailable_cuda_prints_the_reason() {
+        let info = collect().unwrap();
+        if let Some(reason) = &info.cuda_unavailable_reason {
+            assert!(render(&info).contains(&format!("CUDA: not available ({reason})")));
+            assert!(info.devices.is_empty());
+            let json: serde_json::Value =
+                serde_json::from_str(&serde_json::to_string(&info).unwrap()).unwrap();
+            assert_eq!(json["cuda_available"], false);
+        } else {
+            assert_eq!(info.devices.len(), cuda::device_count());
+        }
+    }
 }

@@ -1,4 +1,7 @@
-//! `CudaError`.
+//! `CudaError`: every failure of the CUDA layer, typed.
+//!
+//! Driver failures are mapped in exactly one place, [`CudaError::from_driver`]: that is where
+//! `CUDA_ERROR_OUT_OF_MEMORY` becomes [`CudaError::OutOfMemory`] (house style 1.4).
 
 /// Errors of the CUDA layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -11,4 +14,197 @@ pub enum CudaError {
         /// Why, in words.
         reason: String,
     },
+
+    /// A device index at or past the number of visible devices (BUG-20; PyTorch's good message
+    /// is "Device index value 5 is out of index range [0, 1)").
+    #[error("device index {index} is out of range [0, {count}); use an index below {count}")]
+    InvalidDevice {
+        /// The index that was asked for.
+        index: usize,
+        /// The number of visible devices.
+        count: usize,
+    },
+
+    /// A CUDA driver call failed with a code other than the ones mapped to their own variant.
+    #[error("CUDA driver call {op} failed: {name} (code {code})")]
+    Driver {
+        /// The driver entry point, e.g. `"cuMemAlloc"`.
+        op: &'static str,
+        /// The numeric `CUresult`.
+        code: u32,
+        /// The `CUresult`'s name, e.g. `"CUDA_ERROR_INVALID_VALUE"`.
+        name: String,
+    },
+
+    /// The device could not provide the memory (`CUDA_ERROR_OUT_OF_MEMORY`). Transient: freeing
+    /// memory (or `empty_cache()`) and retrying may succeed.
+    #[error(
+        "CUDA out of memory on cuda:{device}: {op} of {requested_bytes} bytes failed; \
+         free memory caches or request less"
+    )]
+    OutOfMemory {
+        /// The device index.
+        device: usize,
+        /// The driver entry point that failed.
+        op: &'static str,
+        /// The size asked for, in bytes (0 when the call was not a sized allocation).
+        requested_bytes: usize,
+    },
+
+    /// `Event::elapsed_time` with an event that has not completed (BUG-18; PyTorch's message).
+    #[error("Both events must be completed before calculating elapsed time.")]
+    EventNotReady,
+
+    /// `Event::elapsed_time` with an event created without timing (BUG-18; PyTorch's message).
+    #[error("Both events must be created with argument 'enable_timing=True'.")]
+    TimingDisabled,
+
+    /// `Event::elapsed_time` with an event that was never recorded.
+    #[error("event was never recorded: call record() on both events before elapsed_time()")]
+    EventNotRecorded,
+
+    /// Two handles that must be on one device are not (e.g. a stream waiting on another
+    /// device's event is allowed, but a copy on a stream of the wrong device is not).
+    #[error("{op}: expected a handle on cuda:{expected}, got one on cuda:{actual}")]
+    DeviceMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The device the operation runs on.
+        expected: usize,
+        /// The device of the handle that was passed.
+        actual: usize,
+    },
+
+    /// A stream priority outside the device's range (`cuCtxGetStreamPriorityRange`).
+    #[error(
+        "stream priority {priority} is out of range: use a value from {greatest} (highest) to \
+         {least} (lowest)"
+    )]
+    InvalidPriority {
+        /// The priority asked for.
+        priority: i32,
+        /// The numerically greatest (lowest) priority.
+        least: i32,
+        /// The numerically least (highest) priority.
+        greatest: i32,
+    },
+
+    /// A synchronising operation ran while [`SyncDebugMode::Error`](super::SyncDebugMode) was set
+    /// (`torch.cuda.set_sync_debug_mode("error")`).
+    #[error("called a synchronizing CUDA operation: {op} (sync debug mode is 'error')")]
+    SyncDebug {
+        /// The operation that synchronised, e.g. `"item"`.
+        op: &'static str,
+    },
+
+    /// Only dense CPU tensors can be pinned (BUG-06; PyTorch's message).
+    #[error("cannot pin '{tensor_type}' only dense CPU tensors can be pinned")]
+    CannotPin {
+        /// The tensor's type in PyTorch's spelling, e.g. `"torch.cuda.FloatTensor"`.
+        tensor_type: String,
+    },
+
+    /// An argument outside what the call accepts.
+    #[error("{op}: invalid argument: {what}")]
+    InvalidArgument {
+        /// The operation.
+        op: &'static str,
+        /// What was wrong and what would be right.
+        what: String,
+    },
+}
+
+impl CudaError {
+    /// `Unavailable` with a reason.
+    pub(crate) fn unavailable(reason: impl Into<String>) -> Self {
+        Self::Unavailable {
+            reason: reason.into(),
+        }
+    }
+
+    /// Whether this is the transient [`CudaError::OutOfMemory`].
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Self::OutOfMemory { .. })
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl CudaError {
+    /// THE mapping of a driver error into a `CudaError` (the one place OOM is recognised).
+    ///
+    /// `device` and `requested_bytes` feed [`CudaError::OutOfMemory`]; pass 0 for
+    /// `requested_bytes` when the call was not a sized allocation.
+    pub(crate) fn from_driver(
+        op: &'static str,
+        err: cudarc::driver::DriverError,
+        device: usize,
+        requested_bytes: usize,
+    ) -> Self {
+        use cudarc::driver::sys::CUresult;
+        match err.0 {
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY => Self::OutOfMemory {
+                device,
+                op,
+                requested_bytes,
+            },
+            code => Self::Driver {
+                op,
+                code: code as u32,
+                name: format!("{code:?}"),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bug_20_invalid_device_message_names_index_and_range() {
+        let e = CudaError::InvalidDevice { index: 5, count: 1 };
+        assert!(e
+            .to_string()
+            .starts_with("device index 5 is out of range [0, 1)"));
+    }
+
+    #[test]
+    fn bug_18_messages_are_pytorchs() {
+        assert_eq!(
+            CudaError::EventNotReady.to_string(),
+            "Both events must be completed before calculating elapsed time."
+        );
+        assert_eq!(
+            CudaError::TimingDisabled.to_string(),
+            "Both events must be created with argument 'enable_timing=True'."
+        );
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn out_of_memory_is_mapped_from_the_driver_code() {
+        use cudarc::driver::{sys::CUresult, DriverError};
+        let oom = CudaError::from_driver(
+            "cuMemAlloc",
+            DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+            0,
+            1 << 40,
+        );
+        assert!(oom.is_out_of_memory());
+        assert!(oom.to_string().contains("1099511627776 bytes"));
+        let other = CudaError::from_driver(
+            "cuMemAlloc",
+            DriverError(CUresult::CUDA_ERROR_INVALID_VALUE),
+            0,
+            0,
+        );
+        assert_eq!(
+            other,
+            CudaError::Driver {
+                op: "cuMemAlloc",
+                code: 1,
+                name: "CUDA_ERROR_INVALID_VALUE".into()
+            }
+        );
+    }
 }

@@ -1,6 +1,32 @@
 //! CUDA through cudarc with dynamic loading: discovery, contexts, streams, events, device and
 //! pinned memory backends, transfers and kernels.
+//!
+//! Every entry point answers "not available" on a machine without the NVIDIA driver and never
+//! panics there: nothing calls into cudarc before the driver library was found and `cuInit`
+//! succeeded ([`unavailable_reason`] says why not). Only cudarc's `sys` / `result` layers are
+//! used; memory is owned by berth's allocators, never by cudarc's self-freeing `CudaSlice`.
+//!
+//! Files: `driver.rs` (the gate), `device.rs` (discovery, current device), `context.rs`
+//! (primary contexts, created lazily per named device), `sync_debug.rs` (sync points),
+//! `testing.rs` (the GPU gate for tests, a fake device count).
 
+mod context;
+mod device;
+mod driver;
 mod error;
+mod sync_debug;
+pub mod testing;
 
+pub use context::{
+    bind_context, contexts_created, initialized_devices, is_initialized, synchronize,
+};
+pub use device::{
+    check_device, current_device, device_count, device_scope, get_device_name,
+    get_device_properties, is_available, mem_get_info, set_device, unavailable_reason, DeviceGuard,
+    DeviceProperties,
+};
 pub use error::CudaError;
+pub use sync_debug::{
+    get_sync_debug_mode, host_waits, set_sync_debug_mode, sync_point, take_sync_reports,
+    thread_host_waits, SyncDebugMode,
+};

@@ -1,0 +1,288 @@
+//! Address-space bookkeeping of [`super::PagedBestFit`]: one [`Arena`] of free virtual-address
+//! extents per stream, and the [`PageMap`] of which pages have physical memory behind them.
+//!
+//! Both are plain ordered maps; neither calls the backend. See `Note [Paged best fit]` in
+//! [`super`] for the policy that uses them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::backend::StreamId;
+
+/// How many best-fit candidates are inspected for one that needs no new pages mapped.
+const SCAN: usize = 16;
+
+/// Rounds `v` down to a multiple of `page` (a power of two), in bytes.
+#[inline]
+pub(crate) fn page_down(v: u64, page: u64) -> u64 {
+    v & !(page - 1)
+}
+
+/// Rounds `v` up to a multiple of `page` (a power of two), in bytes.
+#[inline]
+pub(crate) fn page_up(v: u64, page: u64) -> u64 {
+    (v + page - 1) & !(page - 1)
+}
+
+/// The free virtual-address extents of one stream, coalesced, whether mapped or not.
+///
+/// Indexed twice: by start address (for coalescing on free) and by `(size, start)` (for best
+/// fit). Every byte of the stream's reservations is either in exactly one free extent or in a
+/// live block.
+#[derive(Debug)]
+pub(crate) struct Arena {
+    /// The stream whose blocks live here.
+    pub(crate) stream: StreamId,
+    /// Reserved address ranges `(base, bytes)`.
+    pub(crate) reservations: Vec<(u64, u64)>,
+    /// Free extents: start → end (exclusive), in bytes.
+    by_addr: BTreeMap<u64, u64>,
+    /// Free extents as `(size, start)`.
+    by_size: BTreeSet<(u64, u64)>,
+}
+
+impl Arena {
+    /// An arena for `stream` with no address space yet.
+    pub(crate) fn new(stream: StreamId) -> Self {
+        Arena { stream, reservations: Vec::new(), by_addr: BTreeMap::new(), by_size: BTreeSet::new() }
+    }
+
+    /// Adds a fresh reservation `[base, base + bytes)` as one free extent.
+    pub(crate) fn add_reservation(&mut self, base: u64, bytes: u64) {
+        self.reservations.push((base, bytes));
+        self.insert_free(base, base + bytes);
+    }
+
+    /// Whether `addr` lies inside one of this arena's reservations.
+    pub(crate) fn owns(&self, addr: u64) -> bool {
+        self.reservations.iter().any(|&(b, n)| addr >= b && addr < b + n)
+    }
+
+    /// Returns `[start, end)` to the free extents, merging with free neighbours.
+    pub(crate) fn insert_free(&mut self, mut start: u64, mut end: u64) {
+        if let Some((&ps, &pe)) = self.by_addr.range(..start).next_back() {
+            if pe == start {
+                self.by_addr.remove(&ps);
+                self.by_size.remove(&(pe - ps, ps));
+                start = ps;
+            }
+        }
+        if let Some(ne) = self.by_addr.remove(&end) {
+            self.by_size.remove(&(ne - end, end));
+            end = ne;
+        }
+        self.by_addr.insert(start, end);
+        self.by_size.insert((end - start, start));
+    }
+
+    /// Takes `[at, at + bytes)` out of the free extent starting at `start`.
+    fn carve(&mut self, start: u64, at: u64, bytes: u64) {
+        let end = self.by_addr.remove(&start).expect("carve: extent is free");
+        self.by_size.remove(&(end - start, start));
+        if at > start {
+            self.by_addr.insert(start, at);
+            self.by_size.insert((at - start, start));
+        }
+        if at + bytes < end {
+            self.by_addr.insert(at + bytes, end);
+            self.by_size.insert((end - at - bytes, at + bytes));
+        }
+    }
+
+    /// Places a block of `bytes` bytes: best fit by size, preferring among the first
+    /// [`SCAN`] candidates the placement (start or end of an extent) that needs the fewest
+    /// unmapped bytes. Returns the block's address, or `None` when no extent is large enough.
+    pub(crate) fn place(&mut self, bytes: u64, pages: &PageMap) -> Option<u64> {
+        let mut best: Option<(u64, u64, u64)> = None; // (cost, extent start, placement)
+        for &(_, start) in self.by_size.range((bytes, 0)..).take(SCAN) {
+            let end = self.by_addr[&start];
+            let head = pages.unmapped_bytes(start, start + bytes);
+            if head == 0 {
+                best = Some((0, start, start));
+                break;
+            }
+            let tail = pages.unmapped_bytes(end - bytes, end);
+            let (cost, at) = if tail < head { (tail, end - bytes) } else { (head, start) };
+            if best.is_none_or(|b| cost < b.0) {
+                best = Some((cost, start, at));
+            }
+            if cost == 0 {
+                break;
+            }
+        }
+        let (_, start, at) = best?;
+        self.carve(start, at, bytes);
+        Some(at)
+    }
+
+    /// The free extents `(start, end)` in address order.
+    pub(crate) fn free_extents(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.by_addr.iter().map(|(&s, &e)| (s, e))
+    }
+
+    /// Total free bytes (mapped or not).
+    #[cfg(test)]
+    pub(crate) fn free_bytes(&self) -> u64 {
+        self.by_addr.iter().map(|(s, e)| e - s).sum()
+    }
+}
+
+/// Which address ranges have physical memory mapped: coalesced intervals start → end, in bytes,
+/// all multiples of the page size.
+#[derive(Debug)]
+pub(crate) struct PageMap {
+    /// Page size in bytes (a power of two).
+    pub(crate) page: u64,
+    intervals: BTreeMap<u64, u64>,
+    /// Mapped bytes in total.
+    pub(crate) mapped: u64,
+}
+
+impl PageMap {
+    /// An empty map with pages of `page` bytes.
+    pub(crate) fn new(page: u64) -> Self {
+        PageMap { page, intervals: BTreeMap::new(), mapped: 0 }
+    }
+
+    /// Bytes of whole pages touching `[start, end)` that are not mapped.
+    pub(crate) fn unmapped_bytes(&self, start: u64, end: u64) -> u64 {
+        let (lo, hi) = (page_down(start, self.page), page_up(end, self.page));
+        if let Some((_, &e)) = self.intervals.range(..=lo).next_back() {
+            if e >= hi {
+                return 0;
+            }
+        }
+        self.unmapped_runs(lo, hi).iter().map(|(a, b)| b - a).sum()
+    }
+
+    /// The unmapped page runs inside the page-aligned range `[lo, hi)`.
+    pub(crate) fn unmapped_runs(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
+        let mut runs = Vec::new();
+        let mut x = lo;
+        let first = self.intervals.range(..=lo).next_back().map(|(&s, &e)| (s, e));
+        let rest = self.intervals.range(lo + 1..hi).map(|(&s, &e)| (s, e));
+        for (s, e) in first.into_iter().chain(rest) {
+            if e <= x {
+                continue;
+            }
+            if s > x {
+                runs.push((x, s.min(hi)));
+            }
+            x = x.max(e);
+            if x >= hi {
+                break;
+            }
+        }
+        if x < hi {
+            runs.push((x, hi));
+        }
+        runs
+    }
+
+    /// The mapped runs inside the page-aligned range `[lo, hi)`.
+    pub(crate) fn mapped_runs(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
+        let first = self.intervals.range(..=lo).next_back().map(|(&s, &e)| (s, e));
+        let rest = self.intervals.range(lo + 1..hi).map(|(&s, &e)| (s, e));
+        first
+            .into_iter()
+            .chain(rest)
+            .filter_map(|(s, e)| {
+                let (a, b) = (s.max(lo), e.min(hi));
+                (a < b).then_some((a, b))
+            })
+            .collect()
+    }
+
+    /// The first unmapped page at or after `from` up to `limit`: the end of the mapped run that
+    /// would follow a mapping ending at `from`.
+    pub(crate) fn next_mapped(&self, from: u64, limit: u64) -> u64 {
+        self.intervals.range(from..limit).next().map_or(limit, |(&s, _)| s)
+    }
+
+    /// Records `[start, end)` as mapped.
+    pub(crate) fn insert(&mut self, mut start: u64, mut end: u64) {
+        self.mapped += end - start;
+        if let Some((&ps, &pe)) = self.intervals.range(..start).next_back() {
+            if pe == start {
+                self.intervals.remove(&ps);
+                start = ps;
+            }
+        }
+        if let Some(ne) = self.intervals.remove(&end) {
+            end = ne;
+        }
+        self.intervals.insert(start, end);
+    }
+
+    /// Records `[start, end)` (entirely mapped) as unmapped.
+    pub(crate) fn remove(&mut self, start: u64, end: u64) {
+        self.mapped -= end - start;
+        let (&s, &e) = self.intervals.range(..=start).next_back().expect("remove: range is mapped");
+        debug_assert!(s <= start && end <= e, "remove: range is mapped");
+        self.intervals.remove(&s);
+        if s < start {
+            self.intervals.insert(s, start);
+        }
+        if end < e {
+            self.intervals.insert(end, e);
+        }
+    }
+
+    /// The mapped intervals `(start, end)` in address order.
+    pub(crate) fn intervals(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.intervals.iter().map(|(&s, &e)| (s, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = 2 << 20;
+
+    #[test]
+    fn arena_coalesces_both_sides() {
+        let mut a = Arena::new(StreamId(0));
+        a.add_reservation(0, 10 * P);
+        let pages = PageMap::new(P);
+        let x = a.place(P, &pages).unwrap();
+        let y = a.place(P, &pages).unwrap();
+        let z = a.place(P, &pages).unwrap();
+        assert_eq!((x, y, z), (0, P, 2 * P));
+        a.insert_free(x, x + P);
+        a.insert_free(z, z + P);
+        a.insert_free(y, y + P);
+        assert_eq!(a.free_extents().collect::<Vec<_>>(), vec![(0, 10 * P)]);
+        assert_eq!(a.free_bytes(), 10 * P);
+    }
+
+    #[test]
+    fn place_prefers_mapped_extent() {
+        let mut a = Arena::new(StreamId(0));
+        a.add_reservation(0, 100 * P);
+        let mut pages = PageMap::new(P);
+        // Two free holes of 3 pages: [10P, 13P) unmapped, [20P, 23P) mapped.
+        let _ = a.place(100 * P, &pages).unwrap();
+        a.insert_free(10 * P, 13 * P);
+        a.insert_free(20 * P, 23 * P);
+        pages.insert(20 * P, 23 * P);
+        assert_eq!(a.place(3 * P, &pages), Some(20 * P));
+        assert_eq!(a.place(3 * P, &pages), Some(10 * P));
+        assert_eq!(a.place(P, &pages), None);
+    }
+
+    #[test]
+    fn page_map_runs_and_removal() {
+        let mut m = PageMap::new(P);
+        m.insert(2 * P, 4 * P);
+        m.insert(4 * P, 5 * P);
+        m.insert(8 * P, 9 * P);
+        assert_eq!(m.mapped, 4 * P);
+        assert_eq!(m.unmapped_runs(0, 10 * P), vec![(0, 2 * P), (5 * P, 8 * P), (9 * P, 10 * P)]);
+        assert_eq!(m.mapped_runs(3 * P, 9 * P), vec![(3 * P, 5 * P), (8 * P, 9 * P)]);
+        assert_eq!(m.unmapped_bytes(2 * P + 5, 5 * P), 0);
+        assert_eq!(m.unmapped_bytes(2 * P, 5 * P + 1), P);
+        m.remove(3 * P, 4 * P);
+        assert_eq!(m.intervals().collect::<Vec<_>>(), vec![(2 * P, 3 * P), (4 * P, 5 * P), (8 * P, 9 * P)]);
+        assert_eq!(m.mapped, 3 * P);
+    }
+}

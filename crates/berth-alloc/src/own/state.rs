@@ -1,0 +1,477 @@
+//! The mutable state of [`super::PagedBestFit`]: placement, mapping under the call budget,
+//! deferred cross-stream frees, statistics and history (`Note [Paged best fit]`).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use super::arena::{page_down, page_up, Arena, PageMap};
+use super::CALLS_PER_20MIB;
+use crate::backend::{DevicePtr, MemoryBackend, StreamId, VirtualMemoryBackend};
+use crate::config::AllocatorConfig;
+use crate::error::{AllocError, BackendError};
+use crate::snapshot::{
+    BlockInfo, BlockState, MemorySnapshot, SegmentInfo, SegmentType, TraceAction, TraceEntry,
+    TraceRing,
+};
+use crate::stats::MemoryStats;
+
+/// PyTorch's `kMinBlockSize`: every block is a multiple of 512 bytes.
+const MIN_BLOCK: u64 = 512;
+/// PyTorch's `kSmallSize`: blocks up to 1 MiB count in the small-pool statistics.
+const SMALL_SIZE: u64 = 1 << 20;
+/// Requests from 2^60 bytes up are refused outright (PyTorch's "more than 1EB").
+const MAX_REQUEST: u64 = 1 << 60;
+/// Address space reserved per stream when the device size is unknown, in bytes.
+const DEFAULT_VA: u64 = 1 << 40;
+
+/// A multiplicative hash for device addresses (they are 512-byte aligned; `SipHash` would cost
+/// more than the whole best-fit search).
+#[derive(Default, Clone, Copy)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
+
+/// A live block.
+struct Live {
+    /// Rounded size in bytes.
+    size: u64,
+    /// The size the caller asked for, in bytes.
+    requested: u64,
+    /// Index of the arena (stream) it came from.
+    arena: usize,
+    /// Other streams it was used on (`record_stream`).
+    uses: Vec<StreamId>,
+}
+
+/// A freed block waiting for events on the streams it was used on.
+struct Pending<E> {
+    events: Vec<E>,
+    addr: u64,
+    size: u64,
+    arena: usize,
+}
+
+/// Everything behind the policy's mutex.
+pub(crate) struct State<E> {
+    pages: PageMap,
+    arenas: Vec<Arena>,
+    live: AddrMap<Live>,
+    pending: Vec<Pending<E>>,
+    /// PyTorch-named statistics.
+    pub(crate) stats: MemoryStats,
+    /// The most bytes ever mapped at once (not reset by `reset_peak_memory_stats`).
+    high_water: u64,
+    maps: u64,
+    unmaps: u64,
+    /// Bytes of address space reserved per stream at a time.
+    va_bytes: u64,
+    /// Cap on mapped bytes (`set_memory_fraction`).
+    pub(crate) cap: Option<u64>,
+    history: Option<TraceRing>,
+    clock: i64,
+}
+
+fn backend_err(stream: StreamId) -> impl FnOnce(BackendError) -> AllocError {
+    move |source| AllocError::Backend { stream, source }
+}
+
+fn vm<B: MemoryBackend>(backend: &B) -> &dyn VirtualMemoryBackend {
+    backend.as_virtual().expect("PagedBestFit::new checked the virtual-memory capability")
+}
+
+impl<E> State<E> {
+    /// Fresh state for pages of `page` bytes on a device of `total` bytes (0 = unknown).
+    pub(crate) fn new(page: u64, total: u64) -> Self {
+        let va_bytes = if total == 0 { DEFAULT_VA } else { page_up(2 * total, page) };
+        State {
+            pages: PageMap::new(page),
+            arenas: Vec::new(),
+            live: AddrMap::default(),
+            pending: Vec::new(),
+            stats: MemoryStats::new(None),
+            high_water: 0,
+            maps: 0,
+            unmaps: 0,
+            va_bytes,
+            cap: None,
+            history: None,
+            clock: 0,
+        }
+    }
+
+    /// `map` + `unmap` calls made so far.
+    pub(crate) fn device_calls(&self) -> u64 {
+        self.maps + self.unmaps
+    }
+
+    /// Starts (`Some`) or stops (`None`) recording history.
+    pub(crate) fn set_history(&mut self, max_entries: Option<usize>) {
+        self.history = max_entries.map(TraceRing::new);
+    }
+
+    fn trace(&mut self, action: TraceAction, addr: u64, size: u64, stream: StreamId) {
+        self.clock += 1;
+        if let Some(ring) = &mut self.history {
+            ring.push(TraceEntry { action, addr, size, stream, time_us: self.clock });
+        }
+    }
+
+    fn arena_for<B: MemoryBackend<Event = E>>(&mut self, backend: &B, stream: StreamId) -> Result<usize, AllocError> {
+        if let Some(i) = self.arenas.iter().position(|a| a.stream == stream) {
+            return Ok(i);
+        }
+        let base = vm(backend).reserve(self.va_bytes as usize).map_err(backend_err(stream))?;
+        let mut arena = Arena::new(stream);
+        arena.add_reservation(base.0, self.va_bytes);
+        self.arenas.push(arena);
+        Ok(self.arenas.len() - 1)
+    }
+
+    /// Allocates `bytes` (> 0) on `stream`.
+    pub(crate) fn malloc<B: MemoryBackend<Event = E>>(
+        &mut self,
+        backend: &B,
+        bytes: u64,
+        stream: StreamId,
+    ) -> Result<DevicePtr, AllocError> {
+        if bytes >= MAX_REQUEST {
+            return Err(AllocError::TooLarge { requested: bytes });
+        }
+        if !self.pending.is_empty() {
+            self.process_events(backend)?;
+        }
+        let size = bytes.div_ceil(MIN_BLOCK) * MIN_BLOCK;
+        let ai = self.arena_for(backend, stream)?;
+        let addr = loop {
+            if let Some(addr) = self.arenas[ai].place(size, &self.pages) {
+                break addr;
+            }
+            // The address space is fragmented: reserve another range for this stream.
+            let more = self.va_bytes.max(page_up(size, self.pages.page));
+            let base = vm(backend).reserve(more as usize).map_err(backend_err(stream))?;
+            self.arenas[ai].add_reservation(base.0, more);
+        };
+        if let Err(e) = self.ensure_mapped(backend, addr, size, ai, bytes) {
+            self.arenas[ai].insert_free(addr, addr + size);
+            return Err(e);
+        }
+        self.live.insert(addr, Live { size, requested: bytes, arena: ai, uses: Vec::new() });
+        let small = size <= SMALL_SIZE;
+        let s = &mut self.stats;
+        s.allocation.increase(small, 1);
+        s.active.increase(small, 1);
+        s.allocated_bytes.increase(small, size as i64);
+        s.active_bytes.increase(small, size as i64);
+        s.requested_bytes.increase(small, bytes as i64);
+        self.trace(TraceAction::Alloc, addr, size, stream);
+        Ok(DevicePtr(addr))
+    }
+
+    /// Maps every page of `[addr, addr + size)` not mapped yet, unmapping free pages first when
+    /// the high-water mark would rise and the call budget allows (`Note [Paged best fit]`).
+    fn ensure_mapped<B: MemoryBackend<Event = E>>(
+        &mut self,
+        backend: &B,
+        addr: u64,
+        size: u64,
+        ai: usize,
+        requested: u64,
+    ) -> Result<(), AllocError> {
+        if self.pages.unmapped_bytes(addr, addr + size) == 0 {
+            return Ok(());
+        }
+        let page = self.pages.page;
+        let (lo, mut hi) = (page_down(addr, page), page_up(addr + size, page));
+        let mut runs = self.pages.unmapped_runs(lo, hi);
+        let mut need: u64 = runs.iter().map(|(a, b)| b - a).sum();
+        let target = self.pages.mapped + need;
+        let budget = CALLS_PER_20MIB * self.high_water.max(target) as f64 / (20u64 << 20) as f64;
+        let in_budget = budget - self.device_calls() as f64 >= 2.0;
+        if !in_budget {
+            // Out of budget: map one page beyond the block when it is free address space, so
+            // that the next growth needs no call.
+            let last = runs.last_mut().expect("some page is unmapped");
+            let in_reservation = self.arenas[ai].reservations.iter().any(|&(b, n)| hi >= b && hi + page <= b + n);
+            if last.1 == hi && in_reservation && self.pages.next_mapped(hi, hi + page) == hi + page {
+                last.1 += page;
+                hi += page;
+                need += page;
+            }
+        }
+        let mut limit = self.high_water;
+        if let Some(cap) = self.cap {
+            limit = limit.min(cap);
+        }
+        if self.pages.mapped + need > limit && (in_budget || self.cap.is_some_and(|c| self.pages.mapped + need > c)) {
+            self.reclaim(backend, self.pages.mapped + need - limit, (lo, hi))?;
+        }
+        let stream = self.arenas[ai].stream;
+        if let Some(cap) = self.cap {
+            if self.pages.mapped + need > cap {
+                return Err(self.oom(backend, need, requested, Some(cap)));
+            }
+        }
+        let mut done: Vec<(u64, u64)> = Vec::with_capacity(runs.len());
+        for (a, b) in runs {
+            let mut result = vm(backend).map(DevicePtr(a), (b - a) as usize, stream);
+            if matches!(result, Err(BackendError::OutOfMemory { .. })) {
+                // Retry once with every free page returned (PyTorch's release-and-retry step).
+                self.stats.num_alloc_retries += 1;
+                self.reclaim(backend, u64::MAX, (lo, hi))?;
+                result = vm(backend).map(DevicePtr(a), (b - a) as usize, stream);
+            }
+            match result {
+                Ok(()) => {
+                    self.note_mapped(a, b, stream);
+                    done.push((a, b));
+                }
+                Err(e) => {
+                    // Undo this request's own mappings: nothing was handed out on them.
+                    for (x, y) in done {
+                        self.unmap_run(backend, x, y, stream)?;
+                    }
+                    return Err(match e {
+                        BackendError::OutOfMemory { .. } => self.oom(backend, need, requested, self.cap),
+                        e => backend_err(stream)(e),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn note_mapped(&mut self, a: u64, b: u64, stream: StreamId) {
+        self.pages.insert(a, b);
+        self.maps += 1;
+        self.high_water = self.high_water.max(self.pages.mapped);
+        self.stats.reserved_bytes.increase(false, (b - a) as i64);
+        self.stats.segment.increase(false, 1);
+        self.stats.num_device_alloc += 1;
+        self.trace(TraceAction::SegmentMap, a, b - a, stream);
+    }
+
+    fn unmap_run<B: MemoryBackend<Event = E>>(&mut self, backend: &B, a: u64, b: u64, stream: StreamId) -> Result<(), AllocError> {
+        // SAFETY: 1. [a, b) is mapped (taken from the page map, which mirrors the backend's
+        // mapped pages). 2. No block is live on it and the owning stream was synchronized by the
+        // caller (`reclaim`), or the pages were mapped for a request that failed and never
+        // handed out.
+        unsafe { vm(backend).unmap(DevicePtr(a), (b - a) as usize, stream) }.map_err(backend_err(stream))?;
+        self.pages.remove(a, b);
+        self.unmaps += 1;
+        self.stats.reserved_bytes.decrease(false, (b - a) as i64);
+        self.stats.segment.decrease(false, 1);
+        self.stats.num_device_free += 1;
+        self.trace(TraceAction::SegmentUnmap, a, b - a, stream);
+        Ok(())
+    }
+
+    /// Unmaps entirely free mapped pages, biggest runs first, until `need` bytes are unmapped
+    /// (or all of them), never touching `[exclude.0, exclude.1)`. Each stream whose pages go is
+    /// synchronized first (`Note [record_stream and deferred free]`).
+    fn reclaim<B: MemoryBackend<Event = E>>(&mut self, backend: &B, need: u64, exclude: (u64, u64)) -> Result<u64, AllocError> {
+        let page = self.pages.page;
+        let mut cands: Vec<(u64, u64, u64, usize)> = Vec::new();
+        for (i, arena) in self.arenas.iter().enumerate() {
+            for (s, e) in arena.free_extents() {
+                let (lo, hi) = (page_up(s, page), page_down(e, page));
+                if lo >= hi {
+                    continue;
+                }
+                for (a, b) in self.pages.mapped_runs(lo, hi) {
+                    for (p, q) in [(a, b.min(exclude.0)), (a.max(exclude.1), b)] {
+                        if p < q {
+                            cands.push((q - p, p, q, i));
+                        }
+                    }
+                }
+            }
+        }
+        cands.sort_unstable_by(|x, y| y.0.cmp(&x.0).then(x.1.cmp(&y.1)));
+        let mut freed = 0u64;
+        let mut synced = vec![false; self.arenas.len()];
+        for (len, a, b, i) in cands {
+            if freed >= need {
+                break;
+            }
+            let stream = self.arenas[i].stream;
+            if !synced[i] {
+                let ev = backend.record_event(stream).map_err(backend_err(stream))?;
+                backend.sync_event(&ev).map_err(backend_err(stream))?;
+                synced[i] = true;
+            }
+            self.unmap_run(backend, a, b, stream)?;
+            freed += len;
+        }
+        Ok(freed)
+    }
+
+    fn oom<B: MemoryBackend<Event = E>>(&mut self, backend: &B, need: u64, requested: u64, allowed: Option<u64>) -> AllocError {
+        self.stats.num_ooms += 1;
+        self.trace(TraceAction::Oom, 0, need, StreamId::DEFAULT);
+        let info = backend.mem_info().unwrap_or_default();
+        let allocated = self.stats.allocated_bytes.all().current.max(0) as u64;
+        AllocError::OutOfMemory {
+            requested: need,
+            requested_by_caller: requested,
+            device: 0,
+            device_total: info.total_bytes,
+            device_free: info.free_bytes,
+            allocated,
+            reserved_unallocated: self.pages.mapped.saturating_sub(allocated),
+            allowed,
+            expandable_segments: true,
+        }
+    }
+
+    /// Frees the block at `ptr`: now, or once its other streams' events complete.
+    pub(crate) fn free<B: MemoryBackend<Event = E>>(&mut self, backend: &B, ptr: DevicePtr) -> Result<(), AllocError> {
+        let Some(block) = self.live.remove(&ptr.0) else {
+            return Err(if self.arenas.iter().any(|a| a.owns(ptr.0)) {
+                AllocError::DoubleFree { ptr }
+            } else {
+                AllocError::InvalidPointer { ptr }
+            });
+        };
+        let small = block.size <= SMALL_SIZE;
+        let s = &mut self.stats;
+        s.allocation.decrease(small, 1);
+        s.allocated_bytes.decrease(small, block.size as i64);
+        s.requested_bytes.decrease(small, block.requested as i64);
+        let stream = self.arenas[block.arena].stream;
+        self.trace(TraceAction::FreeRequested, ptr.0, block.size, stream);
+        if !block.uses.is_empty() {
+            let mut events = Vec::with_capacity(block.uses.len());
+            for &s in &block.uses {
+                match backend.record_event(s) {
+                    Ok(ev) => events.push(ev),
+                    Err(e) => {
+                        // Without an event the block cannot be reused safely: keep it pending
+                        // behind the events recorded so far and report the failure.
+                        self.pending.push(Pending { events, addr: ptr.0, size: block.size, arena: block.arena });
+                        return Err(backend_err(s)(e));
+                    }
+                }
+            }
+            self.pending.push(Pending { events, addr: ptr.0, size: block.size, arena: block.arena });
+            return Ok(());
+        }
+        self.complete_free(ptr.0, block.size, block.arena);
+        Ok(())
+    }
+
+    fn complete_free(&mut self, addr: u64, size: u64, arena: usize) {
+        let small = size <= SMALL_SIZE;
+        self.stats.active.decrease(small, 1);
+        self.stats.active_bytes.decrease(small, size as i64);
+        self.arenas[arena].insert_free(addr, addr + size);
+        let stream = self.arenas[arena].stream;
+        self.trace(TraceAction::FreeCompleted, addr, size, stream);
+    }
+
+    /// Marks the live block at `ptr` as used on `stream`.
+    pub(crate) fn record_stream(&mut self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
+        let Some(block) = self.live.get_mut(&ptr.0) else {
+            return Err(AllocError::InvalidPointer { ptr });
+        };
+        if self.arenas[block.arena].stream != stream && !block.uses.contains(&stream) {
+            block.uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Completes every pending free whose events have all completed.
+    pub(crate) fn process_events<B: MemoryBackend<Event = E>>(&mut self, backend: &B) -> Result<(), AllocError> {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = &self.pending[i];
+            let mut done = true;
+            for ev in &p.events {
+                let stream = self.arenas[p.arena].stream;
+                if !backend.query_event(ev).map_err(backend_err(stream))? {
+                    done = false;
+                    break;
+                }
+            }
+            if done {
+                let p = self.pending.swap_remove(i);
+                self.complete_free(p.addr, p.size, p.arena);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every pending free, then unmaps every entirely free page.
+    pub(crate) fn empty_cache<B: MemoryBackend<Event = E>>(&mut self, backend: &B) -> Result<(), AllocError> {
+        for p in std::mem::take(&mut self.pending) {
+            let stream = self.arenas[p.arena].stream;
+            for ev in &p.events {
+                backend.sync_event(ev).map_err(backend_err(stream))?;
+            }
+            self.complete_free(p.addr, p.size, p.arena);
+        }
+        self.reclaim(backend, u64::MAX, (0, 0))?;
+        Ok(())
+    }
+
+    /// Mapped ranges as segments, with their live blocks and the free gaps between them.
+    pub(crate) fn snapshot(&self) -> MemorySnapshot {
+        let mut blocks: Vec<(u64, &Live)> = self.live.iter().map(|(&a, l)| (a, l)).collect();
+        blocks.sort_unstable_by_key(|b| b.0);
+        let mut segments = Vec::new();
+        let mut next = 0;
+        for (start, end) in self.pages.intervals() {
+            let arena = self.arenas.iter().find(|a| a.owns(start));
+            let stream = arena.map_or(StreamId::DEFAULT, |a| a.stream);
+            let mut seg = SegmentInfo {
+                device: 0,
+                address: start,
+                total_size: end - start,
+                allocated_size: 0,
+                active_size: 0,
+                requested_size: 0,
+                stream,
+                segment_type: SegmentType::Large,
+                segment_pool_id: (0, 0),
+                is_expandable: true,
+                blocks: Vec::new(),
+            };
+            let mut at = start;
+            while next < blocks.len() && blocks[next].0 < end {
+                let (a, l) = blocks[next];
+                if a >= start {
+                    if a > at {
+                        seg.blocks.push(BlockInfo { address: at, size: a - at, requested_size: 0, state: BlockState::Inactive });
+                    }
+                    seg.blocks.push(BlockInfo { address: a, size: l.size, requested_size: l.requested, state: BlockState::ActiveAllocated });
+                    seg.allocated_size += l.size;
+                    seg.active_size += l.size;
+                    seg.requested_size += l.requested;
+                    at = a + l.size;
+                }
+                next += 1;
+            }
+            if at < end {
+                seg.blocks.push(BlockInfo { address: at, size: end - at, requested_size: 0, state: BlockState::Inactive });
+            }
+            segments.push(seg);
+        }
+        let trace = self.history.as_ref().map(TraceRing::to_vec).unwrap_or_default();
+        MemorySnapshot { segments, device_traces: vec![trace], allocator_settings: AllocatorConfig::default() }
+    }
+}

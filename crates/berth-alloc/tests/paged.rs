@@ -1,0 +1,118 @@
+//! berth's own policy, [`PagedBestFit`], on the five real traces: the "Better" targets of
+//! issue 3, and its stream, error and `empty_cache` behaviour on `SimBackend`.
+
+use berth_alloc::backend::sim::SimBackend;
+use berth_alloc::replay::{replay, ReplayReport};
+use berth_alloc::trace::read_trace;
+use berth_alloc::{AllocError, DeviceAllocator, DevicePtr, PagedBestFit, StreamId};
+
+use crate::util::{trace_path, TRACES};
+
+/// PyTorch's figures per trace (`shared/traces/README.md`): peak requested, peak reserved of
+/// the default / expandable_segments / cudaMallocAsync modes, and the default's segment count.
+const PYTORCH: [(&str, u64, u64, u64, u64, u64); 5] = [
+    ("bert_varlen_train", 16_209_102_960, 18_184_404_992, 16_227_762_176, 16_240_345_088, 181),
+    ("gpt2_generate", 692_946_998, 759_169_024, 738_197_504, 838_860_800, 31),
+    ("gpt2_train", 8_668_539_912, 10_204_741_632, 9_235_857_408, 12_180_258_816, 191),
+    ("resnet50_train", 5_879_357_852, 7_031_750_656, 5_991_563_264, 6_140_461_056, 111),
+    ("two_stream_pipeline", 268_738_372, 354_418_688, 341_835_776, 369_098_752, 12),
+];
+
+fn replay_paged(name: &str) -> Option<ReplayReport> {
+    let trace = read_trace(trace_path(name)?).expect("checked-in trace parses");
+    let alloc = PagedBestFit::new(SimBackend::new(SimBackend::H200_BYTES)).unwrap();
+    let report = replay(&trace.events, &alloc).expect("replay fits on an H200");
+    assert_eq!(report.device_calls, alloc.backend().counts().device_calls(), "{name}: stats and backend agree");
+    Some(report)
+}
+
+#[test]
+fn paged_beats_every_pytorch_mode_within_call_budget() {
+    let (mut log_waste, mut log_expandable_waste, mut n) = (0.0f64, 0.0f64, 0);
+    for name in TRACES {
+        let Some(r) = replay_paged(name) else { return };
+        let &(_, requested, default, expandable, asynch, segments) =
+            PYTORCH.iter().find(|p| p.0 == name).unwrap();
+        assert_eq!(r.peak_requested, requested, "{name}: peak requested");
+        let best = default.min(expandable).min(asynch);
+        assert!(r.peak_reserved <= best, "{name}: peak reserved {} > PyTorch's best {best}", r.peak_reserved);
+        assert!(r.device_calls <= 4 * segments, "{name}: {} device calls > 4 x {segments} segments", r.device_calls);
+        eprintln!("{name}: peak reserved {} ({:.5}x), {} device calls (budget {})", r.peak_reserved, r.ratio(), r.device_calls, 4 * segments);
+        log_waste += (r.peak_reserved as f64 / requested as f64 - 1.0).ln();
+        log_expandable_waste += (expandable as f64 / requested as f64 - 1.0).ln();
+        n += 1;
+    }
+    let gm = (log_waste / n as f64).exp();
+    let gm_expandable = (log_expandable_waste / n as f64).exp();
+    assert!(gm <= gm_expandable / 2.0, "geometric-mean waste {gm:.5} > half of expandable's {gm_expandable:.5}");
+}
+
+#[test]
+fn paged_reuses_cached_pages_without_backend_calls() {
+    let alloc = PagedBestFit::new(SimBackend::new(1 << 30)).unwrap();
+    let a = alloc.raw_alloc(3 << 20, StreamId::DEFAULT).unwrap();
+    assert_eq!(alloc.device_calls(), 1, "two pages mapped in one call");
+    // Out of call budget on a fresh allocator, the mapping runs one page ahead.
+    assert_eq!(alloc.stats().memory_reserved(), 6 << 20);
+    alloc.raw_delete(a).unwrap();
+    let b = alloc.raw_alloc(1 << 20, StreamId::DEFAULT).unwrap();
+    let c = alloc.raw_alloc(1 << 20, StreamId::DEFAULT).unwrap();
+    assert_eq!(alloc.device_calls(), 1, "cached pages serve both");
+    assert_eq!(c.0 - b.0, 1 << 20, "adjacent blocks");
+    assert_eq!(alloc.stats().memory_allocated(), 2 << 20);
+}
+
+#[test]
+fn paged_empty_cache_returns_everything() {
+    let alloc = PagedBestFit::new(SimBackend::new(1 << 30)).unwrap();
+    let ptrs: Vec<DevicePtr> = (1..20).map(|i| alloc.raw_alloc(i * 300_000, StreamId(i as u64 % 3)).unwrap()).collect();
+    assert!(alloc.stats().memory_reserved() >= alloc.stats().memory_allocated());
+    for p in ptrs {
+        alloc.raw_delete(p).unwrap();
+    }
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.stats().memory_reserved(), 0);
+    assert_eq!(alloc.backend().used_bytes(), 0);
+}
+
+#[test]
+fn paged_record_stream_defers_reuse_until_event_completes() {
+    let sim = SimBackend::new(1 << 30);
+    let alloc = PagedBestFit::new(sim).unwrap();
+    let (s0, s1) = (StreamId(0), StreamId(7));
+    let a = alloc.raw_alloc(4096, s0).unwrap();
+    alloc.raw_record_stream(a, s1).unwrap();
+    alloc.raw_delete(a).unwrap();
+    let b = alloc.raw_alloc(4096, s0).unwrap();
+    assert_ne!(a, b, "block still in use on stream 7 is not handed out again");
+    assert_eq!(alloc.stats().active_bytes.all().current, 2 * 4096);
+    alloc.backend().complete_events_on(s1);
+    alloc.raw_delete(b).unwrap();
+    let c = alloc.raw_alloc(4096, s0).unwrap();
+    assert_eq!(alloc.stats().active_bytes.all().current, 4096);
+    assert!(c == a || c == b, "after the event completes the memory is reusable");
+}
+
+#[test]
+fn paged_bad_frees_are_typed_errors() {
+    let alloc = PagedBestFit::new(SimBackend::new(1 << 30)).unwrap();
+    let a = alloc.raw_alloc(1000, StreamId::DEFAULT).unwrap();
+    alloc.raw_delete(a).unwrap();
+    assert!(matches!(alloc.raw_delete(a), Err(AllocError::DoubleFree { .. })));
+    assert!(matches!(alloc.raw_delete(DevicePtr(0x1234)), Err(AllocError::InvalidPointer { .. })));
+    assert_eq!(alloc.stats().memory_allocated(), 0);
+    assert_eq!(alloc.raw_alloc(0, StreamId::DEFAULT).unwrap(), DevicePtr::NULL);
+}
+
+#[test]
+fn paged_out_of_memory_is_typed_and_recoverable() {
+    let alloc = PagedBestFit::new(SimBackend::new(64 << 20)).unwrap();
+    let a = alloc.raw_alloc(40 << 20, StreamId::DEFAULT).unwrap();
+    let err = alloc.raw_alloc(40 << 20, StreamId::DEFAULT).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    assert_eq!(alloc.stats().num_ooms, 1);
+    alloc.raw_delete(a).unwrap();
+    let b = alloc.raw_alloc(40 << 20, StreamId(3)).unwrap();
+    assert!(!b.is_null(), "pages of stream 0 were moved to stream 3 after the OOM");
+    assert!(alloc.stats().memory_reserved() <= 64 << 20);
+}

@@ -81,6 +81,11 @@ pub fn set_device(index: usize) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// Sets the current device without checks; returns the previous one (stream guards).
+pub(crate) fn replace_current(index: usize) -> usize {
+    CURRENT.with(|c| c.replace(index))
+}
+
 /// Sets the current device and returns a guard restoring the previous one on drop
 /// (`with torch.cuda.device(i):`).
 ///

@@ -7,13 +7,17 @@
 //! used; memory is owned by berth's allocators, never by cudarc's self-freeing `CudaSlice`.
 //!
 //! Files: `driver.rs` (the gate), `device.rs` (discovery, current device), `context.rs`
-//! (primary contexts, created lazily per named device), `sync_debug.rs` (sync points),
+//! (primary contexts, created lazily per named device), `stream.rs`, `event.rs`, `raw.rs` (the
+//! driver calls behind them), `sync_debug.rs` (sync points),
 //! `testing.rs` (the GPU gate for tests, a fake device count).
 
 mod context;
 mod device;
 mod driver;
 mod error;
+mod event;
+mod raw;
+mod stream;
 mod sync_debug;
 pub mod testing;
 
@@ -26,6 +30,8 @@ pub use device::{
     DeviceProperties,
 };
 pub use error::CudaError;
+pub use event::Event;
+pub use stream::{current_stream, current_stream_of_current_device, Stream, StreamGuard};
 pub use sync_debug::{
     get_sync_debug_mode, host_waits, set_sync_debug_mode, sync_point, take_sync_reports,
     thread_host_waits, SyncDebugMode,

@@ -1,0 +1,260 @@
+//! Streams with CUDA's and PyTorch's names: `Stream::new(device, priority)`, the default stream,
+//! a thread-local current stream set by a scoped guard ([`Stream::scope`], PyTorch's
+//! `with torch.cuda.stream(s):`), `wait_stream`, `wait_event`.
+//!
+//! The default stream of every device is the legacy NULL stream (handle 0), as PyTorch's; side
+//! streams are created non-blocking, as PyTorch's pool streams. A stream's [`StreamId`] is its
+//! raw handle, the value PyTorch's traces carry.
+
+use super::device::{check_device, current_device};
+use super::{raw, CudaError, Event};
+use crate::alloc::StreamId;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A CUDA stream of one device. Cloning shares the handle; the last clone of a created stream
+/// destroys it (queued work still completes).
+#[derive(Clone)]
+pub struct Stream {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    device: usize,
+    raw: u64,
+    priority: i32,
+    owned: bool,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.owned {
+            // A failed destroy leaks one handle; a drop path never panics.
+            let _ = raw::stream_destroy(self.device, self.raw);
+        }
+    }
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Stream(cuda:{}, {:#x})",
+            self.inner.device, self.inner.raw
+        )
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner.device == other.inner.device && self.inner.raw == other.inner.raw
+    }
+}
+
+impl Eq for Stream {}
+
+thread_local! {
+    /// The thread's current stream per device; absent = the default stream.
+    static CURRENT: RefCell<HashMap<usize, Stream>> = RefCell::new(HashMap::new());
+}
+
+impl Stream {
+    /// Creates a non-blocking stream on `device` with `priority` (`torch.cuda.Stream(device,
+    /// priority)`): 0 is the default, lower numbers run first; the valid range is
+    /// [`Stream::priority_range`]. Creates `device`'s context if needed (the named device).
+    ///
+    /// # Errors
+    /// [`CudaError::InvalidDevice`], [`CudaError::Unavailable`], [`CudaError::InvalidPriority`],
+    /// [`CudaError::Driver`].
+    pub fn new(device: usize, priority: i32) -> Result<Stream, CudaError> {
+        check_device(device)?;
+        let (least, greatest) = raw::priority_range(device)?;
+        if priority > least || priority < greatest {
+            return Err(CudaError::InvalidPriority {
+                priority,
+                least,
+                greatest,
+            });
+        }
+        let raw = raw::stream_create(device, priority)?;
+        Ok(Stream {
+            inner: Arc::new(Inner {
+                device,
+                raw,
+                priority,
+                owned: true,
+            }),
+        })
+    }
+
+    /// `(least, greatest)` stream priorities of `device` (`cuCtxGetStreamPriorityRange`); the
+    /// greatest priority is the numerically smallest (e.g. `(0, -5)`).
+    ///
+    /// # Errors
+    /// As [`Stream::new`].
+    pub fn priority_range(device: usize) -> Result<(i32, i32), CudaError> {
+        check_device(device)?;
+        raw::priority_range(device)
+    }
+
+    /// The default (legacy NULL) stream of `device` (`torch.cuda.default_stream(i)`). Creates
+    /// no context.
+    ///
+    /// # Errors
+    /// [`CudaError::InvalidDevice`], [`CudaError::Unavailable`].
+    pub fn default_stream(device: usize) -> Result<Stream, CudaError> {
+        check_device(device)?;
+        Ok(Stream {
+            inner: Arc::new(Inner {
+                device,
+                raw: 0,
+                priority: 0,
+                owned: false,
+            }),
+        })
+    }
+
+    /// The device index.
+    pub fn device(&self) -> usize {
+        self.inner.device
+    }
+
+    /// The priority the stream was created with (0 for the default stream).
+    pub fn priority(&self) -> i32 {
+        self.inner.priority
+    }
+
+    /// The allocator's name for this stream: its raw handle (0 for the default stream).
+    pub fn id(&self) -> StreamId {
+        StreamId(self.inner.raw)
+    }
+
+    /// The raw `CUstream` as an integer (0 = the legacy default stream).
+    pub fn as_raw(&self) -> u64 {
+        self.inner.raw
+    }
+
+    /// Whether this is the device's default stream.
+    pub fn is_default(&self) -> bool {
+        self.inner.raw == 0
+    }
+
+    /// Whether all work queued so far has completed (`Stream.query()`, `cuStreamQuery`).
+    ///
+    /// # Errors
+    /// [`CudaError::Driver`] (e.g. an earlier kernel failed).
+    pub fn query(&self) -> Result<bool, CudaError> {
+        raw::stream_query(self.inner.device, self.inner.raw)
+    }
+
+    /// Blocks the host until all work queued so far has completed (`Stream.synchronize()`).
+    /// An explicit sync: counted in [`host_waits`](super::host_waits), never reported by
+    /// sync-debug mode.
+    ///
+    /// # Errors
+    /// [`CudaError::Driver`].
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        super::sync_debug::count_host_wait();
+        raw::stream_sync(self.inner.device, self.inner.raw)
+    }
+
+    /// Makes work queued on `self` from now on wait for `event` (`Stream.wait_event`); the host
+    /// does not wait. An event never recorded is complete: nothing to wait for.
+    ///
+    /// # Errors
+    /// [`CudaError::Driver`].
+    pub fn wait_event(&self, event: &Event) -> Result<(), CudaError> {
+        match event.recorded() {
+            Some((_, ev)) => raw::stream_wait_event(self.inner.device, self.inner.raw, ev),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes work queued on `self` from now on wait for all work queued on `other` so far
+    /// (`Stream.wait_stream`); the host does not wait.
+    ///
+    /// # Errors
+    /// [`CudaError::Driver`].
+    pub fn wait_stream(&self, other: &Stream) -> Result<(), CudaError> {
+        if self == other {
+            return Ok(());
+        }
+        let event = Event::new(false);
+        event.record_on(other)?;
+        self.wait_event(&event)
+    }
+
+    /// Records a new event (timing disabled) on this stream (`Stream.record_event()`).
+    ///
+    /// # Errors
+    /// [`CudaError::Driver`].
+    pub fn record_event(&self) -> Result<Event, CudaError> {
+        let event = Event::new(false);
+        event.record_on(self)?;
+        Ok(event)
+    }
+
+    /// Makes this stream the thread's current stream of its device, and its device the current
+    /// device, until the guard drops (`with torch.cuda.stream(s):`).
+    pub fn scope(&self) -> StreamGuard {
+        let device = self.inner.device;
+        let previous_stream = CURRENT.with(|c| c.borrow_mut().insert(device, self.clone()));
+        let previous_device = super::device::replace_current(device);
+        StreamGuard {
+            device,
+            previous_stream,
+            previous_device,
+        }
+    }
+}
+
+/// The thread's current stream of `device` (`torch.cuda.current_stream(i)`): the stream of the
+/// innermost live [`Stream::scope`] guard, else the default stream.
+///
+/// # Errors
+/// [`CudaError::InvalidDevice`] ("device index 5 is out of range [0, 1)", BUG-20),
+/// [`CudaError::Unavailable`].
+pub fn current_stream(device: usize) -> Result<Stream, CudaError> {
+    check_device(device)?;
+    match CURRENT.with(|c| c.borrow().get(&device).cloned()) {
+        Some(s) => Ok(s),
+        None => Stream::default_stream(device),
+    }
+}
+
+/// The current stream of the current device.
+///
+/// # Errors
+/// [`CudaError::Unavailable`].
+pub fn current_stream_of_current_device() -> Result<Stream, CudaError> {
+    current_stream(current_device()?)
+}
+
+/// Restores the previous current stream and device on drop; made by [`Stream::scope`].
+#[must_use = "the previous stream is restored when the guard is dropped"]
+pub struct StreamGuard {
+    device: usize,
+    previous_stream: Option<Stream>,
+    previous_device: usize,
+}
+
+impl std::fmt::Debug for StreamGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StreamGuard(cuda:{})", self.device)
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        let previous = self.previous_stream.take();
+        CURRENT.with(|c| {
+            let mut c = c.borrow_mut();
+            match previous {
+                Some(s) => c.insert(self.device, s),
+                None => c.remove(&self.device),
+            }
+        });
+        super::device::replace_current(self.previous_device);
+    }
+}

@@ -8,9 +8,12 @@
 //!
 //! Files: `driver.rs` (the gate), `device.rs` (discovery, current device), `context.rs`
 //! (primary contexts, created lazily per named device), `stream.rs`, `event.rs`, `raw.rs` (the
-//! driver calls behind them), `sync_debug.rs` (sync points),
+//! driver calls behind them), `backend.rs` (device memory: `cuMemAlloc` and virtual memory),
+//! `pinned.rs` (pinned host memory), `memory.rs` (one allocator per device, the memory API),
+//! `sync_debug.rs` (sync points),
 //! `testing.rs` (the GPU gate for tests, a fake device count).
 
+pub mod backend;
 mod context;
 mod device;
 mod driver;
@@ -21,6 +24,7 @@ mod stream;
 mod sync_debug;
 pub mod testing;
 
+pub use backend::{CudaBackend, CudaEvent};
 pub use context::{
     bind_context, contexts_created, initialized_devices, is_initialized, synchronize,
 };

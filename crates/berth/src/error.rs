@@ -1,4 +1,9 @@
 //! `berth::Error`: the one error type of the `berth` crate.
+//!
+//! Every message says what was wrong and what would be right; fields carry the structured
+//! context (`op`, shapes, devices) so callers can match instead of parsing strings.
+
+use crate::{DType, Device};
 
 /// Errors of the `berth` crate. Lower-level errors convert into it with `?`.
 #[derive(Debug, thiserror::Error)]
@@ -7,6 +12,240 @@ pub enum Error {
     /// A CUDA error (driver, availability, device index).
     #[error(transparent)]
     Cuda(#[from] crate::cuda::CudaError),
+
+    /// A device string that does not parse.
+    #[error(transparent)]
+    ParseDevice(#[from] crate::device::ParseDeviceError),
+
+    /// A device that parses but cannot be used here (`mps` on Linux).
+    #[error("device {device} is not available on this platform: {reason}")]
+    DeviceNotAvailable {
+        /// The device asked for.
+        device: Device,
+        /// Why, in words.
+        reason: String,
+    },
+
+    /// Reading the values of a meta tensor (BUG-07/08). One kind for `item`, `to_vec` and
+    /// copies out of meta; both of PyTorch's messages are part of the text.
+    #[error(
+        "Tensor.{op}() cannot be called on meta tensors: Cannot copy out of meta tensor; no \
+         data! (meta tensors carry shape and dtype only; use to_empty(device) to get a tensor \
+         with memory)"
+    )]
+    MetaNoData {
+        /// The reading operation (`item`, `to_vec`, `to`, ...).
+        op: &'static str,
+    },
+
+    /// An operation without a shape rule on the meta device (BUG-10).
+    #[error("no meta implementation for {op}: it cannot run on the meta device")]
+    NoMetaImpl {
+        /// The operation.
+        op: &'static str,
+    },
+
+    /// An operation with no kernel on a device (yet).
+    #[error("{op} has no kernel on {device}; move the tensors to cpu first")]
+    NoKernel {
+        /// The operation.
+        op: &'static str,
+        /// The device.
+        device: Device,
+    },
+
+    /// Two operands on different devices.
+    #[error(
+        "{op}: expected all tensors to be on the same device, but found {lhs} and {rhs}; move \
+         one with .to(device)"
+    )]
+    DeviceMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The first operand's device.
+        lhs: Device,
+        /// The second operand's device.
+        rhs: Device,
+    },
+
+    /// Two operands with different dtypes (berth does not promote implicitly).
+    #[error("{op}: expected both operands to have the same dtype, got {lhs} and {rhs}; convert one with to_dtype")]
+    DTypeMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The first operand's dtype.
+        lhs: DType,
+        /// The second operand's dtype.
+        rhs: DType,
+    },
+
+    /// A dtype the operation does not support.
+    #[error("{op} does not support dtype {dtype}; expected {expected}")]
+    UnsupportedDType {
+        /// The operation.
+        op: &'static str,
+        /// The dtype given.
+        dtype: DType,
+        /// The dtypes accepted, in words.
+        expected: &'static str,
+    },
+
+    /// `to_vec::<T>()` / `item::<T>()` with a `T` of another dtype than the tensor's.
+    #[error(
+        "{op}: the tensor has dtype {actual} but {requested} was requested; call to_dtype first"
+    )]
+    ElementType {
+        /// The operation.
+        op: &'static str,
+        /// The tensor's dtype.
+        actual: DType,
+        /// The dtype of the requested Rust type.
+        requested: DType,
+    },
+
+    /// Shapes that cannot broadcast together.
+    #[error("{op}: shapes {lhs:?} and {rhs:?} cannot be broadcast together (sizes must match or be 1, aligned from the right)")]
+    BroadcastMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The first shape.
+        lhs: Vec<usize>,
+        /// The second shape.
+        rhs: Vec<usize>,
+    },
+
+    /// `expand` to a shape the tensor cannot broadcast to.
+    #[error("{op}: cannot expand shape {from:?} to {to:?} (only size-1 dimensions can grow)")]
+    ExpandMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The tensor's shape.
+        from: Vec<usize>,
+        /// The target shape.
+        to: Vec<usize>,
+    },
+
+    /// Matmul with inner dimensions that differ (PyTorch: "mat1 and mat2 shapes cannot be
+    /// multiplied (2x3 and 4x5)").
+    #[error("matmul: shapes {lhs:?} and {rhs:?} cannot be multiplied: the last dimension of the first ({k1}) must equal the second-to-last of the second ({k2})")]
+    MatmulShape {
+        /// The first operand's shape.
+        lhs: Vec<usize>,
+        /// The second operand's shape.
+        rhs: Vec<usize>,
+        /// The first operand's inner size.
+        k1: usize,
+        /// The second operand's inner size.
+        k2: usize,
+    },
+
+    /// A shape that does not fit the operation (wrong rank, wrong element count ...).
+    #[error("{op}: {what}")]
+    Shape {
+        /// The operation.
+        op: &'static str,
+        /// What was wrong and what would be right.
+        what: String,
+    },
+
+    /// A dimension index outside `[-rank, rank)`.
+    #[error("{op}: dimension {dim} is out of range for a tensor of rank {rank} (expected a value in [-{rank}, {rank}))")]
+    DimOutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// The dimension given.
+        dim: isize,
+        /// The tensor's rank.
+        rank: usize,
+    },
+
+    /// An index (or range end) past the size of a dimension.
+    #[error("{op}: index {index} is out of range for dimension {dim} of size {size}")]
+    IndexOutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// The dimension.
+        dim: usize,
+        /// The index (or range end) given.
+        index: usize,
+        /// The dimension's size.
+        size: usize,
+    },
+
+    /// `item()` on a tensor with other than one element (PyTorch: "a Tensor with 2 elements
+    /// cannot be converted to Scalar").
+    #[error("item(): a Tensor with {numel} elements cannot be converted to Scalar; item() needs exactly one element (reduce first, e.g. sum())")]
+    NotAScalar {
+        /// The tensor's number of elements.
+        numel: usize,
+    },
+
+    /// Data whose length does not match the shape.
+    #[error("{op}: shape {shape:?} needs {expected} elements but {got} were given")]
+    DataLength {
+        /// The operation.
+        op: &'static str,
+        /// The shape asked for.
+        shape: Vec<usize>,
+        /// Elements the shape needs.
+        expected: usize,
+        /// Elements given.
+        got: usize,
+    },
+
+    /// An argument outside what the call accepts.
+    #[error("{op}: invalid argument: {what}")]
+    InvalidArgument {
+        /// The operation.
+        op: &'static str,
+        /// What was wrong and what would be right.
+        what: String,
+    },
+
+    /// `load_state_dict` without an entry the module needs (PyTorch: "Missing key(s) in
+    /// state_dict").
+    #[error("load_state_dict: missing key {key:?} in state_dict (the module has a parameter of that name; present keys: {present:?})")]
+    MissingKey {
+        /// The parameter name.
+        key: String,
+        /// The keys the state dict does have.
+        present: Vec<String>,
+    },
+
+    /// `load_state_dict` with keys the module does not have (strict loading).
+    #[error("load_state_dict: unexpected key(s) {keys:?} in state_dict (the module has no such parameters)")]
+    UnexpectedKeys {
+        /// The extra keys.
+        keys: Vec<String>,
+    },
+
+    /// `load_state_dict` with a tensor of the wrong shape (PyTorch: "size mismatch for
+    /// weight: copying a param with shape ... from checkpoint, the shape in current model is ...").
+    #[error("load_state_dict: size mismatch for {key}: copying a param with shape {got:?} from checkpoint, the shape in current model is {expected:?}")]
+    StateDictShape {
+        /// The parameter name.
+        key: String,
+        /// The module's shape.
+        expected: Vec<usize>,
+        /// The state dict's shape.
+        got: Vec<usize>,
+    },
+
+    /// Reading or writing a file failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// The operation (`save`, `load`).
+        op: &'static str,
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A safetensors file that could not be encoded or decoded.
+    #[error("safetensors: {0}")]
+    SafeTensors(#[from] safetensors::SafeTensorError),
 }
 
 /// `Result` with [`Error`].

@@ -3,10 +3,35 @@
 //! Devices (`cpu`, `cuda:i`, `mps`, `meta`), tensors with storage on a device, the `.to()`
 //! contract, meta shape inference, caching allocators (re-exported from [`berth_alloc`] as
 //! [`alloc`]), streams and events, and `nn`.
+//!
+//! # Layers
+//! - [`Device`], [`DType`], [`Layout`]: small values.
+//! - [`Storage`]: the memory (host, device, or meta with no memory), shared by views.
+//! - [`Tensor`]: storage + layout + dtype; views, the `.to()` contract, math front-ends.
+//! - [`ops`]: op enums and the shape/dtype inference every device shares (so meta and CPU
+//!   agree); [`backend::DeviceKernels`]: what a device implements (CPU here, CUDA in
+//!   [`cuda`]).
+//! - [`nn`]: `Module`, `Linear`, state dicts in safetensors files.
 
 pub use berth_alloc as alloc;
 
+pub mod backend;
+mod cpu;
 pub mod cuda;
+pub mod device;
+pub mod dtype;
 mod error;
+pub mod layout;
+pub mod nn;
+pub mod ops;
+pub mod random;
+pub mod storage;
+mod tensor;
 
+pub use device::{Device, DeviceKind, ParseDeviceError};
+pub use dtype::{DType, Element};
 pub use error::{Error, Result};
+pub use layout::Layout;
+pub use random::{manual_seed, Generator};
+pub use storage::Storage;
+pub use tensor::{Tensor, ToOptions};

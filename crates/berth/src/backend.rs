@@ -1,0 +1,302 @@
+//! The per-device kernel interface: what the tensor front-ends call once shapes and dtypes
+//! have been checked by [`crate::ops::infer`]. The CPU implements it in [`crate::cpu`]; the
+//! CUDA implementation (owned by the CUDA kernels) is plugged in by [`cuda_kernels`]; the meta
+//! device never reaches it (front-ends build meta results from the inferred shape).
+//!
+//! # Contract (every method)
+//! - Operands are [`View`]s: a storage, a layout (shape, strides, offset in elements) and a
+//!   dtype. All views of one call live on the kernel's device (checked by the front-end).
+//! - `dst` of an out-of-place op is a fresh, contiguous storage allocated by [`DeviceKernels::alloc`]
+//!   for exactly the output shape; it never aliases an input.
+//! - When an optional `src`/`lhs` is `None`, the op is in place: `dst` is read and written
+//!   (`dst[i] = f(dst[i], ...)`), and `dst` may be any strided view. Other inputs never share
+//!   storage with `dst` (the front-end copies them first when they do).
+//! - Binary inputs are already broadcast to the output shape (stride 0 on broadcast
+//!   dimensions), and both have the same dtype except where a method says otherwise.
+//! - Kernels may be asynchronous on their device's current stream; host reads synchronise
+//!   through the storage's pending-work list.
+
+use crate::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::{DType, Device, Error, Layout, Result, Storage, Tensor};
+
+/// One operand of a kernel: storage + layout + dtype.
+#[derive(Debug, Clone, Copy)]
+pub struct View<'a> {
+    /// The memory.
+    pub storage: &'a Storage,
+    /// Shape, strides and offset in elements.
+    pub layout: &'a Layout,
+    /// The element type.
+    pub dtype: DType,
+}
+
+impl<'a> View<'a> {
+    /// The view of a tensor.
+    pub fn of(t: &'a Tensor) -> View<'a> {
+        View {
+            storage: t.storage(),
+            layout: t.layout(),
+            dtype: t.dtype(),
+        }
+    }
+}
+
+/// A random distribution for [`DeviceKernels::random`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RandomDist {
+    /// Uniform on `[low, high)`.
+    Uniform {
+        /// Lower bound (inclusive).
+        low: f64,
+        /// Upper bound (exclusive).
+        high: f64,
+    },
+    /// Normal with `mean` and standard deviation `std`.
+    Normal {
+        /// Mean.
+        mean: f64,
+        /// Standard deviation.
+        std: f64,
+    },
+}
+
+fn missing(op: &'static str, device: Device) -> Error {
+    if device.is_cuda() {
+        crate::cuda::CudaError::Unavailable {
+            reason: format!("no CUDA kernel for {op} in this build"),
+        }
+        .into()
+    } else {
+        Error::NoKernel { op, device }
+    }
+}
+
+/// Kernels of one device kind. Every method has a default that returns an "unavailable" error
+/// naming the op, so a partial implementation compiles and fails clearly.
+pub trait DeviceKernels: Send + Sync {
+    /// The device kind these kernels run on, for error messages (`cuda:0` or `cpu`).
+    fn kind(&self) -> Device;
+
+    /// New memory of `nbytes` bytes on `device` (contents unspecified; the CPU zero-fills).
+    ///
+    /// # Errors
+    /// Out of memory, invalid device.
+    fn alloc(&self, device: Device, nbytes: usize) -> Result<Storage> {
+        let _ = (device, nbytes);
+        Err(missing("alloc", self.kind()))
+    }
+
+    /// `dst[i] = cast(src[i])`: strided → strided copy of equal shapes, converting from
+    /// `src.dtype` to `dst.dtype` (used by `contiguous`, `clone`, `to_dtype`, `copy_`).
+    ///
+    /// # Errors
+    /// Device errors.
+    fn copy(&self, dst: View<'_>, src: View<'_>) -> Result<()> {
+        let _ = (dst, src);
+        Err(missing("copy", self.kind()))
+    }
+
+    /// `dst[i] = value` converted to `dst.dtype`.
+    ///
+    /// # Errors
+    /// Device errors.
+    fn fill(&self, dst: View<'_>, value: f64) -> Result<()> {
+        let _ = (dst, value);
+        Err(missing("fill", self.kind()))
+    }
+
+    /// `dst[i] = op(src[i])`, or in place when `src` is `None`.
+    ///
+    /// # Errors
+    /// Device errors.
+    fn unary(&self, op: UnaryOp, dst: View<'_>, src: Option<View<'_>>) -> Result<()> {
+        let _ = (dst, src);
+        Err(missing(op.name(), self.kind()))
+    }
+
+    /// `dst[i] = op(lhs[i], rhs[i])`, or `dst[i] = op(dst[i], rhs[i])` when `lhs` is `None`.
+    ///
+    /// # Errors
+    /// Device errors.
+    fn binary(
+        &self,
+        op: BinaryOp,
+        dst: View<'_>,
+        lhs: Option<View<'_>>,
+        rhs: View<'_>,
+    ) -> Result<()> {
+        let _ = (dst, lhs, rhs);
+        Err(missing(op.name(), self.kind()))
+    }
+
+    /// `dst[i] = op(src[i], scalar)` (or `op(scalar, src[i])` when `scalar_first`), in place
+    /// when `src` is `None`. The scalar is converted to the compute type of `dst.dtype`.
+    ///
+    /// # Errors
+    /// Device errors.
+    fn scalar(
+        &self,
+        op: BinaryOp,
+        dst: View<'_>,
+        src: Option<View<'_>>,
+        scalar: f64,
+        scalar_first: bool,
+    ) -> Result<()> {
+        let _ = (dst, src, scalar, scalar_first);
+        Err(missing(op.name(), self.kind()))
+    }
+
+    /// `dst[i] = op(lhs[i], rhs[i])` with `dst` of dtype `bool`; `rhs` `None` compares with
+    /// `scalar`.
+    ///
+    /// # Errors
+    /// Device errors.
+    fn compare(
+        &self,
+        op: CmpOp,
+        dst: View<'_>,
+        lhs: View<'_>,
+        rhs: Option<View<'_>>,
+        scalar: f64,
+    ) -> Result<()> {
+        let _ = (dst, lhs, rhs, scalar);
+        Err(missing(op.name(), self.kind()))
+    }
+
+    /// Reduce `src` over `dims` (sorted, distinct) into `dst`, whose shape is `src`'s without
+    /// `dims` (keepdim is a front-end reshape). `dst.dtype` may differ from `src.dtype`
+    /// (integer sums are `i64`, argmax is `i64`).
+    ///
+    /// # Errors
+    /// Device errors.
+    fn reduce(&self, op: ReduceOp, dst: View<'_>, src: View<'_>, dims: &[usize]) -> Result<()> {
+        let _ = (dst, src, dims);
+        Err(missing(op.name(), self.kind()))
+    }
+
+    /// Batched matrix product: `lhs` `[B.., m, k]`, `rhs` `[B.., k, n]` (equal batch shapes,
+    /// any strides, possibly 0 on broadcast batch dims), `dst` contiguous `[B.., m, n]`.
+    ///
+    /// # Errors
+    /// Device errors.
+    fn matmul(&self, dst: View<'_>, lhs: View<'_>, rhs: View<'_>) -> Result<()> {
+        let _ = (dst, lhs, rhs);
+        Err(missing("matmul", self.kind()))
+    }
+
+    /// Softmax (or log-softmax when `log`) over the LAST dimension of `src` into contiguous
+    /// `dst` of the same shape.
+    ///
+    /// # Errors
+    /// Device errors.
+    fn softmax(&self, dst: View<'_>, src: View<'_>, log: bool) -> Result<()> {
+        let _ = (dst, src, log);
+        Err(missing(
+            if log { "log_softmax" } else { "softmax" },
+            self.kind(),
+        ))
+    }
+
+    /// Mean cross-entropy of `logits` `[N, C]` against class indices `targets` `[N]` (`i64`)
+    /// into the 0-dim `dst` (dtype of logits).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when a target is outside `[0, C)`; device errors.
+    fn cross_entropy(&self, dst: View<'_>, logits: View<'_>, targets: View<'_>) -> Result<()> {
+        let _ = (dst, logits, targets);
+        Err(missing("cross_entropy", self.kind()))
+    }
+
+    /// Gradient of the mean cross-entropy w.r.t. the logits: `(softmax(logits) − onehot) / N`
+    /// into contiguous `dst` `[N, C]`.
+    ///
+    /// # Errors
+    /// As [`DeviceKernels::cross_entropy`].
+    fn cross_entropy_backward(
+        &self,
+        dst: View<'_>,
+        logits: View<'_>,
+        targets: View<'_>,
+    ) -> Result<()> {
+        let _ = (dst, logits, targets);
+        Err(missing("cross_entropy_backward", self.kind()))
+    }
+
+    /// Fill contiguous float `dst` with samples of `dist` from the stream `(seed, offset)`
+    /// (a counter-based generator: same seed and offset → same values on a device).
+    ///
+    /// # Errors
+    /// Device errors.
+    fn random(&self, dst: View<'_>, dist: RandomDist, seed: u64, offset: u64) -> Result<()> {
+        let _ = (dst, dist, seed, offset);
+        Err(missing("random", self.kind()))
+    }
+
+    /// Copy a tensor to another device (host↔device or device↔device), returning a
+    /// contiguous tensor of the same dtype on `device`. Called with `src` on this kernel's
+    /// device or `device` being this kernel's device, whichever is not the CPU.
+    ///
+    /// # Errors
+    /// Device errors.
+    fn transfer(&self, src: &Tensor, device: Device, non_blocking: bool) -> Result<Tensor> {
+        let _ = (src, device, non_blocking);
+        Err(missing("to", self.kind()))
+    }
+}
+
+/// CUDA kernels when none are plugged in: every call is an "unavailable" error.
+struct NoCudaKernels;
+
+impl DeviceKernels for NoCudaKernels {
+    fn kind(&self) -> Device {
+        Device::CudaCurrent
+    }
+}
+
+/// The CUDA implementation of [`DeviceKernels`]. THE one line to change when the CUDA
+/// kernels land (`&crate::cuda::ops::CudaKernels` or similar).
+fn cuda_kernels() -> &'static dyn DeviceKernels {
+    &NoCudaKernels
+}
+
+/// The kernels of `device` (never called for meta: front-ends handle meta themselves).
+///
+/// # Errors
+/// [`Error::NoMetaImpl`] for meta (a front-end without a meta rule), `DeviceNotAvailable` for
+/// mps.
+pub fn kernels_for(device: Device, op: &'static str) -> Result<&'static dyn DeviceKernels> {
+    match device.kind() {
+        crate::DeviceKind::Cpu => Ok(&crate::cpu::CpuKernels),
+        crate::DeviceKind::Cuda => Ok(cuda_kernels()),
+        crate::DeviceKind::Meta => Err(Error::NoMetaImpl { op }),
+        _ => Err(Error::DeviceNotAvailable {
+            device,
+            reason: "no kernels for this device kind on this platform".into(),
+        }),
+    }
+}
+
+/// Allocate an output tensor of `shape`/`dtype` on `device` (meta: no memory).
+pub(crate) fn alloc_tensor(
+    device: Device,
+    shape: &[usize],
+    dtype: DType,
+    op: &'static str,
+) -> Result<Tensor> {
+    let nbytes = shape.iter().product::<usize>() * dtype.size_in_bytes();
+    let storage = if device.is_meta() {
+        Storage::meta(nbytes)
+    } else {
+        kernels_for(device, op)?.alloc(device, nbytes)?
+    };
+    Ok(Tensor::from_contiguous(storage, shape, dtype))
+}
+
+/// A dense copy of `t` on its device (meta: a meta storage of the dense size).
+pub(crate) fn contiguous_copy(t: &Tensor) -> Result<Tensor> {
+    let out = alloc_tensor(t.device(), t.shape(), t.dtype(), "clone")?;
+    if !t.device().is_meta() {
+        kernels_for(t.device(), "clone")?.copy(View::of(&out), View::of(t))?;
+    }
+    Ok(out)
+}

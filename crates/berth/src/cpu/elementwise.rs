@@ -1,0 +1,270 @@
+//! Strided elementwise kernels: copy/cast, fill, unary, binary, scalar, compare.
+//!
+//! One engine, [`apply2`], walks a destination and two sources of the same shape: a flat
+//! (rayon-parallel) path when all three are contiguous, else row by row over the last
+//! dimension with per-row start offsets.
+
+use rayon::prelude::*;
+
+use super::{with_repr, In, Num, Scalar, PAR_MIN};
+use crate::backend::View;
+use crate::ops::{BinaryOp, CmpOp, UnaryOp};
+use crate::storage::Pod;
+use crate::{DType, Layout, Result};
+
+const CHUNK: usize = 1 << 14;
+
+/// Row decomposition: start offset of each row, row length, stride inside a row.
+fn rows(l: &Layout) -> (Vec<usize>, usize, usize) {
+    let r = l.rank();
+    if r == 0 {
+        return (vec![l.offset()], 1, 0);
+    }
+    let outer = Layout::from_parts(
+        l.shape()[..r - 1].to_vec(),
+        l.strides()[..r - 1].to_vec(),
+        l.offset(),
+    );
+    (
+        outer.indices().collect(),
+        l.shape()[r - 1],
+        l.strides()[r - 1],
+    )
+}
+
+/// `dst[i] = f(dst[i], a[i], b[i])` over equal shapes (layouts already broadcast).
+pub(crate) fn apply2<D: Pod, A: Pod, B: Pod, F>(
+    dst: &mut [D],
+    dl: &Layout,
+    a: &[A],
+    al: &Layout,
+    b: &[B],
+    bl: &Layout,
+    f: F,
+) where
+    F: Fn(D, A, B) -> D + Sync + Send,
+{
+    let n = dl.numel();
+    if n == 0 {
+        return;
+    }
+    if dl.is_contiguous() && al.is_contiguous() && bl.is_contiguous() {
+        let d = &mut dst[dl.offset()..dl.offset() + n];
+        let a = &a[al.offset()..al.offset() + n];
+        let b = &b[bl.offset()..bl.offset() + n];
+        let body = |((d, a), b): ((&mut [D], &[A]), &[B])| {
+            for i in 0..d.len() {
+                d[i] = f(d[i], a[i], b[i]);
+            }
+        };
+        if n >= PAR_MIN {
+            d.par_chunks_mut(CHUNK)
+                .zip(a.par_chunks(CHUNK))
+                .zip(b.par_chunks(CHUNK))
+                .for_each(body);
+        } else {
+            body(((d, a), b));
+        }
+        return;
+    }
+    let (ds, inner, dstr) = rows(dl);
+    let (as_, _, astr) = rows(al);
+    let (bs, _, bstr) = rows(bl);
+    if dl.is_contiguous() && dstr <= 1 {
+        let d = &mut dst[dl.offset()..dl.offset() + n];
+        let body = |(r, row): (usize, &mut [D])| {
+            let (ao, bo) = (as_[r], bs[r]);
+            for (j, x) in row.iter_mut().enumerate() {
+                *x = f(*x, a[ao + j * astr], b[bo + j * bstr]);
+            }
+        };
+        if n >= PAR_MIN {
+            d.par_chunks_mut(inner).enumerate().for_each(body);
+        } else {
+            d.chunks_mut(inner).enumerate().for_each(body);
+        }
+        return;
+    }
+    for r in 0..ds.len() {
+        let (d0, ao, bo) = (ds[r], as_[r], bs[r]);
+        for j in 0..inner {
+            let di = d0 + j * dstr;
+            dst[di] = f(dst[di], a[ao + j * astr], b[bo + j * bstr]);
+        }
+    }
+}
+
+/// A one-element dummy source broadcast to `shape` (for ops with fewer real sources).
+fn dummy(shape: &[usize]) -> Layout {
+    Layout::from_parts(shape.to_vec(), vec![0; shape.len()], 0)
+}
+
+/// The conversion of an `f64` value into a dtype's compute domain (bool → 0/1).
+#[inline]
+fn conv(v: f64, to: DType) -> f64 {
+    if to == DType::Bool {
+        f64::from(u8::from(v != 0.0))
+    } else {
+        v
+    }
+}
+
+pub(crate) fn copy(dst: View<'_>, src: View<'_>) -> Result<()> {
+    if dst.storage.id() == src.storage.id() {
+        // Aliased copy: stage the source (PyTorch errors on some overlaps; staging is safe).
+        let tmp = crate::Storage::host_from_bytes(src.storage.read_host("copy_")?.bytes());
+        return copy(
+            dst,
+            View {
+                storage: &tmp,
+                ..src
+            },
+        );
+    }
+    let s = In::new(src, "copy_")?;
+    let mut w = dst.storage.write_host("copy_")?;
+    if src.dtype == dst.dtype {
+        with_repr!(dst.dtype, T => {
+            let a = s.typed::<T>();
+            apply2::<T, T, T, _>(w.typed_mut::<T>(), dst.layout, a, src.layout, a, src.layout, |_, x, _| x);
+        });
+        return Ok(());
+    }
+    let to = dst.dtype;
+    with_repr!(src.dtype, S => with_repr!(dst.dtype, D => {
+        let a = s.typed::<S>();
+        apply2::<D, S, S, _>(w.typed_mut::<D>(), dst.layout, a, src.layout, a, src.layout, |_, x, _| {
+            D::from_c(<D as Num>::C::from_f64(conv(x.to_c().to_f64(), to)))
+        });
+    }));
+    Ok(())
+}
+
+pub(crate) fn fill(dst: View<'_>, value: f64) -> Result<()> {
+    let mut w = dst.storage.write_host("fill_")?;
+    let value = conv(value, dst.dtype);
+    with_repr!(dst.dtype, D => {
+        let v = D::from_c(<D as Num>::C::from_f64(value));
+        let one = [0u8];
+        let l = dummy(dst.layout.shape());
+        apply2::<D, u8, u8, _>(w.typed_mut::<D>(), dst.layout, &one, &l, &one, &l, |_, _, _| v);
+    });
+    Ok(())
+}
+
+pub(crate) fn unary(op: UnaryOp, dst: View<'_>, src: Option<View<'_>>) -> Result<()> {
+    with_repr!(dst.dtype, T => {
+        let f = |x: T| T::from_c(<T as Num>::C::unary(op, x.to_c()));
+        match src {
+            Some(src) => {
+                let s = In::new(src, op.name())?;
+                let mut w = dst.storage.write_host(op.name())?;
+                let a = s.typed::<T>();
+                apply2(w.typed_mut::<T>(), dst.layout, a, src.layout, a, src.layout, |_, x, _| f(x));
+            }
+            None => {
+                let mut w = dst.storage.write_host(op.name())?;
+                let one = [0u8];
+                let l = dummy(dst.layout.shape());
+                apply2(w.typed_mut::<T>(), dst.layout, &one, &l, &one, &l, |d, _, _| f(d));
+            }
+        }
+    });
+    Ok(())
+}
+
+pub(crate) fn binary(
+    op: BinaryOp,
+    dst: View<'_>,
+    lhs: Option<View<'_>>,
+    rhs: View<'_>,
+) -> Result<()> {
+    with_repr!(dst.dtype, T => {
+        let f = |a: T, b: T| T::from_c(<T as Num>::C::binary(op, a.to_c(), b.to_c()));
+        let r = In::new(rhs, op.name())?;
+        let b = r.typed::<T>();
+        match lhs {
+            Some(lhs) => {
+                let l = In::new(lhs, op.name())?;
+                let mut w = dst.storage.write_host(op.name())?;
+                apply2(w.typed_mut::<T>(), dst.layout, l.typed::<T>(), lhs.layout, b, rhs.layout, |_, x, y| f(x, y));
+            }
+            None => {
+                let mut w = dst.storage.write_host(op.name())?;
+                apply2(w.typed_mut::<T>(), dst.layout, b, rhs.layout, b, rhs.layout, |d, y, _| f(d, y));
+            }
+        }
+    });
+    Ok(())
+}
+
+pub(crate) fn scalar(
+    op: BinaryOp,
+    dst: View<'_>,
+    src: Option<View<'_>>,
+    scalar: f64,
+    scalar_first: bool,
+) -> Result<()> {
+    with_repr!(dst.dtype, T => {
+        let s = <T as Num>::C::from_f64(scalar);
+        let f = move |x: T| {
+            let x = x.to_c();
+            T::from_c(if scalar_first { <T as Num>::C::binary(op, s, x) } else { <T as Num>::C::binary(op, x, s) })
+        };
+        match src {
+            Some(src) => {
+                let r = In::new(src, op.name())?;
+                let mut w = dst.storage.write_host(op.name())?;
+                let a = r.typed::<T>();
+                apply2(w.typed_mut::<T>(), dst.layout, a, src.layout, a, src.layout, |_, x, _| f(x));
+            }
+            None => {
+                let mut w = dst.storage.write_host(op.name())?;
+                let one = [0u8];
+                let l = dummy(dst.layout.shape());
+                apply2(w.typed_mut::<T>(), dst.layout, &one, &l, &one, &l, |d, _, _| f(d));
+            }
+        }
+    });
+    Ok(())
+}
+
+#[inline]
+fn cmp<C: PartialOrd>(op: CmpOp, a: C, b: C) -> u8 {
+    u8::from(match op {
+        CmpOp::Eq => a == b,
+        CmpOp::Ne => a != b,
+        CmpOp::Gt => a > b,
+        CmpOp::Ge => a >= b,
+        CmpOp::Lt => a < b,
+        CmpOp::Le => a <= b,
+    })
+}
+
+pub(crate) fn compare(
+    op: CmpOp,
+    dst: View<'_>,
+    lhs: View<'_>,
+    rhs: Option<View<'_>>,
+    scalar: f64,
+) -> Result<()> {
+    let l = In::new(lhs, op.name())?;
+    let r = rhs.map(|v| In::new(v, op.name())).transpose()?;
+    let mut w = dst.storage.write_host(op.name())?;
+    with_repr!(lhs.dtype, T => {
+        let a = l.typed::<T>();
+        match (&r, rhs) {
+            (Some(r), Some(rv)) => {
+                apply2(w.typed_mut::<u8>(), dst.layout, a, lhs.layout, r.typed::<T>(), rv.layout, |_, x, y| cmp(op, x.to_c(), y.to_c()));
+            }
+            _ => {
+                let s = <T as Num>::C::from_f64(scalar);
+                let floaty = <T as Num>::C::IS_FLOAT;
+                apply2(w.typed_mut::<u8>(), dst.layout, a, lhs.layout, a, lhs.layout, |_, x, _| {
+                    if floaty { cmp(op, x.to_c(), s) } else { cmp(op, x.to_c().to_f64(), scalar) }
+                });
+            }
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,303 @@
+//! CPU kernels: the host implementation of [`DeviceKernels`].
+//!
+//! Elements are computed in a *compute type*: `f32` for f32/f16/bf16 (PyTorch computes half
+//! types in f32 where it has no half kernel), `f64` for f64, `i64` for integers and bool.
+//! Large elementwise and reduction work runs on rayon; matmul goes through `gemm`.
+
+mod elementwise;
+mod matmul;
+mod nnops;
+mod reduce;
+
+use half::{bf16, f16};
+
+use crate::backend::{DeviceKernels, RandomDist, View};
+use crate::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::storage::{HostRead, Pod};
+use crate::{Device, Result, Storage};
+
+/// Work below this many elements runs on the calling thread.
+pub(crate) const PAR_MIN: usize = 1 << 15;
+
+/// Arithmetic of a compute type.
+pub(crate) trait Scalar: Copy + Send + Sync + PartialOrd + 'static {
+    const IS_FLOAT: bool;
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+    fn unary(op: UnaryOp, x: Self) -> Self;
+    fn binary(op: BinaryOp, a: Self, b: Self) -> Self;
+}
+
+macro_rules! float_scalar {
+    ($t:ty) => {
+        impl Scalar for $t {
+            const IS_FLOAT: bool = true;
+            #[inline]
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline]
+            fn unary(op: UnaryOp, x: Self) -> Self {
+                match op {
+                    UnaryOp::Neg => -x,
+                    // NaN propagates, as torch.relu.
+                    UnaryOp::Relu => {
+                        if x < 0.0 {
+                            0.0
+                        } else {
+                            x
+                        }
+                    }
+                    UnaryOp::Exp => x.exp(),
+                    UnaryOp::Log => x.ln(),
+                    UnaryOp::Sqrt => x.sqrt(),
+                    UnaryOp::Abs => x.abs(),
+                }
+            }
+            #[inline]
+            fn binary(op: BinaryOp, a: Self, b: Self) -> Self {
+                match op {
+                    BinaryOp::Add => a + b,
+                    BinaryOp::Sub => a - b,
+                    BinaryOp::Mul => a * b,
+                    BinaryOp::Div => a / b,
+                    BinaryOp::Pow => a.powf(b),
+                    // NaN propagates, as torch.maximum/minimum.
+                    BinaryOp::Maximum => {
+                        if a.is_nan() || a > b {
+                            a
+                        } else {
+                            b
+                        }
+                    }
+                    BinaryOp::Minimum => {
+                        if a.is_nan() || a < b {
+                            a
+                        } else {
+                            b
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+float_scalar!(f32);
+float_scalar!(f64);
+
+impl Scalar for i64 {
+    const IS_FLOAT: bool = false;
+    #[inline]
+    fn from_f64(v: f64) -> Self {
+        v as i64
+    }
+    #[inline]
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    #[inline]
+    fn unary(op: UnaryOp, x: Self) -> Self {
+        match op {
+            UnaryOp::Neg => x.wrapping_neg(),
+            UnaryOp::Relu => x.max(0),
+            UnaryOp::Abs => x.wrapping_abs(),
+            // Float-only ops never reach integer kernels (checked by ops::infer).
+            UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sqrt => {
+                <f64 as Scalar>::unary(op, x as f64) as i64
+            }
+        }
+    }
+    #[inline]
+    fn binary(op: BinaryOp, a: Self, b: Self) -> Self {
+        match op {
+            BinaryOp::Add => a.wrapping_add(b),
+            BinaryOp::Sub => a.wrapping_sub(b),
+            BinaryOp::Mul => a.wrapping_mul(b),
+            BinaryOp::Div => a.checked_div(b).unwrap_or(0),
+            BinaryOp::Pow => (a as f64).powf(b as f64) as i64,
+            BinaryOp::Maximum => a.max(b),
+            BinaryOp::Minimum => a.min(b),
+        }
+    }
+}
+
+/// A stored element type and its compute type.
+pub(crate) trait Num: Pod + Default {
+    type C: Scalar;
+    fn to_c(self) -> Self::C;
+    fn from_c(c: Self::C) -> Self;
+}
+
+macro_rules! num {
+    ($t:ty, $c:ty, |$x:ident| $to:expr, |$y:ident| $from:expr) => {
+        impl Num for $t {
+            type C = $c;
+            #[inline]
+            fn to_c(self) -> $c {
+                let $x = self;
+                $to
+            }
+            #[inline]
+            fn from_c($y: $c) -> Self {
+                $from
+            }
+        }
+    };
+}
+num!(f32, f32, |x| x, |y| y);
+num!(f64, f64, |x| x, |y| y);
+num!(f16, f32, |x| x.to_f32(), |y| f16::from_f32(y));
+num!(bf16, f32, |x| x.to_f32(), |y| bf16::from_f32(y));
+num!(i64, i64, |x| x, |y| y);
+num!(i32, i64, |x| x as i64, |y| y as i32);
+num!(u8, i64, |x| x as i64, |y| y as u8);
+
+/// Run `$body` with `$T` bound to the stored Rust type of `$dt` (bool is stored as `u8`).
+macro_rules! with_repr {
+    ($dt:expr, $T:ident => $body:expr) => {
+        match $dt {
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::DType::U8 | $crate::DType::Bool => {
+                type $T = u8;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_repr;
+
+/// Read guard + layout of one operand.
+pub(crate) struct In<'a> {
+    guard: HostRead<'a>,
+}
+
+impl<'a> In<'a> {
+    pub(crate) fn new(v: View<'a>, op: &'static str) -> Result<In<'a>> {
+        Ok(In {
+            guard: v.storage.read_host(op)?,
+        })
+    }
+    pub(crate) fn typed<T: Pod>(&self) -> &[T] {
+        self.guard.typed::<T>()
+    }
+}
+
+/// The CPU kernels.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuKernels;
+
+impl DeviceKernels for CpuKernels {
+    fn kind(&self) -> Device {
+        Device::Cpu
+    }
+
+    fn alloc(&self, _device: Device, nbytes: usize) -> Result<Storage> {
+        Ok(Storage::host_zeroed(nbytes))
+    }
+
+    fn copy(&self, dst: View<'_>, src: View<'_>) -> Result<()> {
+        elementwise::copy(dst, src)
+    }
+
+    fn fill(&self, dst: View<'_>, value: f64) -> Result<()> {
+        elementwise::fill(dst, value)
+    }
+
+    fn unary(&self, op: UnaryOp, dst: View<'_>, src: Option<View<'_>>) -> Result<()> {
+        elementwise::unary(op, dst, src)
+    }
+
+    fn binary(
+        &self,
+        op: BinaryOp,
+        dst: View<'_>,
+        lhs: Option<View<'_>>,
+        rhs: View<'_>,
+    ) -> Result<()> {
+        elementwise::binary(op, dst, lhs, rhs)
+    }
+
+    fn scalar(
+        &self,
+        op: BinaryOp,
+        dst: View<'_>,
+        src: Option<View<'_>>,
+        scalar: f64,
+        scalar_first: bool,
+    ) -> Result<()> {
+        elementwise::scalar(op, dst, src, scalar, scalar_first)
+    }
+
+    fn compare(
+        &self,
+        op: CmpOp,
+        dst: View<'_>,
+        lhs: View<'_>,
+        rhs: Option<View<'_>>,
+        scalar: f64,
+    ) -> Result<()> {
+        elementwise::compare(op, dst, lhs, rhs, scalar)
+    }
+
+    fn reduce(&self, op: ReduceOp, dst: View<'_>, src: View<'_>, dims: &[usize]) -> Result<()> {
+        reduce::reduce(op, dst, src, dims)
+    }
+
+    fn matmul(&self, dst: View<'_>, lhs: View<'_>, rhs: View<'_>) -> Result<()> {
+        matmul::matmul(dst, lhs, rhs)
+    }
+
+    fn softmax(&self, dst: View<'_>, src: View<'_>, log: bool) -> Result<()> {
+        nnops::softmax(dst, src, log)
+    }
+
+    fn cross_entropy(&self, dst: View<'_>, logits: View<'_>, targets: View<'_>) -> Result<()> {
+        nnops::cross_entropy(dst, logits, targets, false)
+    }
+
+    fn cross_entropy_backward(
+        &self,
+        dst: View<'_>,
+        logits: View<'_>,
+        targets: View<'_>,
+    ) -> Result<()> {
+        nnops::cross_entropy(dst, logits, targets, true)
+    }
+
+    fn random(&self, dst: View<'_>, dist: RandomDist, seed: u64, offset: u64) -> Result<()> {
+        nnops::random(dst, dist, seed, offset)
+    }
+}
+
+/// A stored element as `f64`.
+#[inline]
+pub(crate) fn num_to_f64<T: Num>(x: T) -> f64 {
+    x.to_c().to_f64()
+}

@@ -1,0 +1,172 @@
+//! Reductions (sum, mean, max, min, argmax) over any set of dimensions.
+//!
+//! Values are accumulated in `f64` (integer sums are exact up to 2^53); NaN propagates through
+//! max/min/argmax and the first index wins ties, as PyTorch on the CPU.
+
+use rayon::prelude::*;
+
+use super::{with_repr, In, Num, Scalar, PAR_MIN};
+use crate::backend::View;
+use crate::ops::ReduceOp;
+use crate::{Layout, Result};
+
+const NONE: usize = usize::MAX;
+
+#[derive(Clone, Copy)]
+struct State {
+    acc: f64,
+    idx: usize,
+}
+
+#[inline]
+fn init(op: ReduceOp) -> State {
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => State { acc: 0.0, idx: 0 },
+        _ => State {
+            acc: 0.0,
+            idx: NONE,
+        },
+    }
+}
+
+/// Whether `new` replaces `cur` for max-like (`max == true`) or min-like selection.
+#[inline]
+fn better(cur: State, new: State, max: bool) -> bool {
+    if new.idx == NONE {
+        return false;
+    }
+    if cur.idx == NONE {
+        return true;
+    }
+    if cur.acc.is_nan() {
+        return false;
+    }
+    new.acc.is_nan()
+        || if max {
+            new.acc > cur.acc
+        } else {
+            new.acc < cur.acc
+        }
+}
+
+#[inline]
+fn step(op: ReduceOp, s: State, v: f64, i: usize) -> State {
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => State {
+            acc: s.acc + v,
+            idx: 0,
+        },
+        ReduceOp::Max | ReduceOp::ArgMax => {
+            if better(s, State { acc: v, idx: i }, true) {
+                State { acc: v, idx: i }
+            } else {
+                s
+            }
+        }
+        ReduceOp::Min => {
+            if better(s, State { acc: v, idx: i }, false) {
+                State { acc: v, idx: i }
+            } else {
+                s
+            }
+        }
+    }
+}
+
+#[inline]
+fn combine(op: ReduceOp, l: State, r: State) -> State {
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => State {
+            acc: l.acc + r.acc,
+            idx: 0,
+        },
+        ReduceOp::Max | ReduceOp::ArgMax => {
+            if better(l, r, true) {
+                r
+            } else {
+                l
+            }
+        }
+        ReduceOp::Min => {
+            if better(l, r, false) {
+                r
+            } else {
+                l
+            }
+        }
+    }
+}
+
+#[inline]
+fn finish(op: ReduceOp, s: State, count: usize) -> f64 {
+    match op {
+        ReduceOp::Sum => s.acc,
+        ReduceOp::Mean => s.acc / count as f64,
+        ReduceOp::Max | ReduceOp::Min => s.acc,
+        ReduceOp::ArgMax => s.idx as f64,
+    }
+}
+
+fn fold_slice<T: Num>(op: ReduceOp, xs: &[T], base: usize) -> State {
+    xs.iter().enumerate().fold(init(op), |s, (i, x)| {
+        step(op, s, x.to_c().to_f64(), base + i)
+    })
+}
+
+fn reduce_typed<T: Num, O: Num>(
+    op: ReduceOp,
+    out: &mut [O],
+    src: &[T],
+    l: &Layout,
+    dims: &[usize],
+) {
+    let rank = l.rank();
+    let kept: Vec<usize> = (0..rank).filter(|d| !dims.contains(d)).collect();
+    let count: usize = dims.iter().map(|&d| l.shape()[d]).product();
+    let write = |v: f64| O::from_c(<O as Num>::C::from_f64(v));
+    if kept.is_empty() && l.is_contiguous() {
+        // Full reduction of a dense tensor: parallel over chunks of the slice.
+        let xs = &src[l.offset()..l.offset() + count];
+        let s = if count >= PAR_MIN {
+            xs.par_chunks(1 << 14)
+                .enumerate()
+                .map(|(c, ch)| fold_slice(op, ch, c << 14))
+                .reduce(|| init(op), |a, b| combine(op, a, b))
+        } else {
+            fold_slice(op, xs, 0)
+        };
+        out[0] = write(finish(op, s, count));
+        return;
+    }
+    let pick = |ds: &[usize], v: &[usize]| ds.iter().map(|&d| v[d]).collect::<Vec<_>>();
+    let kept_l = Layout::from_parts(pick(&kept, l.shape()), pick(&kept, l.strides()), l.offset());
+    let red_l = Layout::from_parts(pick(dims, l.shape()), pick(dims, l.strides()), 0);
+    let red: Vec<usize> = red_l.indices().collect();
+    let starts: Vec<usize> = kept_l.indices().collect();
+    let one = |o: usize| {
+        let base = starts[o];
+        let s = red.iter().enumerate().fold(init(op), |s, (i, &r)| {
+            step(op, s, src[base + r].to_c().to_f64(), i)
+        });
+        write(finish(op, s, count))
+    };
+    if starts.len() * count >= PAR_MIN && starts.len() > 1 {
+        out.par_iter_mut()
+            .enumerate()
+            .for_each(|(o, x)| *x = one(o));
+    } else {
+        out.iter_mut().enumerate().for_each(|(o, x)| *x = one(o));
+    }
+}
+
+pub(crate) fn reduce(op: ReduceOp, dst: View<'_>, src: View<'_>, dims: &[usize]) -> Result<()> {
+    let s = In::new(src, op.name())?;
+    let mut w = dst.storage.write_host(op.name())?;
+    let n = dst.layout.numel();
+    let off = dst.layout.offset();
+    with_repr!(src.dtype, T => with_repr!(dst.dtype, O => {
+        let out = &mut w.typed_mut::<O>()[off..off + n];
+        reduce_typed::<T, O>(op, out, s.typed::<T>(), src.layout, dims);
+    }));
+    Ok(())
+}

@@ -1,0 +1,237 @@
+//! `Device`: where a tensor's memory lives, as a small `Copy` value (PyTorch's `c10::Device`).
+//!
+//! A device is only a *name* (kind + optional index). Parsing `"cuda:5"` always succeeds; using
+//! it checks the index against the number of visible devices (BUG-20). `"cuda"` without an
+//! index means the thread's current CUDA device and is canonicalised to `cuda:<current>` when a
+//! tensor is placed on it ([`Device::canonical`]).
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{Error, Result};
+
+/// The kind of a device (PyTorch's `DeviceType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum DeviceKind {
+    /// Host memory.
+    Cpu,
+    /// An NVIDIA GPU through the CUDA driver.
+    Cuda,
+    /// Apple's Metal Performance Shaders: parses, never available in berth.
+    Mps,
+    /// The meta device: shapes and dtypes only, no memory (PyTorch's `meta`).
+    Meta,
+}
+
+impl DeviceKind {
+    /// The lowercase name used in device strings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+            DeviceKind::Mps => "mps",
+            DeviceKind::Meta => "meta",
+        }
+    }
+}
+
+/// A device: a kind and an optional index (`cuda` vs `cuda:1`). `Copy`, cheap to pass around.
+///
+/// Grammar (PyTorch's `c10/core/Device.cpp`): `([a-zA-Z_]+)(?::([1-9]\d*|0))?` with the type one
+/// of `cpu`, `cuda`, `mps`, `meta`; [`Display`](fmt::Display) round-trips.
+///
+/// ```
+/// use berth::Device;
+/// let d: Device = "cuda:1".parse().unwrap();
+/// assert_eq!(d, Device::Cuda(1));
+/// assert_eq!(d.to_string(), "cuda:1");
+/// assert!("cuda:-1".parse::<Device>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Device {
+    kind: DeviceKind,
+    index: Option<u16>,
+}
+
+/// A device string that does not follow PyTorch's grammar.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid device string {input:?}: {reason}; expected one of cpu, cuda, cuda:<index>, mps, \
+     meta (index a non-negative decimal without leading zeros, e.g. cuda:0)"
+)]
+pub struct ParseDeviceError {
+    /// The string that failed to parse.
+    pub input: String,
+    /// What was wrong with it.
+    pub reason: String,
+}
+
+#[allow(non_upper_case_globals, non_snake_case)]
+impl Device {
+    /// The host.
+    pub const Cpu: Device = Device {
+        kind: DeviceKind::Cpu,
+        index: None,
+    };
+    /// The meta device (no memory).
+    pub const Meta: Device = Device {
+        kind: DeviceKind::Meta,
+        index: None,
+    };
+    /// Apple MPS: parses, but using it is a typed "not available on this platform" error.
+    pub const Mps: Device = Device {
+        kind: DeviceKind::Mps,
+        index: None,
+    };
+    /// `cuda` without an index: the thread's current CUDA device, resolved on use.
+    pub const CudaCurrent: Device = Device {
+        kind: DeviceKind::Cuda,
+        index: None,
+    };
+
+    /// CUDA device `index` (`cuda:<index>`). Not checked against the device count until used.
+    pub const fn Cuda(index: u16) -> Device {
+        Device {
+            kind: DeviceKind::Cuda,
+            index: Some(index),
+        }
+    }
+
+    /// A device from its parts.
+    pub const fn new(kind: DeviceKind, index: Option<u16>) -> Device {
+        Device { kind, index }
+    }
+
+    /// The kind (`cpu`, `cuda`, ...).
+    pub fn kind(self) -> DeviceKind {
+        self.kind
+    }
+
+    /// The index, if one was given (`cuda:1` → `Some(1)`, `cuda` → `None`).
+    pub fn index(self) -> Option<u16> {
+        self.index
+    }
+
+    /// Whether this is the host.
+    pub fn is_cpu(self) -> bool {
+        self.kind == DeviceKind::Cpu
+    }
+
+    /// Whether this is a CUDA device (with or without an index).
+    pub fn is_cuda(self) -> bool {
+        self.kind == DeviceKind::Cuda
+    }
+
+    /// Whether this is the meta device.
+    pub fn is_meta(self) -> bool {
+        self.kind == DeviceKind::Meta
+    }
+
+    /// `cuda:0` when CUDA is available, else `cpu`: the seed's one-`DEVICE`-variable idiom
+    /// (`torch.device("cuda" if torch.cuda.is_available() else "cpu")`).
+    pub fn best() -> Device {
+        if crate::cuda::is_available() {
+            Device::Cuda(0)
+        } else {
+            Device::Cpu
+        }
+    }
+
+    /// The device a tensor is placed on: `cuda` becomes `cuda:<current>`; everything else is
+    /// returned as is. The index is checked against the device count and the platform checked.
+    ///
+    /// # Errors
+    /// 1. `Error::Cuda(CudaError::InvalidDevice)` when `cuda:i` has `i ≥ device_count()`
+    ///    ("device index 5 is out of range [0, 1)", BUG-20).
+    /// 2. `Error::Cuda(CudaError::Unavailable)` when CUDA is not available at all.
+    /// 3. [`Error::DeviceNotAvailable`] for `mps` (not available on this platform).
+    pub fn canonical(self) -> Result<Device> {
+        match self.kind {
+            DeviceKind::Cpu | DeviceKind::Meta => Ok(Device {
+                kind: self.kind,
+                index: None,
+            }),
+            DeviceKind::Mps => Err(Error::DeviceNotAvailable {
+                device: self,
+                reason: "MPS is Apple's Metal backend; it is not available on this platform \
+                         (use cpu or cuda)"
+                    .into(),
+            }),
+            DeviceKind::Cuda => {
+                let index = match self.index {
+                    Some(i) => usize::from(i),
+                    None => crate::cuda::current_device()?,
+                };
+                crate::cuda::check_device(index)?;
+                Ok(Device::Cuda(index as u16))
+            }
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.index {
+            Some(i) => write!(f, "{}:{}", self.kind.as_str(), i),
+            None => f.write_str(self.kind.as_str()),
+        }
+    }
+}
+
+impl FromStr for Device {
+    type Err = ParseDeviceError;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        let err = |reason: &str| ParseDeviceError {
+            input: s.to_string(),
+            reason: reason.into(),
+        };
+        let (name, index) = match s.split_once(':') {
+            Some((n, i)) => (n, Some(i)),
+            None => (s, None),
+        };
+        if name.is_empty() {
+            return Err(err("the device type is empty"));
+        }
+        if !name.chars().all(|c| c.is_ascii_alphabetic() || c == '_') {
+            return Err(err("the device type may contain only letters and '_'"));
+        }
+        let kind = match name {
+            "cpu" => DeviceKind::Cpu,
+            "cuda" => DeviceKind::Cuda,
+            "mps" => DeviceKind::Mps,
+            "meta" => DeviceKind::Meta,
+            _ => return Err(err(&format!("unknown device type {name:?}"))),
+        };
+        let index = match index {
+            None => None,
+            Some("") => return Err(err("the index after ':' is empty")),
+            Some(i) => {
+                if !i.chars().all(|c| c.is_ascii_digit()) {
+                    return Err(err(&format!(
+                        "the index {i:?} is not a non-negative decimal"
+                    )));
+                }
+                if i.len() > 1 && i.starts_with('0') {
+                    return Err(err(&format!("the index {i:?} has a leading zero")));
+                }
+                let v: u16 = i
+                    .parse()
+                    .map_err(|_| err(&format!("the index {i} is larger than {}", u16::MAX)))?;
+                Some(v)
+            }
+        };
+        if index.is_some() && kind != DeviceKind::Cuda {
+            return Err(err(&format!("{name} takes no index")));
+        }
+        Ok(Device { kind, index })
+    }
+}
+
+impl TryFrom<&str> for Device {
+    type Error = ParseDeviceError;
+    fn try_from(s: &str) -> std::result::Result<Self, Self::Error> {
+        s.parse()
+    }
+}

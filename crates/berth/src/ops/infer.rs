@@ -1,0 +1,265 @@
+//! Shape and dtype inference: the checks every op makes before any kernel runs, shared by the
+//! meta device and real devices (PyTorch's meta functions). A mismatched matmul therefore
+//! fails with the same error on meta, CPU and CUDA.
+
+use super::{BinaryOp, ReduceOp, UnaryOp};
+use crate::layout::{broadcast_shapes, wrap_dim};
+use crate::{DType, Device, Error, Result, Tensor};
+
+/// The common device of two operands.
+///
+/// # Errors
+/// [`Error::DeviceMismatch`].
+pub fn same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Result<Device> {
+    if a.device() != b.device() {
+        return Err(Error::DeviceMismatch {
+            op,
+            lhs: a.device(),
+            rhs: b.device(),
+        });
+    }
+    Ok(a.device())
+}
+
+/// The common dtype of two operands (no implicit promotion).
+///
+/// # Errors
+/// [`Error::DTypeMismatch`].
+pub fn same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<DType> {
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch {
+            op,
+            lhs: a.dtype(),
+            rhs: b.dtype(),
+        });
+    }
+    Ok(a.dtype())
+}
+
+/// Require a floating dtype.
+///
+/// # Errors
+/// [`Error::UnsupportedDType`].
+pub fn require_float(op: &'static str, dtype: DType) -> Result<()> {
+    if !dtype.is_float() {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype,
+            expected: "a floating dtype (f32, f64, f16, bf16)",
+        });
+    }
+    Ok(())
+}
+
+/// Output dtype of a unary op.
+///
+/// # Errors
+/// Float-only ops on integer dtypes.
+pub fn unary(op: UnaryOp, a: &Tensor) -> Result<DType> {
+    if op.float_only() {
+        require_float(op.name(), a.dtype())?;
+    }
+    Ok(a.dtype())
+}
+
+/// Output shape and dtype of a broadcasting binary op.
+///
+/// # Errors
+/// Device, dtype or broadcast mismatch; float-only ops on integers.
+pub fn binary(
+    op: &'static str,
+    float_only: bool,
+    a: &Tensor,
+    b: &Tensor,
+) -> Result<(Vec<usize>, DType)> {
+    same_device(op, a, b)?;
+    let dtype = same_dtype(op, a, b)?;
+    if float_only {
+        require_float(op, dtype)?;
+    }
+    Ok((broadcast_shapes(a.shape(), b.shape(), op)?, dtype))
+}
+
+/// Output dtype of a tensor–scalar op.
+///
+/// # Errors
+/// Float-only ops on integers.
+pub fn scalar(op: BinaryOp, a: &Tensor) -> Result<DType> {
+    if op.float_only() {
+        require_float(op.name(), a.dtype())?;
+    }
+    Ok(a.dtype())
+}
+
+/// A reduction plan: the wrapped, sorted dims, the output shape without and with keepdim, and
+/// the output dtype.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReducePlan {
+    /// Reduced dimensions, sorted and distinct.
+    pub dims: Vec<usize>,
+    /// Output shape with reduced dims removed.
+    pub shape: Vec<usize>,
+    /// Output shape with reduced dims kept as size 1.
+    pub keepdim_shape: Vec<usize>,
+    /// Output dtype.
+    pub dtype: DType,
+}
+
+/// Plan a reduction over `dims` (`None`: all dimensions).
+///
+/// # Errors
+/// Dims out of range or repeated; mean of an integer tensor; max/argmax over an empty region.
+pub fn reduce(op: ReduceOp, a: &Tensor, dims: Option<&[isize]>) -> Result<ReducePlan> {
+    let rank = a.rank();
+    let mut ds: Vec<usize> = match dims {
+        None => (0..rank).collect(),
+        Some(d) => d
+            .iter()
+            .map(|&d| wrap_dim(d, rank.max(1), op.name()))
+            .collect::<Result<_>>()?,
+    };
+    if rank == 0 {
+        ds.clear();
+    }
+    ds.sort_unstable();
+    let before = ds.len();
+    ds.dedup();
+    if ds.len() != before {
+        return Err(Error::InvalidArgument {
+            op: op.name(),
+            what: "a dimension appears more than once in dims".into(),
+        });
+    }
+    let dtype = match op {
+        ReduceOp::Sum if !a.dtype().is_float() => DType::I64,
+        ReduceOp::Mean => {
+            if !a.dtype().is_float() {
+                return Err(Error::UnsupportedDType {
+                    op: "mean",
+                    dtype: a.dtype(),
+                    expected: "a floating dtype (mean(): could not infer output dtype; convert with to_dtype(F32))",
+                });
+            }
+            a.dtype()
+        }
+        ReduceOp::ArgMax => DType::I64,
+        _ => a.dtype(),
+    };
+    let count: usize = ds.iter().map(|&d| a.shape()[d]).product();
+    if matches!(op, ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax) && count == 0 {
+        return Err(Error::InvalidArgument {
+            op: op.name(),
+            what: format!("cannot reduce an empty region of shape {:?}; the reduced dimensions must be non-empty", a.shape()),
+        });
+    }
+    let shape = (0..rank)
+        .filter(|d| !ds.contains(d))
+        .map(|d| a.shape()[d])
+        .collect();
+    let keepdim_shape = (0..rank)
+        .map(|d| if ds.contains(&d) { 1 } else { a.shape()[d] })
+        .collect();
+    Ok(ReducePlan {
+        dims: ds,
+        shape,
+        keepdim_shape,
+        dtype,
+    })
+}
+
+/// A matmul plan: both operands promoted to ≥ 2-D and broadcast to a common batch shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MatmulPlan {
+    /// Shape the left operand is viewed as: `[B.., m, k]`.
+    pub lhs_shape: Vec<usize>,
+    /// Shape the right operand is viewed as: `[B.., k, n]`.
+    pub rhs_shape: Vec<usize>,
+    /// Kernel output shape `[B.., m, n]`.
+    pub kernel_shape: Vec<usize>,
+    /// Final output shape (1-D operands' added dims removed, as `torch.matmul`).
+    pub out_shape: Vec<usize>,
+    /// Output dtype.
+    pub dtype: DType,
+}
+
+/// Plan `a @ b` with `torch.matmul`'s rules (1-D, 2-D and batched with broadcast batch dims).
+///
+/// # Errors
+/// [`Error::MatmulShape`] when the inner sizes differ; 0-dim operands; device/dtype mismatch.
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<MatmulPlan> {
+    same_device("matmul", a, b)?;
+    let dtype = same_dtype("matmul", a, b)?;
+    if a.rank() == 0 || b.rank() == 0 {
+        return Err(Error::Shape {
+            op: "matmul",
+            what: format!(
+                "both arguments need at least 1 dimension, got shapes {:?} and {:?}",
+                a.shape(),
+                b.shape()
+            ),
+        });
+    }
+    let mut ls = a.shape().to_vec();
+    let mut rs = b.shape().to_vec();
+    let (a1, b1) = (ls.len() == 1, rs.len() == 1);
+    if a1 {
+        ls.insert(0, 1);
+    }
+    if b1 {
+        rs.push(1);
+    }
+    let (k1, k2) = (ls[ls.len() - 1], rs[rs.len() - 2]);
+    if k1 != k2 {
+        return Err(Error::MatmulShape {
+            lhs: a.shape().to_vec(),
+            rhs: b.shape().to_vec(),
+            k1,
+            k2,
+        });
+    }
+    let batch = broadcast_shapes(&ls[..ls.len() - 2], &rs[..rs.len() - 2], "matmul")?;
+    let (m, n) = (ls[ls.len() - 2], rs[rs.len() - 1]);
+    let with = |x: &[usize]| batch.iter().chain(x).copied().collect::<Vec<_>>();
+    let kernel_shape = with(&[m, n]);
+    let mut out_shape = batch.clone();
+    if !a1 {
+        out_shape.push(m);
+    }
+    if !b1 {
+        out_shape.push(n);
+    }
+    Ok(MatmulPlan {
+        lhs_shape: with(&[m, k1]),
+        rhs_shape: with(&[k1, n]),
+        kernel_shape,
+        out_shape,
+        dtype,
+    })
+}
+
+/// Check `logits [N, C]` (float) and `targets [N]` (i64) for cross-entropy.
+///
+/// # Errors
+/// Wrong ranks, batch sizes, dtypes or devices.
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<()> {
+    same_device("cross_entropy", logits, targets)?;
+    require_float("cross_entropy", logits.dtype())?;
+    if targets.dtype() != DType::I64 {
+        return Err(Error::UnsupportedDType {
+            op: "cross_entropy",
+            dtype: targets.dtype(),
+            expected: "i64 class indices for the targets",
+        });
+    }
+    if logits.rank() != 2 || targets.rank() != 1 || logits.shape()[0] != targets.shape()[0] {
+        return Err(Error::Shape {
+            op: "cross_entropy",
+            what: format!(
+                "expected logits [N, C] and targets [N], got {:?} and {:?}",
+                logits.shape(),
+                targets.shape()
+            ),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,316 @@
+//! Constructors: `zeros`, `ones`, `full`, `empty`, `arange`, `rand`, `randn`, `from_vec`,
+//! `from_slice`, `scalar`, and `cat` / `stack`.
+
+use super::Tensor;
+use crate::backend::{alloc_tensor, kernels_for, RandomDist, View};
+use crate::random::{with_global, Generator};
+use crate::{DType, Device, Element, Error, Result, Storage};
+
+impl Tensor {
+    /// A tensor of `shape` filled with `value` (converted to `dtype`) on `device`
+    /// (`torch.full`). On meta nothing is allocated.
+    ///
+    /// # Errors
+    /// An unusable device (`cuda:5` with one GPU, `mps`), allocation failure.
+    pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        let device = device.canonical()?;
+        let t = alloc_tensor(device, shape, dtype, "full")?;
+        if !device.is_meta() && !(device.is_cpu() && value == 0.0) {
+            kernels_for(device, "full")?.fill(View::of(&t), value)?;
+        }
+        Ok(t)
+    }
+
+    /// Zeros (`torch.zeros`).
+    ///
+    /// # Errors
+    /// As [`Tensor::full`].
+    pub fn zeros(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::full(shape, 0.0, dtype, device)
+    }
+
+    /// Ones (`torch.ones`).
+    ///
+    /// # Errors
+    /// As [`Tensor::full`].
+    pub fn ones(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::full(shape, 1.0, dtype, device)
+    }
+
+    /// A tensor whose contents are unspecified (`torch.empty`; the CPU happens to zero-fill,
+    /// do not rely on it).
+    ///
+    /// # Errors
+    /// As [`Tensor::full`].
+    pub fn empty(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        let device = device.canonical()?;
+        alloc_tensor(device, shape, dtype, "empty")
+    }
+
+    /// A zero-filled tensor with the shape, dtype and device of `other` (`torch.zeros_like`).
+    ///
+    /// # Errors
+    /// As [`Tensor::full`].
+    pub fn zeros_like(other: &Tensor) -> Result<Tensor> {
+        Tensor::zeros(other.shape(), other.dtype(), other.device())
+    }
+
+    /// `[start, start + step, ...)` up to `end` exclusive (`torch.arange`); the length is
+    /// `ceil((end - start) / step)`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero step or one pointing away from `end`.
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        if step == 0.0 || !step.is_finite() || ((end - start) * step) < 0.0 {
+            return Err(Error::InvalidArgument {
+                op: "arange",
+                what: format!(
+                    "step {step} must be non-zero and point from start {start} toward end {end}"
+                ),
+            });
+        }
+        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let v: Vec<f64> = (0..n).map(|i| start + i as f64 * step).collect();
+        Tensor::from_f64s(&v, &[n], dtype, device)
+    }
+
+    /// Uniform samples on `[0, 1)` from the global generator (`torch.rand`; seed it with
+    /// [`crate::manual_seed`]).
+    ///
+    /// # Errors
+    /// As [`Tensor::full`]; a non-float dtype.
+    pub fn rand(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        with_global(|g| Tensor::rand_with(shape, dtype, device, g))
+    }
+
+    /// Standard-normal samples from the global generator (`torch.randn`).
+    ///
+    /// # Errors
+    /// As [`Tensor::rand`].
+    pub fn randn(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        with_global(|g| Tensor::randn_with(shape, dtype, device, g))
+    }
+
+    /// Uniform samples on `[0, 1)` from an explicit generator.
+    ///
+    /// # Errors
+    /// As [`Tensor::rand`].
+    pub fn rand_with(
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+        g: &mut Generator,
+    ) -> Result<Tensor> {
+        Tensor::random(
+            shape,
+            dtype,
+            device,
+            RandomDist::Uniform {
+                low: 0.0,
+                high: 1.0,
+            },
+            g,
+        )
+    }
+
+    /// Standard-normal samples from an explicit generator.
+    ///
+    /// # Errors
+    /// As [`Tensor::rand`].
+    pub fn randn_with(
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+        g: &mut Generator,
+    ) -> Result<Tensor> {
+        Tensor::random(
+            shape,
+            dtype,
+            device,
+            RandomDist::Normal {
+                mean: 0.0,
+                std: 1.0,
+            },
+            g,
+        )
+    }
+
+    /// Samples of `dist` from `g` (uniform bounds / normal parameters in `dist`).
+    ///
+    /// # Errors
+    /// As [`Tensor::rand`].
+    pub fn random(
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+        dist: RandomDist,
+        g: &mut Generator,
+    ) -> Result<Tensor> {
+        crate::ops::infer::require_float("rand", dtype)?;
+        let device = device.canonical()?;
+        let t = alloc_tensor(device, shape, dtype, "rand")?;
+        if !device.is_meta() {
+            let (seed, offset) = g.advance(t.numel() as u64);
+            kernels_for(device, "rand")?.random(View::of(&t), dist, seed, offset)?;
+        }
+        Ok(t)
+    }
+
+    /// A tensor holding `data` with `shape` on `device` (`torch.tensor`).
+    ///
+    /// # Errors
+    /// [`Error::DataLength`] when `data.len()` is not the product of `shape`; device errors.
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: Device) -> Result<Tensor> {
+        let n: usize = shape.iter().product();
+        if n != data.len() {
+            return Err(Error::DataLength {
+                op: "from_slice",
+                shape: shape.to_vec(),
+                expected: n,
+                got: data.len(),
+            });
+        }
+        let device = device.canonical()?;
+        let nbytes = n * T::DTYPE.size_in_bytes();
+        if device.is_meta() {
+            return Ok(Tensor::from_contiguous(
+                Storage::meta(nbytes),
+                shape,
+                T::DTYPE,
+            ));
+        }
+        let storage = Storage::host_zeroed(nbytes);
+        {
+            let mut w = storage.write_host("from_slice")?;
+            for (o, &v) in w.typed_mut::<T::Repr>().iter_mut().zip(data) {
+                *o = v.to_repr();
+            }
+        }
+        let t = Tensor::from_contiguous(storage, shape, T::DTYPE);
+        if device.is_cpu() {
+            Ok(t)
+        } else {
+            t.to_device(device)
+        }
+    }
+
+    /// As [`Tensor::from_slice`], taking ownership.
+    ///
+    /// # Errors
+    /// As [`Tensor::from_slice`].
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
+        Tensor::from_slice(&data, shape, device)
+    }
+
+    /// A 0-dim tensor on the CPU holding `value`.
+    pub fn scalar<T: Element>(value: T) -> Tensor {
+        let storage = Storage::host_zeroed(T::DTYPE.size_in_bytes());
+        if let Ok(mut w) = storage.write_host("scalar") {
+            w.typed_mut::<T::Repr>()[0] = value.to_repr();
+        }
+        Tensor::from_contiguous(storage, &[], T::DTYPE)
+    }
+
+    /// `f64` values converted to `dtype`, on `device`.
+    pub(crate) fn from_f64s(
+        v: &[f64],
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        let t = Tensor::from_slice(v, shape, Device::Cpu)?;
+        let t = if dtype == DType::F64 {
+            t
+        } else {
+            t.to_dtype(dtype)?
+        };
+        t.to_device(device)
+    }
+
+    /// Concatenate along `dim` (`torch.cat`): every tensor has the same rank, dtype and device,
+    /// and equal sizes except in `dim`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty list; shape, dtype or device mismatch.
+    pub fn cat(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
+        let first = tensors.first().ok_or_else(|| Error::InvalidArgument {
+            op: "cat",
+            what: "expected a non-empty list of tensors".into(),
+        })?;
+        let d = crate::layout::wrap_dim(dim, first.rank().max(1), "cat")?;
+        if first.rank() == 0 {
+            return Err(Error::Shape {
+                op: "cat",
+                what: "zero-dimensional tensors cannot be concatenated; use stack".into(),
+            });
+        }
+        let mut shape = first.shape().to_vec();
+        shape[d] = 0;
+        for t in tensors {
+            crate::ops::infer::same_device("cat", first, t)?;
+            crate::ops::infer::same_dtype("cat", first, t)?;
+            let ok = t.rank() == first.rank()
+                && t.shape()
+                    .iter()
+                    .zip(first.shape())
+                    .enumerate()
+                    .all(|(i, (a, b))| i == d || a == b);
+            if !ok {
+                return Err(Error::Shape {
+                    op: "cat",
+                    what: format!(
+                        "sizes of tensors must match except in dimension {d}: got {:?} and {:?}",
+                        first.shape(),
+                        t.shape()
+                    ),
+                });
+            }
+            shape[d] += t.shape()[d];
+        }
+        let out = alloc_tensor(first.device(), &shape, first.dtype(), "cat")?;
+        if !first.device().is_meta() {
+            let k = kernels_for(first.device(), "cat")?;
+            let mut off = 0;
+            for t in tensors {
+                let len = t.shape()[d];
+                let dst = out.layout().narrow(d, off, len);
+                k.copy(
+                    View {
+                        storage: out.storage(),
+                        layout: &dst,
+                        dtype: out.dtype(),
+                    },
+                    View::of(t),
+                )?;
+                off += len;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stack along a new dimension `dim` (`torch.stack`): all tensors have the same shape.
+    ///
+    /// # Errors
+    /// As [`Tensor::cat`], plus differing shapes.
+    pub fn stack(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
+        let first = tensors.first().ok_or_else(|| Error::InvalidArgument {
+            op: "stack",
+            what: "expected a non-empty list of tensors".into(),
+        })?;
+        if let Some(t) = tensors.iter().find(|t| t.shape() != first.shape()) {
+            return Err(Error::Shape {
+                op: "stack",
+                what: format!(
+                    "stack expects each tensor to be equal size, but got {:?} and {:?}",
+                    first.shape(),
+                    t.shape()
+                ),
+            });
+        }
+        let views = tensors
+            .iter()
+            .map(|t| t.unsqueeze(dim))
+            .collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&views.iter().collect::<Vec<_>>(), dim)
+    }
+}

@@ -1,0 +1,158 @@
+//! In-place operations (`add_`, `sub_`, `mul_`, `div_`, `add_scalar_`, `mul_scalar_`,
+//! `add_scaled_`, `copy_`, `fill_`, `zero_`): they write through the shared storage, so every
+//! alias sees the result (see the aliasing model on [`crate::Storage`]). The right-hand side
+//! must broadcast to `self`'s shape; when it shares `self`'s storage it is read into a
+//! temporary first, so `x.add_(&x)` is well defined.
+
+use super::Tensor;
+use crate::backend::View;
+use crate::layout::broadcast_shapes;
+use crate::ops::{infer, BinaryOp};
+use crate::{Error, Layout, Result};
+
+impl Tensor {
+    /// `rhs` broadcast to `self`'s shape, staged when it aliases `self`.
+    fn inplace_rhs(&self, op: &'static str, rhs: &Tensor) -> Result<(Tensor, Layout)> {
+        infer::same_device(op, self, rhs)?;
+        let shape = broadcast_shapes(self.shape(), rhs.shape(), op)?;
+        if shape != self.shape() {
+            return Err(Error::Shape {
+                op,
+                what: format!(
+                    "output with shape {:?} doesn't match the broadcast shape {:?}",
+                    self.shape(),
+                    shape
+                ),
+            });
+        }
+        let r = if rhs.shares_storage(self) {
+            rhs.clone()?
+        } else {
+            rhs.alias()
+        };
+        let l = r.layout().broadcast_to(self.shape(), op)?;
+        Ok((r, l))
+    }
+
+    fn binary_(&self, op: BinaryOp, rhs: &Tensor) -> Result<()> {
+        infer::binary(op.name(), op.float_only(), self, rhs)?;
+        let (r, l) = self.inplace_rhs(op.name(), rhs)?;
+        if let Some(k) = self.kernels(op.name())? {
+            k.binary(
+                op,
+                View::of(self),
+                None,
+                View {
+                    storage: r.storage(),
+                    layout: &l,
+                    dtype: r.dtype(),
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    fn scalar_(&self, op: BinaryOp, s: f64) -> Result<()> {
+        infer::scalar(op, self)?;
+        if let Some(k) = self.kernels(op.name())? {
+            k.scalar(op, View::of(self), None, s, false)?;
+        }
+        Ok(())
+    }
+
+    /// `self += rhs` (broadcast to `self`'s shape).
+    ///
+    /// # Errors
+    /// Shape that does not broadcast to `self`; dtype or device mismatch.
+    pub fn add_(&self, rhs: &Tensor) -> Result<()> {
+        self.binary_(BinaryOp::Add, rhs)
+    }
+    /// `self -= rhs`.
+    ///
+    /// # Errors
+    /// As [`Tensor::add_`].
+    pub fn sub_(&self, rhs: &Tensor) -> Result<()> {
+        self.binary_(BinaryOp::Sub, rhs)
+    }
+    /// `self *= rhs`.
+    ///
+    /// # Errors
+    /// As [`Tensor::add_`].
+    pub fn mul_(&self, rhs: &Tensor) -> Result<()> {
+        self.binary_(BinaryOp::Mul, rhs)
+    }
+    /// `self /= rhs` (floats).
+    ///
+    /// # Errors
+    /// As [`Tensor::add_`]; integer dtypes.
+    pub fn div_(&self, rhs: &Tensor) -> Result<()> {
+        self.binary_(BinaryOp::Div, rhs)
+    }
+    /// `self += s`.
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn add_scalar_(&self, s: f64) -> Result<()> {
+        self.scalar_(BinaryOp::Add, s)
+    }
+    /// `self *= s`.
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn mul_scalar_(&self, s: f64) -> Result<()> {
+        self.scalar_(BinaryOp::Mul, s)
+    }
+    /// `self += alpha * other` (`Tensor.add_(other, alpha=alpha)`; the SGD update).
+    ///
+    /// # Errors
+    /// As [`Tensor::add_`].
+    pub fn add_scaled_(&self, other: &Tensor, alpha: f64) -> Result<()> {
+        if alpha == 1.0 {
+            return self.add_(other);
+        }
+        self.add_(&other.mul_scalar(alpha)?)
+    }
+
+    /// Copy `src`'s values into `self` (broadcast to `self`'s shape, converted to `self`'s
+    /// dtype), on the same device (`Tensor.copy_`). Use `to` for cross-device copies.
+    ///
+    /// # Errors
+    /// Shape that does not broadcast; different devices; reading a meta `src` into a real
+    /// tensor.
+    pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        if src.device().is_meta() && !self.device().is_meta() {
+            return Err(Error::MetaNoData { op: "copy_" });
+        }
+        let (r, l) = self.inplace_rhs("copy_", src)?;
+        if let Some(k) = self.kernels("copy_")? {
+            k.copy(
+                View::of(self),
+                View {
+                    storage: r.storage(),
+                    layout: &l,
+                    dtype: r.dtype(),
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Set every element to `value` (converted to the dtype).
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn fill_(&self, value: f64) -> Result<()> {
+        if let Some(k) = self.kernels("fill_")? {
+            k.fill(View::of(self), value)?;
+        }
+        Ok(())
+    }
+
+    /// Set every element to zero.
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn zero_(&self) -> Result<()> {
+        self.fill_(0.0)
+    }
+}

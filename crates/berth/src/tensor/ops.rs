@@ -1,0 +1,483 @@
+//! Math front-ends: each op (1) infers the output shape and dtype with the shared rules of
+//! [`crate::ops::infer`] — the same checks on every device — then (2) on meta returns an
+//! output without memory, else (3) runs the device's kernel.
+
+use super::Tensor;
+use crate::backend::{alloc_tensor, kernels_for, DeviceKernels, View};
+use crate::ops::{infer, BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::{DType, Error, Layout, Result};
+
+/// A view of `t` with another layout (broadcast) for a kernel call.
+fn view<'a>(t: &'a Tensor, l: &'a Layout) -> View<'a> {
+    View {
+        storage: t.storage(),
+        layout: l,
+        dtype: t.dtype(),
+    }
+}
+
+impl Tensor {
+    /// The kernels of this tensor's device, or `None` on meta (nothing to compute).
+    pub(crate) fn kernels(&self, op: &'static str) -> Result<Option<&'static dyn DeviceKernels>> {
+        if self.device().is_meta() {
+            return Ok(None);
+        }
+        kernels_for(self.device(), op).map(Some)
+    }
+
+    pub(crate) fn unary_op(&self, op: UnaryOp) -> Result<Tensor> {
+        let dtype = infer::unary(op, self)?;
+        let out = alloc_tensor(self.device(), self.shape(), dtype, op.name())?;
+        if let Some(k) = self.kernels(op.name())? {
+            k.unary(op, View::of(&out), Some(View::of(self)))?;
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn binary_op(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
+        let (shape, dtype) = infer::binary(op.name(), op.float_only(), self, rhs)?;
+        let out = alloc_tensor(self.device(), &shape, dtype, op.name())?;
+        if let Some(k) = self.kernels(op.name())? {
+            let la = self.layout().broadcast_to(&shape, op.name())?;
+            let lb = rhs.layout().broadcast_to(&shape, op.name())?;
+            k.binary(op, View::of(&out), Some(view(self, &la)), view(rhs, &lb))?;
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn scalar_op(&self, op: BinaryOp, s: f64, scalar_first: bool) -> Result<Tensor> {
+        let dtype = infer::scalar(op, self)?;
+        let out = alloc_tensor(self.device(), self.shape(), dtype, op.name())?;
+        if let Some(k) = self.kernels(op.name())? {
+            k.scalar(op, View::of(&out), Some(View::of(self)), s, scalar_first)?;
+        }
+        Ok(out)
+    }
+
+    fn compare_op(&self, op: CmpOp, rhs: Option<&Tensor>, s: f64) -> Result<Tensor> {
+        let shape = match rhs {
+            Some(r) => infer::binary(op.name(), false, self, r)?.0,
+            None => self.shape().to_vec(),
+        };
+        let out = alloc_tensor(self.device(), &shape, DType::Bool, op.name())?;
+        if let Some(k) = self.kernels(op.name())? {
+            let la = self.layout().broadcast_to(&shape, op.name())?;
+            match rhs {
+                Some(r) => {
+                    let lb = r.layout().broadcast_to(&shape, op.name())?;
+                    k.compare(op, View::of(&out), view(self, &la), Some(view(r, &lb)), 0.0)?;
+                }
+                None => k.compare(op, View::of(&out), view(self, &la), None, s)?,
+            }
+        }
+        Ok(out)
+    }
+
+    fn reduce_op(&self, op: ReduceOp, dims: Option<&[isize]>, keepdim: bool) -> Result<Tensor> {
+        let plan = infer::reduce(op, self, dims)?;
+        let out = alloc_tensor(self.device(), &plan.shape, plan.dtype, op.name())?;
+        if let Some(k) = self.kernels(op.name())? {
+            k.reduce(op, View::of(&out), View::of(self), &plan.dims)?;
+        }
+        if keepdim {
+            return out.view(&plan.keepdim_shape);
+        }
+        Ok(out)
+    }
+
+    /// `self + rhs` with broadcasting.
+    ///
+    /// # Errors
+    /// Shapes that do not broadcast; different devices or dtypes.
+    pub fn add(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Add, rhs)
+    }
+    /// `self - rhs` with broadcasting.
+    ///
+    /// # Errors
+    /// As [`Tensor::add`].
+    pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Sub, rhs)
+    }
+    /// `self * rhs` elementwise with broadcasting.
+    ///
+    /// # Errors
+    /// As [`Tensor::add`].
+    pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Mul, rhs)
+    }
+    /// `self / rhs` (floats; convert integers with `to_dtype` first).
+    ///
+    /// # Errors
+    /// As [`Tensor::add`]; integer dtypes.
+    pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Div, rhs)
+    }
+    /// `self ^ rhs` (floats).
+    ///
+    /// # Errors
+    /// As [`Tensor::div`].
+    pub fn pow(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Pow, rhs)
+    }
+    /// Elementwise maximum (`torch.maximum`).
+    ///
+    /// # Errors
+    /// As [`Tensor::add`].
+    pub fn maximum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Maximum, rhs)
+    }
+    /// Elementwise minimum (`torch.minimum`).
+    ///
+    /// # Errors
+    /// As [`Tensor::add`].
+    pub fn minimum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(BinaryOp::Minimum, rhs)
+    }
+
+    /// `self + s`.
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn add_scalar(&self, s: f64) -> Result<Tensor> {
+        self.scalar_op(BinaryOp::Add, s, false)
+    }
+    /// `self - s`.
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn sub_scalar(&self, s: f64) -> Result<Tensor> {
+        self.scalar_op(BinaryOp::Sub, s, false)
+    }
+    /// `s - self` (`torch.rsub`).
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn rsub_scalar(&self, s: f64) -> Result<Tensor> {
+        self.scalar_op(BinaryOp::Sub, s, true)
+    }
+    /// `self * s`.
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn mul_scalar(&self, s: f64) -> Result<Tensor> {
+        self.scalar_op(BinaryOp::Mul, s, false)
+    }
+    /// `self / s` (floats).
+    ///
+    /// # Errors
+    /// Integer dtypes; device errors.
+    pub fn div_scalar(&self, s: f64) -> Result<Tensor> {
+        self.scalar_op(BinaryOp::Div, s, false)
+    }
+    /// `self ^ s` (floats).
+    ///
+    /// # Errors
+    /// Integer dtypes; device errors.
+    pub fn pow_scalar(&self, s: f64) -> Result<Tensor> {
+        self.scalar_op(BinaryOp::Pow, s, false)
+    }
+
+    /// `-self`.
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn neg(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Neg)
+    }
+    /// `max(self, 0)`.
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn relu(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Relu)
+    }
+    /// `e^self` (floats).
+    ///
+    /// # Errors
+    /// Integer dtypes; device errors.
+    pub fn exp(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Exp)
+    }
+    /// Natural logarithm (floats).
+    ///
+    /// # Errors
+    /// Integer dtypes; device errors.
+    pub fn log(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Log)
+    }
+    /// Square root (floats).
+    ///
+    /// # Errors
+    /// Integer dtypes; device errors.
+    pub fn sqrt(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Sqrt)
+    }
+    /// `|self|`.
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn abs(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Abs)
+    }
+
+    /// `self == rhs` (bool, broadcasting).
+    ///
+    /// # Errors
+    /// As [`Tensor::add`].
+    pub fn eq(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.compare_op(CmpOp::Eq, Some(rhs), 0.0)
+    }
+    /// `self != rhs`.
+    ///
+    /// # Errors
+    /// As [`Tensor::add`].
+    pub fn ne(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.compare_op(CmpOp::Ne, Some(rhs), 0.0)
+    }
+    /// `self > rhs`.
+    ///
+    /// # Errors
+    /// As [`Tensor::add`].
+    pub fn gt(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.compare_op(CmpOp::Gt, Some(rhs), 0.0)
+    }
+    /// `self >= rhs`.
+    ///
+    /// # Errors
+    /// As [`Tensor::add`].
+    pub fn ge(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.compare_op(CmpOp::Ge, Some(rhs), 0.0)
+    }
+    /// `self < rhs`.
+    ///
+    /// # Errors
+    /// As [`Tensor::add`].
+    pub fn lt(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.compare_op(CmpOp::Lt, Some(rhs), 0.0)
+    }
+    /// `self <= rhs`.
+    ///
+    /// # Errors
+    /// As [`Tensor::add`].
+    pub fn le(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.compare_op(CmpOp::Le, Some(rhs), 0.0)
+    }
+    /// `self == s`.
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn eq_scalar(&self, s: f64) -> Result<Tensor> {
+        self.compare_op(CmpOp::Eq, None, s)
+    }
+    /// `self > s`.
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn gt_scalar(&self, s: f64) -> Result<Tensor> {
+        self.compare_op(CmpOp::Gt, None, s)
+    }
+    /// `self < s`.
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn lt_scalar(&self, s: f64) -> Result<Tensor> {
+        self.compare_op(CmpOp::Lt, None, s)
+    }
+
+    /// Sum of all elements (0-dim; integers and bool sum to `i64`).
+    ///
+    /// # Errors
+    /// Device errors.
+    pub fn sum(&self) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::Sum, None, false)
+    }
+    /// Sum over `dim` (`x.sum(dim, keepdim)`).
+    ///
+    /// # Errors
+    /// Dim out of range.
+    pub fn sum_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::Sum, Some(&[dim]), keepdim)
+    }
+    /// Sum over several dims.
+    ///
+    /// # Errors
+    /// Dims out of range or repeated.
+    pub fn sum_dims(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::Sum, Some(dims), keepdim)
+    }
+    /// Mean of all elements (floats).
+    ///
+    /// # Errors
+    /// Integer dtypes.
+    pub fn mean(&self) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::Mean, None, false)
+    }
+    /// Mean over `dim`.
+    ///
+    /// # Errors
+    /// Integer dtypes; dim out of range.
+    pub fn mean_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::Mean, Some(&[dim]), keepdim)
+    }
+    /// Maximum of all elements (0-dim).
+    ///
+    /// # Errors
+    /// An empty tensor.
+    pub fn max(&self) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::Max, None, false)
+    }
+    /// Maximum over `dim` (the values of `torch.max(x, dim)`).
+    ///
+    /// # Errors
+    /// Dim out of range; empty dim.
+    pub fn max_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::Max, Some(&[dim]), keepdim)
+    }
+    /// Minimum of all elements (0-dim).
+    ///
+    /// # Errors
+    /// An empty tensor.
+    pub fn min(&self) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::Min, None, false)
+    }
+    /// Minimum over `dim`.
+    ///
+    /// # Errors
+    /// Dim out of range; empty dim.
+    pub fn min_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::Min, Some(&[dim]), keepdim)
+    }
+    /// Flat index of the maximum (0-dim `i64`; the first on ties).
+    ///
+    /// # Errors
+    /// An empty tensor.
+    pub fn argmax(&self) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::ArgMax, None, false)
+    }
+    /// Index of the maximum along `dim` (`i64`).
+    ///
+    /// # Errors
+    /// Dim out of range; empty dim.
+    pub fn argmax_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        self.reduce_op(ReduceOp::ArgMax, Some(&[dim]), keepdim)
+    }
+
+    /// Matrix product with `torch.matmul`'s rules: 1-D·1-D, 2-D, and batched with broadcast
+    /// batch dimensions.
+    ///
+    /// # Errors
+    /// [`Error::MatmulShape`] when inner sizes differ (the same on meta and every device).
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        let plan = infer::matmul(self, rhs)?;
+        let out = alloc_tensor(self.device(), &plan.kernel_shape, plan.dtype, "matmul")?;
+        if let Some(k) = self.kernels("matmul")? {
+            let a = self.reshape(&shape_2d(self.shape(), true))?;
+            let b = rhs.reshape(&shape_2d(rhs.shape(), false))?;
+            let la = a.layout().broadcast_to(&plan.lhs_shape, "matmul")?;
+            let lb = b.layout().broadcast_to(&plan.rhs_shape, "matmul")?;
+            k.matmul(View::of(&out), view(&a, &la), view(&b, &lb))?;
+        }
+        out.view(&plan.out_shape)
+    }
+
+    /// Softmax over `dim` (floats).
+    ///
+    /// # Errors
+    /// Integer dtypes; dim out of range.
+    pub fn softmax(&self, dim: isize) -> Result<Tensor> {
+        self.softmax_impl(dim, false)
+    }
+
+    /// Log-softmax over `dim` (floats).
+    ///
+    /// # Errors
+    /// As [`Tensor::softmax`].
+    pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
+        self.softmax_impl(dim, true)
+    }
+
+    fn softmax_impl(&self, dim: isize, log: bool) -> Result<Tensor> {
+        let op = if log { "log_softmax" } else { "softmax" };
+        infer::require_float(op, self.dtype())?;
+        if self.rank() == 0 {
+            return self.unsqueeze(0)?.softmax_impl(0, log)?.reshape(&[]);
+        }
+        let d = crate::layout::wrap_dim(dim, self.rank(), op)?;
+        let last = self.rank() - 1;
+        let src = if d == last {
+            self.alias()
+        } else {
+            self.transpose(d as isize, last as isize)?
+        };
+        let out = alloc_tensor(self.device(), src.shape(), self.dtype(), op)?;
+        if let Some(k) = self.kernels(op)? {
+            k.softmax(View::of(&out), View::of(&src), log)?;
+        }
+        if d == last {
+            Ok(out)
+        } else {
+            out.transpose(d as isize, last as isize)?.contiguous()
+        }
+    }
+
+    /// Mean cross-entropy of logits `[N, C]` against class indices `[N]` (`i64`), as
+    /// `torch.nn.functional.cross_entropy` with `reduction='mean'`. 0-dim result.
+    ///
+    /// # Errors
+    /// Shapes/dtypes (checked on every device); a target outside `[0, C)` (checked by the kernel).
+    pub fn cross_entropy(&self, targets: &Tensor) -> Result<Tensor> {
+        infer::cross_entropy(self, targets)?;
+        let out = alloc_tensor(self.device(), &[], self.dtype(), "cross_entropy")?;
+        if let Some(k) = self.kernels("cross_entropy")? {
+            k.cross_entropy(View::of(&out), View::of(self), View::of(targets))?;
+        }
+        Ok(out)
+    }
+
+    /// Gradient of [`Tensor::cross_entropy`] w.r.t. these logits: `(softmax − one_hot) / N`.
+    ///
+    /// # Errors
+    /// As [`Tensor::cross_entropy`].
+    pub fn cross_entropy_backward(&self, targets: &Tensor) -> Result<Tensor> {
+        infer::cross_entropy(self, targets)?;
+        let out = alloc_tensor(
+            self.device(),
+            self.shape(),
+            self.dtype(),
+            "cross_entropy_backward",
+        )?;
+        if let Some(k) = self.kernels("cross_entropy_backward")? {
+            k.cross_entropy_backward(View::of(&out), View::of(self), View::of(targets))?;
+        }
+        Ok(out)
+    }
+
+    /// Gradient of `relu(x)` given the upstream gradient `self`: `self * (x > 0)`.
+    ///
+    /// # Errors
+    /// Shape, dtype or device mismatch.
+    pub fn relu_backward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.shape() != x.shape() {
+            return Err(Error::Shape {
+                op: "relu_backward",
+                what: format!(
+                    "grad shape {:?} must equal input shape {:?}",
+                    self.shape(),
+                    x.shape()
+                ),
+            });
+        }
+        let mask = x.gt_scalar(0.0)?.to_dtype(self.dtype())?;
+        self.mul(&mask)
+    }
+}
+
+/// The ≥ 2-D shape a matmul operand is viewed as (a 1-D lhs is a row, a 1-D rhs a column).
+fn shape_2d(s: &[usize], lhs: bool) -> Vec<usize> {
+    match (s.len(), lhs) {
+        (1, true) => vec![1, s[0]],
+        (1, false) => vec![s[0], 1],
+        _ => s.to_vec(),
+    }
+}

@@ -10,7 +10,7 @@
 //! 3. Users (tensor storage, `berth replay`) see only [`DeviceAllocator`] and [`Allocation`].
 //!
 //! # Quick start
-//! ```ignore
+//! ```
 //! use berth_alloc::{backend::{sim::SimBackend, StreamId}, caching::CachingAllocator, DeviceAllocator};
 //! let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
 //! let a = alloc.allocate(4, StreamId::DEFAULT).unwrap();
@@ -24,12 +24,17 @@
 pub mod adaptor;
 mod allocator;
 pub mod backend;
-// caching: added next
+pub mod caching;
 pub mod config;
 pub mod error;
+pub mod own;
+#[cfg(feature = "trace")]
+pub mod replay;
 pub mod snapshot;
 pub mod stats;
 pub mod summary;
+#[cfg(feature = "trace")]
+pub mod trace;
 
 pub use allocator::{Allocation, AllocationOwner, DeviceAllocator};
 pub use backend::{DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend};
@@ -37,3 +42,4 @@ pub use config::AllocatorConfig;
 pub use error::{AllocError, BackendError, ConfigError};
 pub use snapshot::{BlockInfo, BlockState, MemorySnapshot, SegmentInfo, TraceAction, TraceEntry};
 pub use stats::{MemoryStats, Stat, StatKind};
+pub use own::PagedBestFit;

@@ -1,0 +1,284 @@
+//! [`CachingAllocator`]: PyTorch's CUDA caching allocator policy, exactly, over any
+//! [`MemoryBackend`] (`c10/cuda/CUDACachingAllocator.cpp`, described in
+//! `pytorch-caching-allocator.md`).
+//!
+//! Requests are rounded to 512 bytes; blocks of at most 1 MiB come from 2 MiB segments of the
+//! small pool, larger ones from 20 MiB segments (below 10 MiB) or 2 MiB-rounded segments of the
+//! large pool; the free block chosen is the best fit ordered by (stream, size, address); blocks
+//! are split and merged by PyTorch's rules; `max_split_size_mb`, `roundup_power2_divisions`,
+//! `garbage_collection_threshold`, the memory fraction and `expandable_segments` behave as in
+//! PyTorch. Cached memory returns to the backend only through [`DeviceAllocator::empty_cache`],
+//! the out-of-memory fallback and GC.
+//!
+//! Concurrency: one mutex-guarded state per device; backend `malloc` runs with it released.
+
+mod block;
+mod expandable;
+mod fallback;
+mod inspect;
+pub mod policy;
+mod pool;
+mod state;
+mod stream_uses;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use self::fallback::Request;
+use self::state::State;
+use crate::allocator::{Allocation, AllocationOwner, DeviceAllocator};
+use crate::backend::{DevicePtr, MemoryBackend, StreamId};
+use crate::config::AllocatorConfig;
+use crate::error::AllocError;
+use crate::snapshot::{MemorySnapshot, TraceRing};
+use crate::stats::MemoryStats;
+
+/// The state shared by a [`CachingAllocator`] and its [`Allocation`]s.
+pub(crate) struct Shared<B: MemoryBackend> {
+    backend: B,
+    state: Mutex<State<B::Event>>,
+    name: &'static str,
+}
+
+impl<B: MemoryBackend> Shared<B> {
+    #[inline]
+    fn lock(&self) -> MutexGuard<'_, State<B::Event>> {
+        // The state is updated so that a panic mid-operation cannot occur on user input; if one
+        // did (a bug), keep serving rather than poisoning every later call.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn malloc(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr, AllocError> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        let requested = bytes as u64;
+        if requested >= policy::MAX_REQUEST {
+            return Err(AllocError::TooLarge { requested });
+        }
+        let mut st = self.lock();
+        st.process_events(&self.backend)?;
+        let size = policy::round_size(requested, &st.cfg);
+        let small = policy::is_small(size);
+        if let Some(i) = st.get_free_block(stream, size, small) {
+            return Ok(DevicePtr(st.alloc_found_block(i, size, requested)));
+        }
+        let r = Request {
+            stream,
+            size,
+            alloc_size: policy::allocation_size(size),
+            requested,
+            small,
+        };
+        let (mut st, i) = self.malloc_fallback(st, r)?;
+        Ok(DevicePtr(st.alloc_found_block(i, size, requested)))
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<(), AllocError> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        match st.allocated.remove(&ptr.0) {
+            Some(i) => st.free_requested(&self.backend, i),
+            None => Err(st.classify_bad_pointer(ptr.0)),
+        }
+    }
+}
+
+impl<B: MemoryBackend> AllocationOwner for Shared<B> {
+    fn release(&self, ptr: DevicePtr) {
+        if let Err(e) = self.free(ptr) {
+            let mut st = self.lock();
+            if st.sticky.is_none() {
+                st.sticky = Some(e);
+            }
+        }
+    }
+
+    fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
+        self.lock().record_stream(ptr.0, stream)
+    }
+}
+
+/// PyTorch's caching allocator policy over backend `B`. Cheap to clone (a handle).
+///
+/// ```
+/// use berth_alloc::{backend::{sim::SimBackend, StreamId}, caching::CachingAllocator, DeviceAllocator};
+/// let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+/// let a = alloc.allocate(5 << 20, StreamId::DEFAULT).unwrap();
+/// assert_eq!(alloc.stats().memory_reserved(), 20 << 20); // a 20 MiB segment
+/// ```
+pub struct CachingAllocator<B: MemoryBackend> {
+    shared: Arc<Shared<B>>,
+}
+
+impl<B: MemoryBackend> Clone for CachingAllocator<B> {
+    fn clone(&self) -> Self {
+        CachingAllocator {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<B: MemoryBackend> std::fmt::Debug for CachingAllocator<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachingAllocator")
+            .field("policy", &self.shared.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: MemoryBackend> CachingAllocator<B> {
+    /// PyTorch's default configuration over `backend`.
+    pub fn new(backend: B) -> Self {
+        Self::build(backend, AllocatorConfig::default())
+    }
+
+    /// A configured allocator (see [`AllocatorConfig::parse`]).
+    ///
+    /// # Errors
+    /// [`AllocError::Unsupported`] when `expandable_segments` is on and the backend has no
+    /// [`crate::backend::VirtualMemoryBackend`].
+    pub fn with_config(backend: B, config: AllocatorConfig) -> Result<Self, AllocError> {
+        if config.expandable_segments && backend.as_virtual().is_none() {
+            return Err(AllocError::Unsupported {
+                feature: "expandable_segments",
+                needs: "a backend with virtual-memory support (VirtualMemoryBackend)",
+            });
+        }
+        Ok(Self::build(backend, config))
+    }
+
+    fn build(backend: B, config: AllocatorConfig) -> Self {
+        let name = if config.expandable_segments {
+            "expandable"
+        } else {
+            "pytorch"
+        };
+        CachingAllocator {
+            shared: Arc::new(Shared {
+                backend,
+                state: Mutex::new(State::new(config)),
+                name,
+            }),
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.shared.backend
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> AllocatorConfig {
+        self.shared.lock().cfg.clone()
+    }
+
+    /// Sets the device index shown in OOM messages and snapshots (default 0).
+    pub fn set_device_index(&self, device: i32) {
+        self.shared.lock().device = device;
+    }
+
+    /// Completes the cross-stream frees whose events have completed, without allocating (PyTorch
+    /// does this only at the next allocation).
+    ///
+    /// # Errors
+    /// [`AllocError::Backend`] if an event query fails.
+    pub fn process_events(&self) -> Result<(), AllocError> {
+        self.shared.lock().process_events(&self.shared.backend)
+    }
+
+    /// Checks every internal invariant (blocks tile their segments without overlap, pools hold
+    /// exactly the free blocks, every current statistic equals its recomputation from the
+    /// blocks). For tests; O(blocks).
+    ///
+    /// # Errors
+    /// A description of the first violated invariant.
+    pub fn validate(&self) -> Result<(), String> {
+        self.shared.lock().validate()
+    }
+}
+
+impl<B: MemoryBackend> DeviceAllocator for CachingAllocator<B> {
+    fn policy_name(&self) -> &str {
+        self.shared.name
+    }
+
+    fn allocate(&self, bytes: usize, stream: StreamId) -> Result<Allocation, AllocError> {
+        let ptr = self.shared.malloc(bytes, stream)?;
+        if ptr.is_null() {
+            return Ok(Allocation::empty(stream));
+        }
+        let owner: Arc<dyn AllocationOwner> = self.shared.clone();
+        Ok(Allocation::new(ptr, bytes, stream, owner))
+    }
+
+    fn raw_alloc(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr, AllocError> {
+        self.shared.malloc(bytes, stream)
+    }
+
+    fn raw_delete(&self, ptr: DevicePtr) -> Result<(), AllocError> {
+        self.shared.free(ptr)
+    }
+
+    fn raw_record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
+        self.shared.lock().record_stream(ptr.0, stream)
+    }
+
+    fn empty_cache(&self) -> Result<(), AllocError> {
+        self.shared
+            .lock()
+            .release_cached_blocks(&self.shared.backend)
+    }
+
+    fn stats(&self) -> MemoryStats {
+        self.shared.lock().stats
+    }
+
+    fn memory_summary(&self, abbreviated: bool) -> String {
+        let st = self.shared.lock();
+        crate::summary::memory_summary(&st.stats, st.device, abbreviated)
+    }
+
+    fn reset_peak_memory_stats(&self) {
+        self.shared.lock().stats.reset_peak();
+    }
+
+    fn reset_accumulated_memory_stats(&self) {
+        self.shared.lock().stats.reset_accumulated();
+    }
+
+    fn snapshot(&self) -> MemorySnapshot {
+        self.shared.lock().snapshot()
+    }
+
+    fn record_memory_history(&self, max_entries: Option<usize>) {
+        self.shared.lock().history = max_entries.map(TraceRing::new);
+    }
+
+    fn set_memory_fraction(&self, fraction: f64) -> Result<(), AllocError> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(AllocError::InvalidFraction { fraction });
+        }
+        let total = self
+            .shared
+            .backend
+            .mem_info()
+            .map_err(|source| AllocError::Backend {
+                stream: StreamId::DEFAULT,
+                source,
+            })?
+            .total_bytes;
+        let mut st = self.shared.lock();
+        st.device_total = Some(total);
+        st.allowed = Some((fraction * total as f64) as u64);
+        Ok(())
+    }
+
+    fn check_err(&self) -> Result<(), AllocError> {
+        match self.shared.lock().sticky.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,491 @@
+//! The per-device allocator state and its block operations (PyTorch's `DeviceCachingAllocator`
+//! internals: `alloc_found_block`, `free`, `free_block`, `try_merge_blocks`, `release_block`).
+//!
+//! Everything here runs with the state lock held; nothing here calls backend `malloc`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use super::block::{Block, Slab, NIL};
+use super::policy::{MIN_BLOCK_SIZE, SMALL_SIZE};
+use super::pool::BlockPool;
+use crate::backend::{DevicePtr, MemoryBackend, StreamId};
+use crate::config::AllocatorConfig;
+use crate::error::{AllocError, BackendError};
+use crate::snapshot::{TraceAction, TraceEntry, TraceRing};
+use crate::stats::MemoryStats;
+
+/// A multiplicative hasher for device addresses (512-byte aligned `u64`s); `SipHash` would cost
+/// more than the rest of a cache hit.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct PtrHasher(u64);
+
+impl Hasher for PtrHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0.rotate_left(26)
+    }
+}
+
+pub(crate) type PtrMap<V> = HashMap<u64, V, BuildHasherDefault<PtrHasher>>;
+
+/// A segment obtained with `malloc` (not expandable).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SegmentMeta {
+    pub size: u64,
+    pub stream: StreamId,
+    pub small: bool,
+}
+
+/// An expandable segment: one reserved virtual range mapped page by page.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ExpandableSegment {
+    pub base: u64,
+    pub size: u64,
+    pub page: u64,
+    pub stream: StreamId,
+    pub small: bool,
+}
+
+pub(crate) struct State<E> {
+    pub cfg: AllocatorConfig,
+    /// `max_split_size` in bytes (`u64::MAX` = unlimited).
+    pub max_split: u64,
+    pub blocks: Slab,
+    /// `[large, small]`.
+    pub pools: [BlockPool; 2],
+    /// Allocated blocks by address (PyTorch's `allocated_blocks`).
+    pub allocated: PtrMap<u32>,
+    pub stats: MemoryStats,
+    /// Bytes held from the backend (PyTorch's `total_allocated_memory`).
+    pub total_reserved: u64,
+    /// Bytes being asked of the backend right now with the lock released.
+    pub inflight: u64,
+    /// The memory-fraction cap in bytes (PyTorch's `allowed_memory_maximum` when `set_fraction`).
+    pub allowed: Option<u64>,
+    /// Pending cross-stream frees, per stream, oldest first.
+    pub events: BTreeMap<StreamId, VecDeque<(E, u32)>>,
+    pub segments: BTreeMap<u64, SegmentMeta>,
+    pub expandable: Vec<Option<ExpandableSegment>>,
+    pub history: Option<TraceRing>,
+    pub sticky: Option<AllocError>,
+    pub device_total: Option<u64>,
+    pub device: i32,
+}
+
+/// Wraps a backend error with the stream of the operation.
+pub(crate) fn backend_err(stream: StreamId) -> impl FnOnce(BackendError) -> AllocError {
+    move |source| AllocError::Backend { stream, source }
+}
+
+impl<E> State<E> {
+    pub fn new(cfg: AllocatorConfig) -> Self {
+        let max_split = cfg.max_split_size.unwrap_or(u64::MAX);
+        State {
+            stats: MemoryStats::new(cfg.max_split_size),
+            cfg,
+            max_split,
+            blocks: Slab::default(),
+            pools: [BlockPool::default(), BlockPool::default()],
+            allocated: PtrMap::default(),
+            total_reserved: 0,
+            inflight: 0,
+            allowed: None,
+            events: BTreeMap::new(),
+            segments: BTreeMap::new(),
+            expandable: Vec::new(),
+            history: None,
+            sticky: None,
+            device_total: None,
+            device: 0,
+        }
+    }
+
+    /// GC is active only with a memory fraction and a threshold (PyTorch).
+    pub fn gc_enabled(&self) -> bool {
+        self.allowed.is_some() && self.cfg.garbage_collection_threshold > 0.0
+    }
+
+    #[inline]
+    pub fn trace(&mut self, action: TraceAction, addr: u64, size: u64, stream: StreamId) {
+        if let Some(ring) = &mut self.history {
+            let time_us = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as i64);
+            ring.push(TraceEntry {
+                action,
+                addr,
+                size,
+                stream,
+                time_us,
+            });
+        }
+    }
+
+    /// Takes a block out of its pool, if it is there.
+    #[inline]
+    pub fn pool_remove(&mut self, i: u32) -> bool {
+        let b = &self.blocks[i];
+        self.pools[b.small as usize].remove(b, i)
+    }
+
+    #[inline]
+    pub fn pool_insert(&mut self, i: u32) {
+        let b = &mut self.blocks[i];
+        self.pools[b.small as usize].insert(b, i);
+    }
+
+    /// `get_free_block`: best fit by (stream, size, address) with the oversize rules.
+    pub fn get_free_block(&mut self, stream: StreamId, size: u64, small: bool) -> Option<u32> {
+        let gc = self.gc_enabled();
+        let pool = &mut self.pools[small as usize];
+        if gc {
+            pool.free_calls += 1;
+        }
+        let mut key = pool.lower_bound(stream, size)?;
+        if self.blocks[key.3].is_expandable() {
+            // Rank expandable blocks by the size they could grow to (their size plus an
+            // unmapped range right after them), as PyTorch does.
+            let reach = |blocks: &Slab, i: u32| {
+                let b = &blocks[i];
+                b.size
+                    + if b.next != NIL && !blocks[b.next].mapped {
+                        blocks[b.next].size
+                    } else {
+                        0
+                    }
+            };
+            let mut iter = pool.blocks.range((key.0, key.1, key.2, key.3)..).skip(1);
+            while self.blocks[key.3].is_expandable() {
+                match iter.next() {
+                    Some(&next)
+                        if next.0 == stream.0
+                            && reach(&self.blocks, next.3) < reach(&self.blocks, key.3) =>
+                    {
+                        key = next
+                    }
+                    _ => break,
+                }
+            }
+        }
+        let found = key.1;
+        // An oversize block is never cut for a normal request...
+        if size < self.max_split && found >= self.max_split {
+            return None;
+        }
+        // ...and serves only requests within `max_non_split_rounding_size` of its size.
+        if size >= self.max_split
+            && found >= size.saturating_add(self.cfg.max_non_split_rounding_size)
+        {
+            return None;
+        }
+        pool.blocks.remove(&key);
+        Some(key.3)
+    }
+
+    fn should_split(&self, i: u32, size: u64) -> bool {
+        let b = &self.blocks[i];
+        let remaining = b.size - size;
+        if b.small || self.cfg.expandable_segments {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            size < self.max_split && remaining > SMALL_SIZE
+        }
+    }
+
+    /// `alloc_found_block`: hands out block `i` (out of its pool) for a rounded `size`, splitting
+    /// off the remainder when PyTorch would.
+    pub fn alloc_found_block(&mut self, mut i: u32, size: u64, requested: u64) -> u64 {
+        let (small, already_split, exp) = {
+            let b = &self.blocks[i];
+            (b.small, b.is_split(), b.is_expandable())
+        };
+        if self.should_split(i, size) {
+            let rem = i;
+            let (ptr, stream, prev) = {
+                let r = &self.blocks[rem];
+                (r.ptr, r.stream, r.prev)
+            };
+            let mut front = Block::new(ptr, size, stream, small);
+            front.expandable = self.blocks[rem].expandable;
+            front.prev = prev;
+            front.next = rem;
+            let f = self.blocks.insert(front);
+            if prev != NIL {
+                self.blocks[prev].next = f;
+            }
+            {
+                let r = &mut self.blocks[rem];
+                r.prev = f;
+                r.ptr += size;
+                r.size -= size;
+            }
+            self.pool_insert(rem);
+            if !exp {
+                if already_split {
+                    self.stats.inactive_split_bytes.decrease(small, size as i64);
+                } else {
+                    let rsize = self.blocks[rem].size as i64;
+                    self.stats.inactive_split_bytes.increase(small, rsize);
+                    self.stats.inactive_split.increase(small, 1);
+                }
+            }
+            i = f;
+        } else if already_split && !exp {
+            let bsize = self.blocks[i].size as i64;
+            self.stats.inactive_split_bytes.decrease(small, bsize);
+            self.stats.inactive_split.decrease(small, 1);
+        }
+        let b = &mut self.blocks[i];
+        b.allocated = true;
+        b.requested = requested;
+        let (ptr, bsize, stream) = (b.ptr, b.size, b.stream);
+        self.allocated.insert(ptr, i);
+        let s = &mut self.stats;
+        s.allocation.increase(small, 1);
+        s.allocated_bytes.increase(small, bsize as i64);
+        s.active.increase(small, 1);
+        s.active_bytes.increase(small, bsize as i64);
+        s.requested_bytes.increase(small, requested as i64);
+        if bsize >= self.max_split {
+            s.oversize_allocations.increase(1);
+        }
+        self.trace(TraceAction::Alloc, ptr, requested, stream);
+        ptr
+    }
+
+    /// `try_merge_blocks`: merges free neighbour `src` into `dst`; returns the bytes subsumed.
+    pub fn try_merge(&mut self, dst: u32, src: u32) -> u64 {
+        if src == NIL {
+            return 0;
+        }
+        {
+            let s = &self.blocks[src];
+            if !s.is_reusable() || s.mapped != self.blocks[dst].mapped {
+                return 0;
+            }
+        }
+        self.pool_remove(src);
+        let s = self.blocks.remove(src);
+        if self.blocks[dst].prev == src {
+            let d = &mut self.blocks[dst];
+            d.ptr = s.ptr;
+            d.prev = s.prev;
+            if s.prev != NIL {
+                self.blocks[s.prev].next = dst;
+            }
+        } else {
+            self.blocks[dst].next = s.next;
+            if s.next != NIL {
+                self.blocks[s.next].prev = dst;
+            }
+        }
+        self.blocks[dst].size += s.size;
+        s.size
+    }
+
+    /// `free_block`: the block becomes reusable; merge with free neighbours and return it to its
+    /// pool.
+    pub fn free_block(&mut self, i: u32) {
+        let (ptr, size, requested, stream, small, exp, prev, next) = {
+            let b = &self.blocks[i];
+            debug_assert!(b.is_reusable());
+            (
+                b.ptr,
+                b.size,
+                b.requested,
+                b.stream,
+                b.small,
+                b.is_expandable(),
+                b.prev,
+                b.next,
+            )
+        };
+        self.trace(TraceAction::FreeCompleted, ptr, requested, stream);
+        let mut net_blocks = 0i64;
+        let mut net_bytes = 0i64;
+        for candidate in [prev, next] {
+            let subsumed = self.try_merge(i, candidate);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.pool_insert(i);
+        if self.blocks[i].is_split() {
+            net_blocks += 1;
+            net_bytes += self.blocks[i].size as i64;
+        }
+        let s = &mut self.stats;
+        if !exp {
+            if net_blocks > 0 {
+                s.inactive_split.increase(small, net_blocks);
+            } else if net_blocks < 0 {
+                s.inactive_split.decrease(small, -net_blocks);
+            }
+            if net_bytes > 0 {
+                s.inactive_split_bytes.increase(small, net_bytes);
+            } else if net_bytes < 0 {
+                s.inactive_split_bytes.decrease(small, -net_bytes);
+            }
+        }
+        s.active.decrease(small, 1);
+        s.active_bytes.decrease(small, size as i64);
+        s.requested_bytes.decrease(small, requested as i64);
+    }
+
+    /// Registers a new `malloc`'d segment and returns its single (unpooled) block.
+    pub fn new_segment(&mut self, ptr: u64, size: u64, stream: StreamId, small: bool) -> u32 {
+        let i = self.blocks.insert(Block::new(ptr, size, stream, small));
+        self.total_reserved += size;
+        self.stats.segment.increase(small, 1);
+        self.stats.reserved_bytes.increase(small, size as i64);
+        if size >= self.max_split {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        self.segments.insert(
+            ptr,
+            SegmentMeta {
+                size,
+                stream,
+                small,
+            },
+        );
+        self.trace(TraceAction::SegmentAlloc, ptr, size, stream);
+        i
+    }
+
+    /// `release_block`: returns an unsplit cached segment (in its pool) to the backend.
+    pub fn release_block<B: MemoryBackend>(
+        &mut self,
+        backend: &B,
+        i: u32,
+    ) -> Result<(), AllocError> {
+        let (ptr, size, stream, small) = {
+            let b = &self.blocks[i];
+            debug_assert!(!b.is_split() && !b.is_expandable() && b.is_reusable());
+            (b.ptr, b.size, b.stream, b.small)
+        };
+        // SAFETY: the segment came from `backend.malloc` with this size, is entirely free, and
+        // has no pending events, so no queued work uses it.
+        unsafe { backend.free(DevicePtr(ptr), size as usize, stream) }
+            .map_err(backend_err(stream))?;
+        self.pool_remove(i);
+        self.blocks.remove(i);
+        self.stats.num_device_free += 1;
+        self.trace(TraceAction::SegmentFree, ptr, size, stream);
+        self.total_reserved -= size;
+        self.stats.segment.decrease(small, 1);
+        self.stats.reserved_bytes.decrease(small, size as i64);
+        if size >= self.max_split {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.segments.remove(&ptr);
+        Ok(())
+    }
+
+    /// `release_blocks`: frees every unsplit cached segment of a pool and unmaps the free pages
+    /// of its expandable segments.
+    pub fn release_blocks<B: MemoryBackend>(
+        &mut self,
+        backend: &B,
+        small: bool,
+    ) -> Result<(), AllocError> {
+        let keys: Vec<_> = self.pools[small as usize].blocks.iter().copied().collect();
+        let mut to_unmap = Vec::new();
+        for k in keys {
+            let b = &self.blocks[k.3];
+            if b.is_expandable() {
+                to_unmap.push(k);
+            } else if !b.is_split() {
+                self.release_block(backend, k.3)?;
+            }
+        }
+        for k in to_unmap {
+            // Unmapping only creates blocks next to allocated or unmapped ones, so every
+            // gathered block is still free and pooled; check anyway.
+            if !self.pools[small as usize].blocks.contains(&k) {
+                continue;
+            }
+            self.unmap_block(backend, k.3)?;
+            let b = &self.blocks[k.3];
+            if !b.is_split() {
+                self.release_expandable_segment(backend, k.3)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees the request of an allocated block: PyTorch's `free` (stats, then either
+    /// free-complete now or wait for the events of the streams it was used on).
+    pub fn free_requested<B: MemoryBackend<Event = E>>(
+        &mut self,
+        backend: &B,
+        i: u32,
+    ) -> Result<(), AllocError> {
+        let (ptr, size, requested, stream, small, uses) = {
+            let b = &mut self.blocks[i];
+            b.allocated = false;
+            (
+                b.ptr,
+                b.size,
+                b.requested,
+                b.stream,
+                b.small,
+                !b.stream_uses.is_empty(),
+            )
+        };
+        self.stats.allocation.decrease(small, 1);
+        self.stats.allocated_bytes.decrease(small, size as i64);
+        self.trace(TraceAction::FreeRequested, ptr, requested, stream);
+        if size >= self.max_split {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if uses {
+            self.insert_events(backend, i)
+        } else {
+            self.free_block(i);
+            Ok(())
+        }
+    }
+
+    /// Classifies a pointer that is not allocated: a freed block start (double free) or foreign.
+    pub fn classify_bad_pointer(&self, ptr: u64) -> AllocError {
+        let in_segment = self
+            .segments
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&a, m)| ptr < a + m.size)
+            || self
+                .expandable
+                .iter()
+                .flatten()
+                .any(|e| ptr >= e.base && ptr < e.base + e.size);
+        if in_segment
+            && self
+                .blocks
+                .iter()
+                .any(|(_, b)| b.ptr == ptr && !b.allocated && b.mapped)
+        {
+            AllocError::DoubleFree {
+                ptr: DevicePtr(ptr),
+            }
+        } else {
+            AllocError::InvalidPointer {
+                ptr: DevicePtr(ptr),
+            }
+        }
+    }
+}

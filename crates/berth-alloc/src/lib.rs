@@ -33,6 +33,8 @@ pub mod replay;
 pub mod snapshot;
 pub mod stats;
 pub mod summary;
+#[cfg(feature = "testing")]
+pub mod testing;
 #[cfg(feature = "trace")]
 pub mod trace;
 

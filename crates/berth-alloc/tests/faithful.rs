@@ -5,7 +5,7 @@ use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::caching::CachingAllocator;
 use berth_alloc::replay::replay;
 use berth_alloc::trace::read_trace;
-use berth_alloc::{AllocatorConfig, DeviceAllocator, StreamId};
+use berth_alloc::{AllocatorConfig, StreamId};
 
 use crate::util::{trace_path, TRACES};
 

@@ -2,4 +2,9 @@
 
 mod util;
 
+mod bad_input;
+mod behaviour_cases;
+mod conformance;
 mod faithful;
+mod invariants;
+mod paged;

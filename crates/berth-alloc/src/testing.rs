@@ -1,0 +1,233 @@
+//! A conformance suite every [`DeviceAllocator`] must pass, whatever its policy and backend
+//! (RMM's `mr_ref_test`). Behind the `testing` feature.
+//!
+//! Each check takes a factory `capacity_bytes → allocator over a fresh device of that capacity`
+//! and panics with a message naming the violated property.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use berth_alloc::{backend::sim::SimBackend, caching::CachingAllocator, testing, DeviceAllocator};
+//! testing::conformance(&|cap| Arc::new(CachingAllocator::new(SimBackend::new(cap))) as Arc<dyn DeviceAllocator>);
+//! ```
+
+use std::sync::Arc;
+
+use crate::allocator::DeviceAllocator;
+use crate::backend::{DevicePtr, StreamId};
+use crate::error::AllocError;
+
+/// Builds a fresh allocator over a device of the given capacity in bytes.
+pub type Factory<'a> = &'a dyn Fn(u64) -> Arc<dyn DeviceAllocator>;
+
+const GIB: u64 = 1 << 30;
+
+/// Runs every check.
+///
+/// # Panics
+/// When the allocator violates a property (the message names it).
+pub fn conformance(factory: Factory<'_>) {
+    distinct_pointers(factory);
+    alignment(factory);
+    zero_size(factory);
+    oom_surfaces_and_recovers(factory);
+    empty_cache_releases_all(factory);
+    bad_frees_are_typed(factory);
+    multithreaded(factory);
+}
+
+/// A deterministic size sequence (xorshift), 1 byte to 24 MiB.
+fn sizes(n: usize, seed: u64) -> Vec<usize> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let class = x % 4;
+            let limit = [4096, 1 << 20, 8 << 20, 24 << 20][class as usize];
+            (x >> 8) as usize % limit + 1
+        })
+        .collect()
+}
+
+/// Live allocations never overlap.
+///
+/// # Panics
+/// On overlap or allocation failure.
+pub fn distinct_pointers(factory: Factory<'_>) {
+    let a = factory(4 * GIB);
+    let mut live: Vec<(u64, u64)> = Vec::new();
+    let mut keep = Vec::new();
+    for (k, size) in sizes(300, 7).into_iter().enumerate() {
+        let al = a
+            .allocate(size, StreamId((k % 2) as u64))
+            .expect("allocation within capacity");
+        live.push((al.ptr().0, size as u64));
+        keep.push(al);
+        if k % 3 == 0 {
+            keep.swap_remove(k % keep.len());
+            live.swap_remove(k % live.len());
+        }
+    }
+    live.sort_unstable();
+    for w in live.windows(2) {
+        assert!(
+            w[0].0 + w[0].1 <= w[1].0,
+            "allocations {:#x}+{} and {:#x} overlap",
+            w[0].0,
+            w[0].1,
+            w[1].0
+        );
+    }
+}
+
+/// Every pointer is at least 256-byte aligned (`cudaMalloc`'s guarantee).
+///
+/// # Panics
+/// On a misaligned pointer.
+pub fn alignment(factory: Factory<'_>) {
+    let a = factory(4 * GIB);
+    for size in sizes(100, 11) {
+        let al = a
+            .allocate(size, StreamId::DEFAULT)
+            .expect("allocation within capacity");
+        assert_eq!(
+            al.ptr().0 % 256,
+            0,
+            "pointer {} for {size} bytes is not 256-byte aligned",
+            al.ptr()
+        );
+    }
+}
+
+/// Zero bytes: a null pointer and no memory (PyTorch).
+///
+/// # Panics
+/// If a zero-byte request takes memory.
+pub fn zero_size(factory: Factory<'_>) {
+    let a = factory(GIB);
+    let z = a
+        .allocate(0, StreamId::DEFAULT)
+        .expect("zero bytes always succeed");
+    assert!(
+        z.ptr().is_null(),
+        "zero-byte allocation returned {}",
+        z.ptr()
+    );
+    assert_eq!(a.stats().memory_allocated(), 0);
+    assert_eq!(a.stats().memory_reserved(), 0);
+    drop(z);
+    a.check_err()
+        .expect("dropping a zero-byte allocation is fine");
+}
+
+/// Asking for more than the device has is a typed OOM, and the allocator keeps working.
+///
+/// # Panics
+/// If the error is not an OOM or the allocator is unusable afterwards.
+pub fn oom_surfaces_and_recovers(factory: Factory<'_>) {
+    let a = factory(GIB);
+    let held = a
+        .allocate(600 << 20, StreamId::DEFAULT)
+        .expect("600 MiB fit in 1 GiB");
+    let err = a
+        .allocate(600 << 20, StreamId::DEFAULT)
+        .expect_err("1.2 GiB cannot fit in 1 GiB");
+    assert!(
+        err.is_out_of_memory(),
+        "expected an out-of-memory error, got {err:?}"
+    );
+    assert!(!err.to_string().is_empty());
+    assert_eq!(a.stats().num_ooms, 1, "num_ooms counts the failure");
+    drop(held);
+    let again = a
+        .allocate(600 << 20, StreamId::DEFAULT)
+        .expect("usable after OOM");
+    drop(again);
+    a.check_err().expect("no sticky error");
+}
+
+/// Freeing everything then `empty_cache` leaves nothing reserved.
+///
+/// # Panics
+/// If memory stays reserved.
+pub fn empty_cache_releases_all(factory: Factory<'_>) {
+    let a = factory(4 * GIB);
+    let live: Vec<_> = sizes(200, 3)
+        .into_iter()
+        .enumerate()
+        .map(|(k, s)| {
+            a.allocate(s, StreamId((k % 3) as u64))
+                .expect("within capacity")
+        })
+        .collect();
+    assert!(a.stats().memory_reserved() >= a.stats().memory_allocated());
+    drop(live);
+    assert_eq!(a.stats().memory_allocated(), 0);
+    a.empty_cache().expect("empty_cache");
+    assert_eq!(
+        a.stats().memory_reserved(),
+        0,
+        "reserved after freeing everything and empty_cache"
+    );
+}
+
+/// Double free and foreign pointers are typed errors and change nothing.
+///
+/// # Panics
+/// If they are accepted or corrupt the state.
+pub fn bad_frees_are_typed(factory: Factory<'_>) {
+    let a = factory(GIB);
+    let p = a
+        .raw_alloc(4096, StreamId::DEFAULT)
+        .expect("within capacity");
+    let keep = a
+        .raw_alloc(4096, StreamId::DEFAULT)
+        .expect("within capacity");
+    a.raw_delete(p).expect("first free");
+    let before = a.stats();
+    let e = a.raw_delete(p).expect_err("double free must fail");
+    assert!(
+        matches!(
+            e,
+            AllocError::DoubleFree { .. } | AllocError::InvalidPointer { .. }
+        ),
+        "{e:?}"
+    );
+    let e = a
+        .raw_delete(DevicePtr(0xdead_0000))
+        .expect_err("foreign pointer must fail");
+    assert!(matches!(e, AllocError::InvalidPointer { .. }), "{e:?}");
+    assert_eq!(a.stats(), before, "failed frees changed the statistics");
+    a.raw_delete(keep).expect("the other block is intact");
+}
+
+/// Four threads allocating and freeing concurrently leave consistent state.
+///
+/// # Panics
+/// On any failure or leak.
+pub fn multithreaded(factory: Factory<'_>) {
+    let a = factory(8 * GIB);
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let a = &a;
+            s.spawn(move || {
+                let mut live = Vec::new();
+                for (k, size) in sizes(400, 100 + t).into_iter().enumerate() {
+                    live.push(a.allocate(size, StreamId(t % 2)).expect("within capacity"));
+                    if k % 2 == 1 {
+                        live.swap_remove((k * 7) % live.len());
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(
+        a.stats().memory_allocated(),
+        0,
+        "allocated after all threads freed everything"
+    );
+    a.empty_cache().expect("empty_cache");
+    assert_eq!(a.stats().memory_reserved(), 0);
+    a.check_err().expect("no sticky error");
+}

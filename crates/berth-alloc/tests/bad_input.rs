@@ -1,0 +1,191 @@
+//! Bad input, tried as a new user would: typed errors, never corruption.
+
+use berth_alloc::backend::sim::SimBackend;
+use berth_alloc::caching::CachingAllocator;
+use berth_alloc::trace::{parse_trace, TraceError};
+use berth_alloc::{AllocError, AllocatorConfig, ConfigError, DeviceAllocator, DevicePtr, StreamId};
+
+use crate::util::{trace_path, MIB};
+
+const S0: StreamId = StreamId::DEFAULT;
+
+fn fresh() -> CachingAllocator<SimBackend> {
+    CachingAllocator::new(SimBackend::new(1 << 34))
+}
+
+#[test]
+fn double_free_is_a_typed_error_and_changes_nothing() {
+    let alloc = fresh();
+    let p = alloc.raw_alloc(1000, S0).unwrap();
+    let q = alloc.raw_alloc(1000, S0).unwrap();
+    alloc.raw_delete(p).unwrap();
+    let before = alloc.stats();
+    assert_eq!(alloc.raw_delete(p), Err(AllocError::DoubleFree { ptr: p }));
+    assert_eq!(alloc.stats(), before);
+    alloc.validate().unwrap();
+    alloc.raw_delete(q).unwrap();
+    assert_eq!(alloc.stats().memory_allocated(), 0);
+}
+
+#[test]
+fn foreign_and_interior_pointers_are_invalid() {
+    let alloc = fresh();
+    let p = alloc.raw_alloc(4096, S0).unwrap();
+    for bad in [DevicePtr(0x1234_5600), DevicePtr(p.0 + 512)] {
+        let e = alloc.raw_delete(bad).unwrap_err();
+        assert_eq!(e, AllocError::InvalidPointer { ptr: bad });
+        assert!(e.to_string().contains("invalid device pointer"), "{e}");
+    }
+    assert!(matches!(
+        alloc.raw_record_stream(DevicePtr(0x1234_5600), StreamId(3)),
+        Err(AllocError::InvalidPointer { .. })
+    ));
+    alloc.raw_delete(p).unwrap();
+    alloc.raw_delete(DevicePtr::NULL).unwrap();
+    alloc.validate().unwrap();
+}
+
+#[test]
+fn drop_time_failure_is_sticky_and_read_once() {
+    let alloc = fresh();
+    let a = alloc.allocate(100, S0).unwrap();
+    let raw = a.ptr();
+    alloc.raw_delete(raw).unwrap(); // freed behind the Allocation's back
+    drop(a); // its free now fails: recorded, not panicking
+    assert_eq!(alloc.check_err(), Err(AllocError::DoubleFree { ptr: raw }));
+    assert_eq!(alloc.check_err(), Ok(()));
+}
+
+#[test]
+fn zero_byte_allocation_behaves_as_pytorch() {
+    let alloc = fresh();
+    let z = alloc.allocate(0, S0).unwrap();
+    assert!(z.ptr().is_null());
+    assert_eq!(z.size(), 0);
+    let s = alloc.stats();
+    assert_eq!(
+        (
+            s.memory_allocated(),
+            s.memory_reserved(),
+            s.allocation.all().allocated
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!(alloc.raw_alloc(0, S0).unwrap(), DevicePtr::NULL);
+    drop(z);
+    assert_eq!(alloc.check_err(), Ok(()));
+}
+
+#[test]
+fn absurd_request_is_too_large() {
+    let alloc = fresh();
+    let e = alloc.allocate(usize::MAX, S0).unwrap_err();
+    assert!(matches!(e, AllocError::TooLarge { .. }), "{e:?}");
+    assert!(e.to_string().contains("more than 1EB"), "{e}");
+}
+
+#[test]
+fn oom_message_carries_pytorchs_content() {
+    let alloc = CachingAllocator::new(SimBackend::new(100 * MIB));
+    let keep = alloc.allocate(5 * MIB as usize, S0).unwrap();
+    let e = alloc.allocate(90 * MIB as usize, S0).unwrap_err();
+    match &e {
+        AllocError::OutOfMemory {
+            requested,
+            device_total,
+            allocated,
+            reserved_unallocated,
+            allowed,
+            ..
+        } => {
+            assert_eq!(*requested, 90 * MIB);
+            assert_eq!(*device_total, 100 * MIB);
+            assert_eq!(*allocated, 5 * MIB);
+            assert_eq!(*reserved_unallocated, 15 * MIB);
+            assert_eq!(*allowed, None);
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    let msg = e.to_string();
+    for part in [
+        "CUDA out of memory. Tried to allocate 90.00 MiB.",
+        "GPU 0 has a total capacity of 100.00 MiB of which 80.00 MiB is free.",
+        "5.00 MiB is allocated by PyTorch, and 15.00 MiB is reserved by PyTorch but unallocated.",
+        "expandable_segments:True",
+    ] {
+        assert!(msg.contains(part), "missing {part:?} in {msg}");
+    }
+    // Usable after OOM; the retry sequence ran once.
+    assert_eq!(alloc.stats().num_alloc_retries, 1);
+    drop(keep);
+    let ok = alloc.allocate(90 * MIB as usize, S0).unwrap();
+    assert_eq!(ok.size(), 90 * MIB as usize);
+    // With expandable segments on, the hint names max_split_size_mb instead.
+    let cfg = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    let exp = CachingAllocator::with_config(SimBackend::new(100 * MIB), cfg).unwrap();
+    let msg = exp
+        .allocate(200 * MIB as usize, S0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("max_split_size_mb") && !msg.contains("expandable_segments:True"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn malformed_config_names_the_key() {
+    let cases: [(&str, &str); 6] = [
+        ("max_split_size_mb:abc", "max_split_size_mb"),
+        ("max_split_size_mb:10", "max_split_size_mb"),
+        ("expandable_segments:yes", "expandable_segments"),
+        (
+            "garbage_collection_threshold:1.5",
+            "garbage_collection_threshold",
+        ),
+        ("roundup_power2_divisions:3", "roundup_power2_divisions"),
+        ("max_spilt_size_mb:128", "max_spilt_size_mb"),
+    ];
+    for (conf, key) in cases {
+        let e = AllocatorConfig::parse(conf).unwrap_err();
+        assert!(e.to_string().contains(key), "{conf}: {e}");
+    }
+    assert!(matches!(
+        AllocatorConfig::parse("expandable_segments:True,,max_split_size_mb"),
+        Err(ConfigError::Syntax { .. })
+    ));
+}
+
+#[test]
+fn malformed_trace_names_the_position() {
+    match parse_trace(b"{\"events\": [[\"alloc\", 1, 2, 0, 0],\n [\"alloc\", 1 2]]}") {
+        Err(TraceError::Json { line, column, .. }) => assert_eq!((line, column), (2, 14)),
+        other => panic!("expected a JSON error with a position, got {other:?}"),
+    }
+    match parse_trace(br#"{"events": [["alloc", 1, 2, 0, 0], ["allocate", 1, 2, 0, 0]]}"#) {
+        Err(e @ TraceError::Row { index: 1, .. }) => {
+            assert!(e.to_string().contains("allocate"), "{e}")
+        }
+        other => panic!("expected a row error, got {other:?}"),
+    }
+    match parse_trace(br#"{"events": [["alloc", -1, 2, 0, 0]]}"#) {
+        Err(e @ TraceError::Row { index: 0, .. }) => assert!(e.to_string().contains("addr"), "{e}"),
+        other => panic!("expected a row error, got {other:?}"),
+    }
+}
+
+#[test]
+fn truncated_trace_is_an_error_naming_the_position() {
+    let Some(path) = trace_path("two_stream_pipeline") else {
+        return;
+    };
+    let bytes = std::fs::read(path).unwrap();
+    let e = parse_trace(&bytes[..bytes.len() / 2]).unwrap_err();
+    assert!(
+        matches!(e, TraceError::Gzip { decompressed, .. } if decompressed > 0),
+        "{e:?}"
+    );
+    // Truncated JSON inside a valid gzip stream: a JSON error at the end of the text.
+    let e = parse_trace(br#"{"events": [["alloc", 1, 2, 0, 0], ["free_completed", 1"#).unwrap_err();
+    assert!(matches!(e, TraceError::Json { line: 1, .. }), "{e:?}");
+}

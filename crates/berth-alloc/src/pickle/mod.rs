@@ -1,0 +1,29 @@
+//! Python pickles of plain data, and PyTorch memory snapshots stored in them.
+//!
+//! PyTorch's `torch.cuda.memory._dump_snapshot(path)` pickles the dict returned by
+//! `torch.cuda.memory._snapshot()`, and `pytorch.org/memory_viz` reads that file. This module
+//! reads and writes such files without Python:
+//!
+//! - [`from_slice`] decodes any pickle of dicts, lists, tuples, `str`, `bytes`, `int`, `float`,
+//!   `bool` and `None` (protocols 0-5) into a [`PickleValue`] tree; malformed or truncated input
+//!   is a [`PickleError`] naming the byte offset and opcode, never a panic.
+//! - [`to_vec`] encodes a [`PickleValue`] as protocol 4, which `pickle.load` reads.
+//!
+//! - [`dump_snapshot`] / [`load_snapshot`] convert a [`crate::MemorySnapshot`] to and from the
+//!   exact structure `_dump_snapshot` writes.
+
+mod decode;
+mod error;
+mod opcodes;
+mod reader;
+mod snapshot;
+mod value;
+mod writer;
+
+pub use error::PickleError;
+pub use reader::{from_slice, MAX_DEPTH};
+pub use snapshot::{dump_snapshot, load_snapshot, snapshot_from_value, snapshot_to_value};
+#[cfg(feature = "trace")]
+pub use snapshot::{load_trace_pickle, snapshot_trace};
+pub use value::PickleValue;
+pub use writer::{to_vec, PROTOCOL};

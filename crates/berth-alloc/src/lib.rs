@@ -27,7 +27,9 @@ pub mod backend;
 pub mod caching;
 pub mod config;
 pub mod error;
+pub mod host;
 pub mod own;
+pub mod pickle;
 #[cfg(feature = "trace")]
 pub mod replay;
 pub mod snapshot;
@@ -45,3 +47,4 @@ pub use error::{AllocError, BackendError, ConfigError};
 pub use snapshot::{BlockInfo, BlockState, MemorySnapshot, SegmentInfo, TraceAction, TraceEntry};
 pub use stats::{MemoryStats, Stat, StatKind};
 pub use own::PagedBestFit;
+pub use host::{HostAllocation, HostAllocator, HostBackend, HostCachingAllocator};

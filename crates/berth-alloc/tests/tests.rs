@@ -6,5 +6,8 @@ mod bad_input;
 mod behaviour_cases;
 mod conformance;
 mod faithful;
+mod host;
 mod invariants;
 mod paged;
+mod pickle;
+mod pickle_bad_input;

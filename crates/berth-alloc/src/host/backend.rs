@@ -402,3 +402,44 @@ impl Drop for SimHostBackend {
         st.pinned.clear();
     }
 }
+
+/// A shared backend is a backend: lets a test or the CUDA layer keep a handle on the backend
+/// the allocator owns (for counts, fault injection, or event completion after the allocator is
+/// gone).
+impl<B: HostBackend> HostBackend for Arc<B> {
+    type Event = B::Event;
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<NonNull<u8>, BackendError> {
+        (**self).alloc_pinned(bytes)
+    }
+
+    unsafe fn free_pinned(&self, ptr: NonNull<u8>, bytes: usize) -> Result<(), BackendError> {
+        // SAFETY: the caller upholds `free_pinned`'s contract, which is the same for `B`.
+        unsafe { (**self).free_pinned(ptr, bytes) }
+    }
+
+    fn register(&self, ptr: NonNull<u8>, bytes: usize) -> Result<(), BackendError> {
+        (**self).register(ptr, bytes)
+    }
+
+    unsafe fn unregister(&self, ptr: NonNull<u8>, bytes: usize) -> Result<(), BackendError> {
+        // SAFETY: the caller upholds `unregister`'s contract, which is the same for `B`.
+        unsafe { (**self).unregister(ptr, bytes) }
+    }
+
+    fn record_event(&self, stream: StreamId) -> Result<Self::Event, BackendError> {
+        (**self).record_event(stream)
+    }
+
+    fn query_event(&self, event: &Self::Event) -> Result<bool, BackendError> {
+        (**self).query_event(event)
+    }
+
+    fn sync_event(&self, event: &Self::Event) -> Result<(), BackendError> {
+        (**self).sync_event(event)
+    }
+
+    fn is_pinned(&self, ptr: *const u8) -> bool {
+        (**self).is_pinned(ptr)
+    }
+}

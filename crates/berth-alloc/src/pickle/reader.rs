@@ -584,7 +584,7 @@ impl<'a> Reader<'a> {
         depth: usize,
         budget: &mut usize,
     ) -> Result<PickleValue, PickleError> {
-        if depth > MAX_DEPTH {
+        if depth >= MAX_DEPTH {
             return Err(self.malformed(format!(
                 "the object nests deeper than {MAX_DEPTH} levels or contains itself; expected plain nested data"
             )));

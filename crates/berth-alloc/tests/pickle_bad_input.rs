@@ -1,0 +1,245 @@
+//! Malformed pickles and snapshots: typed errors naming the offset and opcode, never a panic.
+
+use berth_alloc::pickle::{
+    from_slice, load_snapshot, snapshot_from_value, to_vec, PickleError, PickleValue, MAX_DEPTH,
+};
+use proptest::prelude::*;
+
+fn real_pickle() -> Vec<u8> {
+    std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/two_stream_pipeline.snapshot.pickle"
+    ))
+    .unwrap()
+}
+
+fn malformed(data: &[u8]) -> (usize, &'static str, String) {
+    match from_slice(data) {
+        Err(PickleError::Malformed {
+            offset,
+            opcode,
+            reason,
+        }) => (offset, opcode, reason),
+        other => panic!("expected Malformed for a {}-byte input, got {other:?}", data.len()),
+    }
+}
+
+#[test]
+fn pickle_bad_opcodes_are_named_with_their_offset() {
+    assert_eq!(
+        from_slice(b"\x80\x04\xff"),
+        Err(PickleError::UnknownOpcode {
+            offset: 2,
+            byte: 0xff
+        })
+    );
+    assert_eq!(from_slice(b""), Err(PickleError::MissingStop { offset: 0 }));
+    assert_eq!(
+        from_slice(b"\x80\x04N"),
+        Err(PickleError::MissingStop { offset: 3 })
+    );
+    assert_eq!(
+        from_slice(b"\x80\x04X\x10\x00\x00\x00abc"),
+        Err(PickleError::Truncated {
+            offset: 2,
+            opcode: "BINUNICODE",
+            needed: 13,
+            len: 10
+        })
+    );
+    // `pickle.dumps(collections.OrderedDict(), protocol=2)`: a class, not plain data.
+    let err = from_slice(b"\x80\x02ccollections\nOrderedDict\nq\x00)Rq\x01.").unwrap_err();
+    assert_eq!(
+        err,
+        PickleError::Unsupported {
+            offset: 2,
+            opcode: "GLOBAL",
+            what: "a class instance or calls a function"
+        }
+    );
+    assert!(err.to_string().contains("opcode GLOBAL at byte 2"));
+    let err = from_slice(b"\x80\x04\x8f\x94.").unwrap_err();
+    assert!(matches!(
+        err,
+        PickleError::Unsupported {
+            offset: 2,
+            opcode: "EMPTY_SET",
+            ..
+        }
+    ));
+    assert_eq!(malformed(b"\x80\x06N.").1, "PROTO");
+}
+
+#[test]
+fn pickle_misused_opcodes_are_malformed() {
+    // SETITEMS on a list.
+    let (offset, opcode, reason) = malformed(b"](K\x01K\x02u.");
+    assert_eq!((offset, opcode), (6, "SETITEMS"));
+    assert!(
+        reason.contains("list") && reason.contains("expected a dict"),
+        "{reason}"
+    );
+    // APPEND on a dict.
+    assert_eq!(malformed(b"}K\x01a.").1, "APPEND");
+    // Stack underflow, missing MARK, odd number of dict items.
+    assert_eq!(malformed(b"s.").1, "SETITEM");
+    assert_eq!(malformed(b"K\x01t.").1, "TUPLE");
+    assert_eq!(malformed(b"(K\x01d.").1, "DICT");
+    assert_eq!(malformed(b"K\x01\x86.").1, "TUPLE2");
+    assert_eq!(malformed(b".").1, "STOP");
+    // A memo index never stored.
+    let (offset, opcode, reason) = malformed(b"\x80\x04h\x05.");
+    assert_eq!((offset, opcode), (2, "BINGET"));
+    assert!(reason.contains("memo index 5"), "{reason}");
+    // Invalid UTF-8 in a string.
+    assert_eq!(malformed(b"\x8c\x02\xff\xfe.").1, "SHORT_BINUNICODE");
+    // Text forms with garbage.
+    assert_eq!(malformed(b"I12x\n.").1, "INT");
+    assert_eq!(malformed(b"Fnope\n.").1, "FLOAT");
+}
+
+#[test]
+fn pickle_self_reference_and_deep_nesting_are_errors() {
+    // l = []; l.append(l): a list containing itself.
+    let (_, opcode, reason) = malformed(b"\x80\x04]\x94h\x00a.");
+    assert_eq!(opcode, "STOP");
+    assert!(reason.contains("contains itself"), "{reason}");
+    // 1001 nested lists.
+    let mut deep = b"\x80\x04".to_vec();
+    deep.extend(std::iter::repeat_n(b']', MAX_DEPTH + 1));
+    deep.extend(std::iter::repeat_n(b'a', MAX_DEPTH));
+    deep.push(b'.');
+    assert_eq!(malformed(&deep).1, "STOP");
+    // 1000 levels are fine.
+    let mut ok = b"\x80\x04".to_vec();
+    ok.extend(std::iter::repeat_n(b']', MAX_DEPTH));
+    ok.extend(std::iter::repeat_n(b'a', MAX_DEPTH - 1));
+    ok.push(b'.');
+    assert!(from_slice(&ok).is_ok());
+}
+
+#[test]
+fn pickle_shared_references_cannot_explode() {
+    // Each level is a list holding the previous level twice: 2^40 nodes from a few hundred bytes.
+    let mut data = b"\x80\x04]\x94".to_vec();
+    for i in 0u32..40 {
+        data.extend_from_slice(b"](j");
+        data.extend_from_slice(&i.to_le_bytes());
+        data.push(b'j');
+        data.extend_from_slice(&i.to_le_bytes());
+        data.extend_from_slice(b"e\x94");
+    }
+    data.push(b'.');
+    let (_, opcode, reason) = malformed(&data);
+    assert_eq!(opcode, "STOP");
+    assert!(reason.contains("expand"), "{reason}");
+}
+
+#[test]
+fn pickle_snapshot_schema_errors_name_the_field() {
+    let good = from_slice(&real_pickle()).unwrap();
+    let PickleValue::Dict(mut top) = good else {
+        panic!("top level is a dict")
+    };
+    // Corrupt segments[0].blocks[0].state.
+    let segs = &mut top[0].1;
+    let PickleValue::List(segs) = segs else {
+        panic!()
+    };
+    let PickleValue::Dict(seg0) = &mut segs[0] else {
+        panic!()
+    };
+    let blocks = &mut seg0
+        .iter_mut()
+        .find(|(k, _)| k.as_str() == Some("blocks"))
+        .unwrap()
+        .1;
+    let PickleValue::List(blocks) = blocks else {
+        panic!()
+    };
+    let PickleValue::Dict(b0) = &mut blocks[0] else {
+        panic!()
+    };
+    b0.iter_mut()
+        .find(|(k, _)| k.as_str() == Some("state"))
+        .unwrap()
+        .1 = PickleValue::str("freed");
+    let err = snapshot_from_value(&PickleValue::Dict(top.clone())).unwrap_err();
+    assert_eq!(
+        err,
+        PickleError::Schema {
+            path: "segments[0].blocks[0].state".into(),
+            expected: "'active_allocated', 'active_pending_free' or 'inactive'".into(),
+            found: "str \"freed\"".into()
+        }
+    );
+    // Missing key, wrong type, not a dict.
+    let err = load_snapshot(&to_vec(&PickleValue::dict([(
+        "device_traces",
+        PickleValue::List(vec![]),
+    )])))
+    .unwrap_err();
+    assert!(
+        matches!(&err, PickleError::Schema { path, .. } if path == "segments"),
+        "{err}"
+    );
+    let bad = PickleValue::dict([("segments", PickleValue::Int(3))]);
+    assert!(snapshot_from_value(&bad)
+        .unwrap_err()
+        .to_string()
+        .contains("field `segments`: expected a list, found int 3"));
+    assert!(matches!(
+        load_snapshot(&to_vec(&PickleValue::List(vec![]))),
+        Err(PickleError::Schema { .. })
+    ));
+    let negative = PickleValue::dict([(
+        "segments",
+        PickleValue::List(vec![PickleValue::dict([
+            ("device", PickleValue::Int(0)),
+            ("address", PickleValue::Int(-5)),
+        ])]),
+    )]);
+    let msg = snapshot_from_value(&negative).unwrap_err().to_string();
+    assert!(msg.contains("segments[0]"), "{msg}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Any prefix of PyTorch's pickle is an error naming a position inside the prefix.
+    #[test]
+    fn pickle_random_truncations_are_errors(frac in 0.0f64..1.0) {
+        let data = real_pickle();
+        let n = ((data.len() as f64) * frac) as usize;
+        match from_slice(&data[..n]) {
+            Err(PickleError::Truncated { offset, len, .. }) => prop_assert!(offset < n && len == n),
+            Err(PickleError::MissingStop { offset }) => prop_assert_eq!(offset, n),
+            other => prop_assert!(false, "prefix {} gave {:?}", n, other),
+        }
+    }
+
+    /// Corrupting bytes never panics; errors point inside the input.
+    #[test]
+    fn pickle_random_corruption_never_panics(
+        edits in proptest::collection::vec((0.0f64..1.0, any::<u8>()), 1..8)
+    ) {
+        let mut data = real_pickle();
+        for (frac, byte) in edits {
+            let i = ((data.len() as f64) * frac) as usize;
+            data[i] = byte;
+        }
+        match from_slice(&data) {
+            Ok(v) => { let _ = snapshot_from_value(&v); }
+            Err(PickleError::Truncated { offset, .. } | PickleError::MissingStop { offset }
+                | PickleError::UnknownOpcode { offset, .. } | PickleError::Unsupported { offset, .. }
+                | PickleError::Malformed { offset, .. }) => prop_assert!(offset <= data.len()),
+            Err(e) => prop_assert!(false, "unexpected error {:?}", e),
+        }
+    }
+
+    /// Random byte strings never panic the reader.
+    #[test]
+    fn pickle_random_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..64)) {
+        let _ = from_slice(&data);
+    }
+}

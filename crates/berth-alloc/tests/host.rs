@@ -221,7 +221,7 @@ fn host_zero_bytes_gives_an_empty_unpinned_allocation() {
 #[test]
 fn host_rejects_foreign_pointers_and_huge_requests() {
     let (_sim, host) = alloc_with(1 << 20);
-    let v = vec![0u8; 16];
+    let v = [0u8; 16];
     assert_eq!(
         host.record_stream(v.as_ptr(), StreamId(1)),
         Err(HostAllocError::InvalidPointer {

@@ -320,6 +320,18 @@ fn pickle_exported_snapshot_round_trips_and_python_reads_it() {
         \x20           'trace': list(d['device_traces'][0][0]), 'settings': list(d['allocator_settings']),\n\
         \x20           'divisions': list(d['allocator_settings']['roundup_power2_divisions'])}\n\
         states = sorted({b['state'] for s in ours['segments'] for b in s['blocks']})\n\
+        addrs = [s['address'] for s in ours['segments']]\n\
+        assert addrs == sorted(addrs)\n\
+        for s in ours['segments']:\n\
+        \x20   at = s['address']\n\
+        \x20   for b in s['blocks']:\n\
+        \x20       assert b['address'] == at, (b, at)\n\
+        \x20       assert b['state'] == 'inactive' or b['requested_size'] <= b['size'], b\n\
+        \x20       at += b['size']\n\
+        \x20   assert at == s['address'] + s['total_size']\n\
+        \x20   act = [b for b in s['blocks'] if b['state'] != 'inactive']\n\
+        \x20   assert s['active_size'] == sum(b['size'] for b in act)\n\
+        \x20   assert s['allocated_size'] == sum(b['size'] for b in act if b['state'] == 'active_allocated')\n\
         print(json.dumps({'ours': keys(ours), 'real': keys(real), 'states': states,\n\
         \x20   'segments': len(ours['segments']), 'pool': list(ours['segments'][0]['segment_pool_id']),\n\
         \x20   'actions': sorted({e['action'] for e in ours['device_traces'][0]})}))";

@@ -1,1 +1,46 @@
-//! berth-data
+//! berth-data: PyTorch's `torch.utils.data` — datasets, samplers, a `DataLoader` over worker
+//! threads, pinned collation and device prefetch — for berth tensors.
+//!
+//! # Pieces
+//! 1. [`Dataset`] (map-style) and [`IterableDataset`]; [`Subset`], [`random_split`];
+//!    [`idx`] (the IDX reader) and the Fashion-MNIST dataset.
+//! 2. Samplers: [`SequentialSampler`], [`RandomSampler`], [`SubsetRandomSampler`],
+//!    [`WeightedRandomSampler`], and [`BatchSampler`] with `drop_last`.
+//! 3. [`DataLoader`] with PyTorch's option names, defaults and validation messages; workers are
+//!    threads ([`worker`], Note [Workers are threads]); [`worker_info`] and [`worker_rng`].
+//! 4. Collation: [`Collatable`] (`default_collate`'s rules), [`Collate`], [`DefaultCollate`],
+//!    [`CollateFn`], [`impl_collate!`].
+//! 5. Pinning: [`PinMemory`], [`PinTarget`] (Note [Collate into pinned memory]).
+//!
+//! # Design notes
+//! - Note [No global RNG] ([`rng`]): every loader owns its [`Generator`].
+//! - Note [Workers are threads] ([`worker`]).
+//! - Note [Collate into pinned memory] ([`pin`]).
+
+#![deny(missing_docs)]
+
+mod batch_sampler;
+mod collate;
+mod dataset;
+mod error;
+pub mod idx;
+mod iter;
+mod loader;
+pub mod pin;
+mod pinned_default;
+pub mod rng;
+mod sampler;
+pub mod worker;
+
+pub use batch_sampler::{BatchSampler, BatchSampling};
+pub use collate::{Collatable, Collate, CollateContext, CollateFn, DefaultCollate};
+pub use dataset::{random_split, Dataset, IterableDataset, SplitLengths, Subset, VecDataset};
+pub use error::{DataError, Result};
+pub use iter::{LoaderIter, STATUS_CHECK_INTERVAL};
+pub use loader::{DataLoader, DataLoaderBuilder, DEFAULT_PREFETCH_FACTOR};
+pub use pin::{PinMemory, PinTarget, PinnedHost};
+pub use rng::Generator;
+pub use sampler::{
+    RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler,
+};
+pub use worker::{worker_info, worker_rng, WorkerInfo};

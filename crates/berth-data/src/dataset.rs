@@ -1,0 +1,272 @@
+//! Map-style and iterable datasets, [`Subset`] and [`random_split`].
+
+use std::sync::Arc;
+
+use crate::collate::{Collatable, CollateContext};
+use crate::error::{DataError, Result};
+use crate::rng::Generator;
+
+/// A map-style dataset: a length and an item by index (`torch.utils.data.Dataset`).
+///
+/// Datasets are shared by worker threads through an `Arc`, so they are `Send + Sync`; there is no
+/// per-worker copy (compare pytorch#13246, copy-on-access memory growth in forked workers).
+pub trait Dataset: Send + Sync + 'static {
+    /// One sample.
+    type Item: Send + 'static;
+
+    /// Number of items.
+    fn len(&self) -> usize;
+
+    /// Whether the dataset has no item.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The item at `index`.
+    ///
+    /// # Errors
+    /// [`DataError::IndexOutOfRange`] past the end; the dataset's own errors as
+    /// [`DataError::Item`] (see [`DataError::item`]).
+    fn get(&self, index: usize) -> Result<Self::Item>;
+
+    /// The items at `indices`, in order (PyTorch's `__getitems__`). The default calls
+    /// [`get`](Dataset::get) for each.
+    ///
+    /// # Errors
+    /// The first error of [`get`](Dataset::get).
+    fn get_many(&self, indices: &[usize]) -> Result<Vec<Self::Item>> {
+        indices.iter().map(|&i| self.get(i)).collect()
+    }
+
+    /// Fetches *and* collates a batch in one pass, when the dataset can do better than collating
+    /// the items one by one (e.g. [`TensorDataset`](crate::TensorDataset) gathers rows straight
+    /// into one, possibly pinned, buffer). [`DefaultCollate`](crate::DefaultCollate) calls this
+    /// first and falls back to `get_many` + [`Collatable::collate`] on `None`. The default is
+    /// `None`.
+    ///
+    /// # Errors
+    /// As [`get`](Dataset::get) and [`Collatable::collate`].
+    fn collate_batch(
+        &self,
+        _indices: &[usize],
+        _ctx: &CollateContext,
+    ) -> Option<Result<<Self::Item as Collatable>::Batch>>
+    where
+        Self::Item: Collatable,
+    {
+        None
+    }
+}
+
+pub(crate) fn check_index(index: usize, len: usize) -> Result<()> {
+    if index < len {
+        Ok(())
+    } else {
+        Err(DataError::IndexOutOfRange { index, len })
+    }
+}
+
+/// A dataset over a `Vec` of items, cloned on access (a Python list as a dataset).
+///
+/// (A wrapper rather than `impl Dataset for Vec<T>`, so that `Vec::get` keeps meaning the slice
+/// method wherever [`Dataset`] is in scope.)
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VecDataset<T> {
+    items: Vec<T>,
+}
+
+impl<T> VecDataset<T> {
+    /// A dataset of `items`.
+    pub fn new(items: Vec<T>) -> Self {
+        VecDataset { items }
+    }
+
+    /// The items.
+    pub fn items(&self) -> &[T] {
+        &self.items
+    }
+}
+
+impl<T> From<Vec<T>> for VecDataset<T> {
+    fn from(items: Vec<T>) -> Self {
+        VecDataset { items }
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> Dataset for VecDataset<T> {
+    type Item = T;
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+    fn get(&self, index: usize) -> Result<T> {
+        check_index(index, self.items.len())?;
+        Ok(self.items[index].clone())
+    }
+}
+
+impl<D: Dataset + ?Sized> Dataset for Arc<D> {
+    type Item = D::Item;
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+    fn get(&self, index: usize) -> Result<D::Item> {
+        (**self).get(index)
+    }
+    fn get_many(&self, indices: &[usize]) -> Result<Vec<D::Item>> {
+        (**self).get_many(indices)
+    }
+    fn collate_batch(
+        &self,
+        indices: &[usize],
+        ctx: &CollateContext,
+    ) -> Option<Result<<Self::Item as Collatable>::Batch>>
+    where
+        Self::Item: Collatable,
+    {
+        (**self).collate_batch(indices, ctx)
+    }
+}
+
+/// An iterable-style dataset: a stream, never indexed (`torch.utils.data.IterableDataset`).
+///
+/// Used with [`IterableLoader`](crate::IterableLoader). With workers, every worker iterates its
+/// own stream: a dataset that does not shard itself by [`worker_info`](crate::worker_info) yields
+/// its data once per worker (as in PyTorch, a user error rather than a loader bug).
+pub trait IterableDataset: Send + Sync + 'static {
+    /// One sample.
+    type Item: Send + 'static;
+
+    /// A fresh stream of items (called once per epoch and per worker).
+    fn iter(&self) -> Box<dyn Iterator<Item = Result<Self::Item>> + Send + '_>;
+}
+
+/// The items of a dataset at given indices (`Subset`).
+#[derive(Debug, Clone)]
+pub struct Subset<D> {
+    dataset: Arc<D>,
+    indices: Vec<usize>,
+}
+
+impl<D: Dataset> Subset<D> {
+    /// The items of `dataset` at `indices`, in that order.
+    ///
+    /// # Errors
+    /// [`DataError::IndexOutOfRange`] when an index is past the end of `dataset`.
+    pub fn new(dataset: Arc<D>, indices: Vec<usize>) -> Result<Self> {
+        if let Some(&bad) = indices.iter().find(|&&i| i >= dataset.len()) {
+            return Err(DataError::IndexOutOfRange {
+                index: bad,
+                len: dataset.len(),
+            });
+        }
+        Ok(Subset { dataset, indices })
+    }
+
+    /// Indices into the parent dataset.
+    pub fn indices(&self) -> &[usize] {
+        &self.indices
+    }
+
+    /// The parent dataset.
+    pub fn dataset(&self) -> &Arc<D> {
+        &self.dataset
+    }
+}
+
+impl<D: Dataset> Dataset for Subset<D> {
+    type Item = D::Item;
+    fn len(&self) -> usize {
+        self.indices.len()
+    }
+    fn get(&self, index: usize) -> Result<D::Item> {
+        check_index(index, self.indices.len())?;
+        self.dataset.get(self.indices[index])
+    }
+    fn get_many(&self, indices: &[usize]) -> Result<Vec<D::Item>> {
+        let parent = self.map(indices)?;
+        self.dataset.get_many(&parent)
+    }
+    fn collate_batch(
+        &self,
+        indices: &[usize],
+        ctx: &CollateContext,
+    ) -> Option<Result<<Self::Item as Collatable>::Batch>>
+    where
+        Self::Item: Collatable,
+    {
+        match self.map(indices) {
+            Ok(parent) => self.dataset.collate_batch(&parent, ctx),
+            Err(e) => Some(Err(e)),
+        }
+    }
+}
+
+impl<D: Dataset> Subset<D> {
+    fn map(&self, indices: &[usize]) -> Result<Vec<usize>> {
+        indices
+            .iter()
+            .map(|&i| {
+                check_index(i, self.indices.len())?;
+                Ok(self.indices[i])
+            })
+            .collect()
+    }
+}
+
+/// How [`random_split`] sizes its parts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SplitLengths {
+    /// Item counts; they must sum to the dataset's length.
+    Counts(Vec<usize>),
+    /// Fractions summing to 1 (±1e-6): each part gets `floor(len × f)` items, then the remainder
+    /// is dealt one item at a time, round-robin from the first part (PyTorch's rule).
+    Fractions(Vec<f64>),
+}
+
+/// Splits `dataset` into non-overlapping [`Subset`]s of a random permutation drawn from
+/// `generator` (`random_split`): the same seed gives the same split.
+///
+/// # Errors
+/// [`DataError::SplitLengths`] when counts do not sum to the length;
+/// [`DataError::InvalidOption`] when fractions are negative or do not sum to 1.
+pub fn random_split<D: Dataset>(
+    dataset: Arc<D>,
+    lengths: SplitLengths,
+    generator: &Generator,
+) -> Result<Vec<Subset<D>>> {
+    let n = dataset.len();
+    let counts = match lengths {
+        SplitLengths::Counts(c) => c,
+        SplitLengths::Fractions(f) => {
+            let sum: f64 = f.iter().sum();
+            if f.iter().any(|x| !(0.0..=1.0).contains(x)) || (sum - 1.0).abs() > 1e-6 {
+                return Err(DataError::option(
+                    "lengths",
+                    format!("Fractions must be in [0, 1] and sum up to 1, got {f:?} (sum {sum})"),
+                ));
+            }
+            let mut c: Vec<usize> = f.iter().map(|x| (n as f64 * x).floor() as usize).collect();
+            let rest = n - c.iter().sum::<usize>();
+            let parts = c.len();
+            for i in 0..rest {
+                c[i % parts] += 1;
+            }
+            c
+        }
+    };
+    let sum: usize = counts.iter().sum();
+    if sum != n {
+        return Err(DataError::SplitLengths { sum, len: n });
+    }
+    let perm = generator.randperm(n);
+    let mut out = Vec::with_capacity(counts.len());
+    let mut start = 0;
+    for c in counts {
+        out.push(Subset {
+            dataset: Arc::clone(&dataset),
+            indices: perm[start..start + c].to_vec(),
+        });
+        start += c;
+    }
+    Ok(out)
+}

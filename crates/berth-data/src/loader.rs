@@ -1,0 +1,429 @@
+//! `DataLoader`: options, validation (PyTorch's messages) and construction.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::batch_sampler::{BatchSampler, BatchSampling};
+use crate::collate::{Collatable, Collate, CollateFn, DefaultCollate};
+use crate::dataset::Dataset;
+use crate::error::{DataError, Result};
+use crate::iter::LoaderIter;
+use crate::pin::{PinFn, PinMemory, PinTarget};
+use crate::rng::Generator;
+use crate::sampler::{RandomSampler, Sampler, SequentialSampler};
+use crate::worker::{WorkerInitFn, WorkerPool, WorkerShared};
+
+/// Default `prefetch_factor` with workers: batches loaded in advance per worker.
+pub const DEFAULT_PREFETCH_FACTOR: usize = 2;
+
+/// Prints `message` on stderr the first time `key` is seen in this process.
+pub(crate) fn warn_once(key: &'static str, message: &str) {
+    use std::collections::HashSet;
+    static SEEN: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(PoisonError::into_inner);
+    if seen.get_or_insert_with(HashSet::new).insert(key) {
+        eprintln!("berth-data: warning: {message}");
+    }
+}
+
+/// Loads batches from a map-style [`Dataset`] with PyTorch's `DataLoader` semantics: batches in
+/// sampler order whatever `num_workers`, `prefetch_factor × num_workers` batches in flight, worker
+/// errors delivered at their batch, clean shutdown on drop. Built with [`DataLoader::builder`].
+///
+/// See Note [Workers are threads] in [`crate::worker`] for how workers map to PyTorch's.
+pub struct DataLoader<D: Dataset, C: Collate<D> = DefaultCollate> {
+    pub(crate) shared: WorkerShared<D, C>,
+    pub(crate) batch_sampler: Mutex<Box<dyn BatchSampling>>,
+    pub(crate) num_workers: usize,
+    pub(crate) prefetch_factor: Option<usize>,
+    pub(crate) persistent_workers: bool,
+    pub(crate) timeout: Duration,
+    pub(crate) generator: Generator,
+    pub(crate) pool: Mutex<Option<WorkerPool<C::Batch>>>,
+}
+
+impl<D: Dataset, C: Collate<D>> std::fmt::Debug for DataLoader<D, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataLoader")
+            .field("len", &self.len())
+            .field("num_workers", &self.num_workers)
+            .field("prefetch_factor", &self.prefetch_factor)
+            .field("persistent_workers", &self.persistent_workers)
+            .field("timeout", &self.timeout)
+            .field("pin_memory", &self.pin_memory())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Dataset> DataLoader<D, DefaultCollate>
+where
+    D::Item: Collatable,
+{
+    /// A builder with PyTorch's defaults: `batch_size = 1`, no shuffle, `num_workers = 0`,
+    /// `default_collate`.
+    pub fn builder(dataset: impl Into<Arc<D>>) -> DataLoaderBuilder<D, DefaultCollate> {
+        DataLoaderBuilder::with_collate(dataset, DefaultCollate)
+    }
+}
+
+impl<D: Dataset, C: Collate<D>> DataLoader<D, C> {
+    /// Number of batches per epoch (`len(loader)`).
+    pub fn len(&self) -> usize {
+        self.batch_sampler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether an epoch yields no batch.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Worker threads (0: load on the calling thread).
+    pub fn num_workers(&self) -> usize {
+        self.num_workers
+    }
+
+    /// Batches loaded in advance per worker; `None` without workers.
+    pub fn prefetch_factor(&self) -> Option<usize> {
+        self.prefetch_factor
+    }
+
+    /// Whether the worker pool outlives an epoch.
+    pub fn persistent_workers(&self) -> bool {
+        self.persistent_workers
+    }
+
+    /// Whether batches are pinned (false when `pin_memory` was asked for without an accelerator).
+    pub fn pin_memory(&self) -> bool {
+        self.shared.pin.is_some()
+    }
+
+    /// The wait for one batch before [`DataError::Timeout`]; zero means no limit.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The loader's generator (shuffle order and worker base seeds).
+    pub fn generator(&self) -> &Generator {
+        &self.generator
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &Arc<D> {
+        &self.shared.dataset
+    }
+
+    /// Starts an epoch. Draws the workers' `base_seed` from the loader's generator (unless a
+    /// persistent pool already exists), then the epoch's batches from the sampler.
+    pub fn iter(&self) -> LoaderIter<'_, D, C> {
+        LoaderIter::new(self)
+    }
+}
+
+impl<'a, D: Dataset, C: Collate<D>> IntoIterator for &'a DataLoader<D, C> {
+    type Item = Result<C::Batch>;
+    type IntoIter = LoaderIter<'a, D, C>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+/// Builds a [`DataLoader`]; option names and defaults are PyTorch's, and
+/// [`build`](DataLoaderBuilder::build) rejects the combinations PyTorch rejects, with its messages.
+pub struct DataLoaderBuilder<D: Dataset, C: Collate<D>> {
+    dataset: Arc<D>,
+    collate: C,
+    batch_size: usize,
+    shuffle: bool,
+    sampler: Option<Box<dyn Sampler>>,
+    batch_sampler: Option<Box<dyn BatchSampling>>,
+    drop_last: bool,
+    num_workers: isize,
+    prefetch_factor: Option<isize>,
+    persistent_workers: bool,
+    pin_memory: bool,
+    pin_fn: Option<PinFn<C::Batch>>,
+    pin_target: Option<PinTarget>,
+    timeout_secs: f64,
+    worker_init_fn: Option<WorkerInitFn>,
+    generator: Option<Generator>,
+}
+
+impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
+    /// A builder over `dataset` with the collate `collate`.
+    pub fn with_collate(dataset: impl Into<Arc<D>>, collate: C) -> Self {
+        DataLoaderBuilder {
+            dataset: dataset.into(),
+            collate,
+            batch_size: 1,
+            shuffle: false,
+            sampler: None,
+            batch_sampler: None,
+            drop_last: false,
+            num_workers: 0,
+            prefetch_factor: None,
+            persistent_workers: false,
+            pin_memory: false,
+            pin_fn: None,
+            pin_target: None,
+            timeout_secs: 0.0,
+            worker_init_fn: None,
+            generator: None,
+        }
+    }
+
+    /// Samples per batch (default 1).
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// A new random order every epoch (default false).
+    pub fn shuffle(mut self, shuffle: bool) -> Self {
+        self.shuffle = shuffle;
+        self
+    }
+
+    /// A custom index sampler (excludes `shuffle`).
+    pub fn sampler(mut self, sampler: impl Sampler + 'static) -> Self {
+        self.sampler = Some(Box::new(sampler));
+        self
+    }
+
+    /// A custom batch sampler (excludes `batch_size`, `shuffle`, `sampler`, `drop_last`).
+    pub fn batch_sampler(mut self, batch_sampler: impl BatchSampling + 'static) -> Self {
+        self.batch_sampler = Some(Box::new(batch_sampler));
+        self
+    }
+
+    /// Drops the last partial batch (default false).
+    pub fn drop_last(mut self, drop_last: bool) -> Self {
+        self.drop_last = drop_last;
+        self
+    }
+
+    /// Worker threads (default 0: load on the calling thread). Signed, so that a negative value
+    /// gets PyTorch's error rather than a wrapped integer.
+    pub fn num_workers(mut self, num_workers: isize) -> Self {
+        self.num_workers = num_workers;
+        self
+    }
+
+    /// Batches loaded in advance per worker (default 2 with workers; only valid with workers).
+    pub fn prefetch_factor(mut self, prefetch_factor: isize) -> Self {
+        self.prefetch_factor = Some(prefetch_factor);
+        self
+    }
+
+    /// Keeps the worker pool alive across epochs (default false; needs workers).
+    pub fn persistent_workers(mut self, persistent_workers: bool) -> Self {
+        self.persistent_workers = persistent_workers;
+        self
+    }
+
+    /// Seconds to wait for one batch before [`DataError::Timeout`] (default 0: no limit; needs
+    /// workers when positive).
+    pub fn timeout(mut self, seconds: f64) -> Self {
+        self.timeout_secs = seconds;
+        self
+    }
+
+    /// Called in each worker with its id, after the worker is seeded.
+    pub fn worker_init_fn(mut self, f: impl Fn(usize) + Send + Sync + 'static) -> Self {
+        self.worker_init_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// The generator for shuffling and worker base seeds (default: a private one seeded from
+    /// entropy; see Note [No global RNG]).
+    pub fn generator(mut self, generator: Generator) -> Self {
+        self.generator = Some(generator);
+        self
+    }
+
+    /// Replaces the collate (`collate_fn`).
+    pub fn collate<C2: Collate<D>>(self, collate: C2) -> DataLoaderBuilder<D, C2> {
+        DataLoaderBuilder {
+            dataset: self.dataset,
+            collate,
+            batch_size: self.batch_size,
+            shuffle: self.shuffle,
+            sampler: self.sampler,
+            batch_sampler: self.batch_sampler,
+            drop_last: self.drop_last,
+            num_workers: self.num_workers,
+            prefetch_factor: self.prefetch_factor,
+            persistent_workers: self.persistent_workers,
+            pin_memory: false,
+            pin_fn: None,
+            pin_target: self.pin_target,
+            timeout_secs: self.timeout_secs,
+            worker_init_fn: self.worker_init_fn,
+            generator: self.generator,
+        }
+    }
+
+    /// A closure from a batch's items to the batch (`collate_fn`).
+    pub fn collate_fn<F, B>(self, f: F) -> DataLoaderBuilder<D, CollateFn<F>>
+    where
+        F: Fn(Vec<D::Item>) -> Result<B> + Send + Sync + 'static,
+        B: Send + 'static,
+    {
+        self.collate(CollateFn(f))
+    }
+
+    /// The page-locked host memory `pin_memory` collates into. Default: berth's pinned host
+    /// caching allocator when CUDA is available. Tests pass a simulated one.
+    pub fn pin_memory_target(mut self, target: PinTarget) -> Self {
+        self.pin_target = Some(target);
+        self
+    }
+
+    /// Validates the options and builds the loader.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidOption`] with PyTorch's message for: negative `num_workers`, negative
+    /// `timeout`, `prefetch_factor` without workers, negative (or zero) `prefetch_factor`,
+    /// `persistent_workers` without workers, `sampler` with `shuffle`, `batch_sampler` with
+    /// `batch_size`/`shuffle`/`sampler`/`drop_last`, `batch_size = 0`; and a positive `timeout`
+    /// without workers. [`DataError::Spawn`] is not possible here (workers start lazily).
+    pub fn build(self) -> Result<DataLoader<D, C>> {
+        if self.num_workers < 0 {
+            return Err(DataError::option(
+                "num_workers",
+                "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.",
+            ));
+        }
+        if self.timeout_secs < 0.0 || !self.timeout_secs.is_finite() {
+            return Err(DataError::option(
+                "timeout",
+                "timeout option should be non-negative",
+            ));
+        }
+        let num_workers = self.num_workers as usize;
+        let prefetch_factor = match (num_workers, self.prefetch_factor) {
+            (0, Some(_)) => {
+                return Err(DataError::option(
+                    "prefetch_factor",
+                    "prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.",
+                ))
+            }
+            (0, None) => None,
+            (_, Some(p)) if p < 0 => {
+                return Err(DataError::option("prefetch_factor", "prefetch_factor option should be non-negative"))
+            }
+            // PyTorch accepts 0 here and fails an assertion when the iterator starts.
+            (_, Some(0)) => {
+                return Err(DataError::option(
+                    "prefetch_factor",
+                    "prefetch_factor option should be positive with num_workers > 0 (PyTorch: assert prefetch_factor > 0)",
+                ))
+            }
+            (_, Some(p)) => Some(p as usize),
+            (_, None) => Some(DEFAULT_PREFETCH_FACTOR),
+        };
+        if self.persistent_workers && num_workers == 0 {
+            return Err(DataError::option(
+                "persistent_workers",
+                "persistent_workers option needs num_workers > 0",
+            ));
+        }
+        if self.timeout_secs > 0.0 && num_workers == 0 {
+            return Err(DataError::option(
+                "timeout",
+                "timeout option needs num_workers > 0 (PyTorch: assert timeout == 0 without workers)",
+            ));
+        }
+        if self.sampler.is_some() && self.shuffle {
+            return Err(DataError::option(
+                "sampler",
+                "sampler option is mutually exclusive with shuffle",
+            ));
+        }
+        let generator = self.generator.unwrap_or_else(Generator::from_entropy);
+        let batch_sampler: Box<dyn BatchSampling> = match self.batch_sampler {
+            Some(bs) => {
+                if self.batch_size != 1 || self.shuffle || self.sampler.is_some() || self.drop_last
+                {
+                    return Err(DataError::option(
+                        "batch_sampler",
+                        "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last",
+                    ));
+                }
+                bs
+            }
+            None => {
+                let n = self.dataset.len();
+                let sampler: Box<dyn Sampler> = match self.sampler {
+                    Some(s) => s,
+                    None if self.shuffle => {
+                        Box::new(RandomSampler::new(n, Some(generator.clone())))
+                    }
+                    None => Box::new(SequentialSampler::new(n)),
+                };
+                Box::new(BatchSampler::new(sampler, self.batch_size, self.drop_last)?)
+            }
+        };
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        if num_workers > cpus {
+            warn_once(
+                "workers>cpus",
+                &format!(
+                    "This DataLoader will create {num_workers} worker threads in total. Our suggested max number of worker in current system is {cpus}, which is smaller than what this DataLoader is going to create. Please be aware that excessive worker creation might get DataLoader running slow, lower the worker number to avoid potential slowness if necessary."
+                ),
+            );
+        }
+        let pin = match self.pin_fn {
+            Some(f) if self.pin_memory => {
+                match self.pin_target.or_else(PinTarget::default_for_host) {
+                    Some(t) => Some((t, f)),
+                    None => {
+                        warn_once(
+                        "pin_memory-no-accelerator",
+                        "'pin_memory' argument is set as true but no accelerator is found, then device pinned memory won't be used.",
+                    );
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        Ok(DataLoader {
+            shared: WorkerShared {
+                dataset: self.dataset,
+                collate: Arc::new(self.collate),
+                pin,
+                init: self.worker_init_fn,
+            },
+            batch_sampler: Mutex::new(batch_sampler),
+            num_workers,
+            prefetch_factor,
+            persistent_workers: self.persistent_workers,
+            timeout: Duration::from_secs_f64(self.timeout_secs),
+            generator,
+            pool: Mutex::new(None),
+        })
+    }
+}
+
+impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C>
+where
+    C::Batch: PinMemory,
+{
+    /// Puts batches in page-locked host memory (default false): collates write straight into
+    /// buffers of the pinned host caching allocator, then the batch's own
+    /// [`PinMemory::pin_memory`] runs in the worker. Without an accelerator (and without
+    /// [`pin_memory_target`](Self::pin_memory_target)) this warns once and loads normally.
+    pub fn pin_memory(mut self, pin_memory: bool) -> Self {
+        self.pin_memory = pin_memory;
+        self.pin_fn = if pin_memory {
+            let f: PinFn<C::Batch> = Arc::new(|b: C::Batch, t: &PinTarget| b.pin_memory(t));
+            Some(f)
+        } else {
+            None
+        };
+        self
+    }
+}

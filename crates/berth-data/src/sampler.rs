@@ -1,0 +1,267 @@
+//! Index samplers: sequential, random (with or without replacement), subset-random and
+//! weighted-random, after `torch/utils/data/sampler.py`.
+
+use crate::error::{DataError, Result};
+use crate::rng::Generator;
+
+/// A source of dataset indices, one epoch at a time (`torch.utils.data.Sampler[int]`).
+pub trait Sampler: Send {
+    /// Number of indices one epoch yields.
+    fn len(&self) -> usize;
+
+    /// Whether an epoch yields nothing.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The indices of the next epoch. Random samplers draw a new order on every call.
+    fn epoch(&mut self) -> Vec<usize>;
+}
+
+impl<S: Sampler + ?Sized> Sampler for Box<S> {
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+    fn epoch(&mut self) -> Vec<usize> {
+        (**self).epoch()
+    }
+}
+
+/// `0, 1, …, len − 1` every epoch (`SequentialSampler`).
+#[derive(Debug, Clone)]
+pub struct SequentialSampler {
+    len: usize,
+}
+
+impl SequentialSampler {
+    /// A sampler over `len` items.
+    pub fn new(len: usize) -> Self {
+        SequentialSampler { len }
+    }
+}
+
+impl Sampler for SequentialSampler {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn epoch(&mut self) -> Vec<usize> {
+        (0..self.len).collect()
+    }
+}
+
+/// A fresh random order every epoch (`RandomSampler`), drawn from its own [`Generator`].
+///
+/// Without replacement an epoch is `num_samples / len` full permutations followed by the prefix of
+/// one more; with replacement, `num_samples` uniform draws. Given a generator, the sampler advances
+/// it epoch after epoch; given none, it owns a private generator seeded from entropy (never a
+/// global RNG: Note [No global RNG]).
+#[derive(Debug, Clone)]
+pub struct RandomSampler {
+    len: usize,
+    replacement: bool,
+    num_samples: usize,
+    generator: Generator,
+}
+
+impl RandomSampler {
+    /// A sampler over `len` items without replacement, `len` samples per epoch.
+    pub fn new(len: usize, generator: Option<Generator>) -> Self {
+        RandomSampler {
+            len,
+            replacement: false,
+            num_samples: len,
+            generator: generator.unwrap_or_else(Generator::from_entropy),
+        }
+    }
+
+    /// Draws with replacement (`replacement=True`).
+    pub fn with_replacement(mut self, replacement: bool) -> Self {
+        self.replacement = replacement;
+        self
+    }
+
+    /// Sets the number of samples per epoch (`num_samples`).
+    ///
+    /// # Errors
+    /// [`DataError::InvalidOption`] when `num_samples` is 0 (PyTorch's message).
+    pub fn with_num_samples(mut self, num_samples: usize) -> Result<Self> {
+        if num_samples == 0 {
+            return Err(DataError::option(
+                "num_samples",
+                "num_samples should be a positive integer value, but got num_samples=0",
+            ));
+        }
+        self.num_samples = num_samples;
+        Ok(self)
+    }
+
+    /// The generator this sampler draws from.
+    pub fn generator(&self) -> &Generator {
+        &self.generator
+    }
+}
+
+impl Sampler for RandomSampler {
+    fn len(&self) -> usize {
+        self.num_samples
+    }
+    fn epoch(&mut self) -> Vec<usize> {
+        let n = self.len;
+        if n == 0 {
+            return Vec::new();
+        }
+        if self.replacement {
+            return (0..self.num_samples)
+                .map(|_| self.generator.below(n))
+                .collect();
+        }
+        let mut out = Vec::with_capacity(self.num_samples);
+        for _ in 0..self.num_samples / n {
+            out.extend(self.generator.randperm(n));
+        }
+        let rest = self.num_samples % n;
+        if rest > 0 {
+            out.extend(self.generator.randperm(n).into_iter().take(rest));
+        }
+        out
+    }
+}
+
+/// A fresh random order of a fixed index list every epoch (`SubsetRandomSampler`).
+#[derive(Debug, Clone)]
+pub struct SubsetRandomSampler {
+    indices: Vec<usize>,
+    generator: Generator,
+}
+
+impl SubsetRandomSampler {
+    /// A sampler over `indices`, shuffled every epoch.
+    pub fn new(indices: Vec<usize>, generator: Option<Generator>) -> Self {
+        SubsetRandomSampler {
+            indices,
+            generator: generator.unwrap_or_else(Generator::from_entropy),
+        }
+    }
+}
+
+impl Sampler for SubsetRandomSampler {
+    fn len(&self) -> usize {
+        self.indices.len()
+    }
+    fn epoch(&mut self) -> Vec<usize> {
+        self.generator
+            .randperm(self.indices.len())
+            .into_iter()
+            .map(|i| self.indices[i])
+            .collect()
+    }
+}
+
+/// Indices drawn with probability proportional to `weights` (`WeightedRandomSampler`,
+/// `torch.multinomial`).
+#[derive(Debug, Clone)]
+pub struct WeightedRandomSampler {
+    /// Cumulative weights, normalised so the last is 1.
+    cumulative: Vec<f64>,
+    weights: Vec<f64>,
+    num_samples: usize,
+    replacement: bool,
+    generator: Generator,
+}
+
+impl WeightedRandomSampler {
+    /// `num_samples` indices per epoch into `weights` (one non-negative weight per item).
+    ///
+    /// # Errors
+    /// [`DataError::InvalidOption`] when `num_samples` is 0, a weight is negative or not finite,
+    /// the weights sum to 0, or, without replacement, `num_samples` exceeds the number of non-zero
+    /// weights (PyTorch's messages).
+    pub fn new(
+        weights: Vec<f64>,
+        num_samples: usize,
+        replacement: bool,
+        generator: Option<Generator>,
+    ) -> Result<Self> {
+        if num_samples == 0 {
+            return Err(DataError::option(
+                "num_samples",
+                "num_samples should be a positive integer value, but got num_samples=0",
+            ));
+        }
+        if let Some(w) = weights.iter().find(|w| !w.is_finite() || **w < 0.0) {
+            return Err(DataError::option(
+                "weights",
+                format!("invalid multinomial distribution (encountering probability entry < 0 or not finite: {w})"),
+            ));
+        }
+        let total: f64 = weights.iter().sum();
+        if total <= 0.0 {
+            return Err(DataError::option(
+                "weights",
+                "invalid multinomial distribution (sum of probabilities <= 0)",
+            ));
+        }
+        let nonzero = weights.iter().filter(|w| **w > 0.0).count();
+        if !replacement && num_samples > nonzero {
+            return Err(DataError::option(
+                "num_samples",
+                format!(
+                    "cannot sample n_sample > prob_dist.size(-1) samples without replacement (num_samples={num_samples}, {nonzero} non-zero weights)"
+                ),
+            ));
+        }
+        let mut acc = 0.0;
+        let cumulative = weights
+            .iter()
+            .map(|w| {
+                acc += w / total;
+                acc
+            })
+            .collect();
+        Ok(WeightedRandomSampler {
+            cumulative,
+            weights,
+            num_samples,
+            replacement,
+            generator: generator.unwrap_or_else(Generator::from_entropy),
+        })
+    }
+
+    fn draw(cumulative: &[f64], u: f64) -> usize {
+        cumulative
+            .partition_point(|&c| c <= u)
+            .min(cumulative.len() - 1)
+    }
+}
+
+impl Sampler for WeightedRandomSampler {
+    fn len(&self) -> usize {
+        self.num_samples
+    }
+    fn epoch(&mut self) -> Vec<usize> {
+        if self.replacement {
+            return (0..self.num_samples)
+                .map(|_| Self::draw(&self.cumulative, self.generator.uniform()))
+                .collect();
+        }
+        // Without replacement: draw, zero the drawn weight, renormalise (what multinomial does).
+        let mut w = self.weights.clone();
+        let mut out = Vec::with_capacity(self.num_samples);
+        for _ in 0..self.num_samples {
+            let total: f64 = w.iter().sum();
+            let u = self.generator.uniform() * total;
+            let mut acc = 0.0;
+            let mut pick = w.iter().rposition(|x| *x > 0.0).unwrap_or(0);
+            for (i, x) in w.iter().enumerate() {
+                acc += x;
+                if *x > 0.0 && u < acc {
+                    pick = i;
+                    break;
+                }
+            }
+            out.push(pick);
+            w[pick] = 0.0;
+        }
+        out
+    }
+}

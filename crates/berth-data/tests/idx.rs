@@ -1,0 +1,1 @@
+//! IDX reader and Fashion-MNIST.

@@ -1,0 +1,7 @@
+//! Integration tests of berth-data (one binary, modules per area).
+
+mod bugs;
+mod idx;
+mod loader;
+mod sampler;
+mod util;

@@ -1,0 +1,58 @@
+//! Test helpers.
+
+use berth_data::{DataError, Dataset, VecDataset};
+
+/// `0..n` as a dataset of `usize`.
+pub fn range(n: usize) -> VecDataset<usize> {
+    VecDataset::new((0..n).collect())
+}
+
+/// `0..n` as a `Vec`.
+pub fn seq(n: usize) -> Vec<usize> {
+    (0..n).collect()
+}
+
+/// Flattens a loader's batches of `Vec<usize>` (from the identity collate) into `Vec<Vec<usize>>`.
+pub fn collect_batches<I: IntoIterator<Item = Result<Vec<usize>, DataError>>>(
+    it: I,
+) -> Vec<Vec<usize>> {
+    it.into_iter().map(|b| b.expect("batch")).collect()
+}
+
+/// The OS thread id of the calling thread (Linux).
+pub fn gettid() -> u64 {
+    let link = std::fs::read_link("/proc/thread-self").expect("/proc/thread-self");
+    link.file_name().unwrap().to_str().unwrap().parse().unwrap()
+}
+
+/// Whether thread `tid` of this process still exists.
+pub fn thread_alive(tid: u64) -> bool {
+    std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
+}
+
+/// A dataset whose `get` fails for the listed indices and panics for others listed.
+pub struct Flaky {
+    pub len: usize,
+    pub fail: Vec<usize>,
+    pub panic: Vec<usize>,
+    pub sleep_ms: u64,
+}
+
+impl Dataset for Flaky {
+    type Item = usize;
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn get(&self, index: usize) -> Result<usize, DataError> {
+        if self.sleep_ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(self.sleep_ms));
+        }
+        if self.fail.contains(&index) {
+            return Err(DataError::item(index, format!("bad record {index}")));
+        }
+        if self.panic.contains(&index) {
+            panic!("item {index} exploded");
+        }
+        Ok(index)
+    }
+}

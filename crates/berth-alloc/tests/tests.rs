@@ -7,6 +7,7 @@ mod behaviour_cases;
 mod conformance;
 mod faithful;
 mod host;
+mod host_invariants;
 mod invariants;
 mod paged;
 mod pickle;

@@ -1,5 +1,5 @@
-//! Property test of `HostCachingAllocator`: random allocate / drop / record_stream /
-//! event-completion / empty_cache sequences over three streams.
+//! Property test of `HostCachingAllocator`: random allocate / drop / `record_stream` /
+//! event-completion / `empty_cache` sequences over three streams.
 
 use std::collections::HashMap;
 use std::sync::Arc;

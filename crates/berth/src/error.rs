@@ -13,6 +13,10 @@ pub enum Error {
     #[error(transparent)]
     Cuda(#[from] crate::cuda::CudaError),
 
+    /// An allocator error (out of memory, bad configuration, invalid pointer).
+    #[error(transparent)]
+    Alloc(#[from] berth_alloc::AllocError),
+
     /// A device string that does not parse.
     #[error(transparent)]
     ParseDevice(#[from] crate::device::ParseDeviceError),

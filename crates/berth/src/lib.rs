@@ -22,6 +22,7 @@ pub mod device;
 pub mod dtype;
 mod error;
 pub mod layout;
+pub mod meta_plan;
 pub mod nn;
 pub mod ops;
 pub mod random;
@@ -35,3 +36,8 @@ pub use layout::Layout;
 pub use random::{manual_seed, Generator};
 pub use storage::Storage;
 pub use tensor::{Tensor, ToOptions};
+
+/// The README's snippets, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

@@ -146,9 +146,15 @@ impl HostBuf {
 }
 
 enum Memory {
-    Host { lock: RwLock<()>, buf: HostBuf },
+    Host {
+        lock: RwLock<()>,
+        buf: HostBuf,
+    },
     Device(Box<dyn DeviceMemory>),
-    Meta,
+    /// No memory. While a [`crate::meta_plan::MetaPlan`] is active on the creating thread, the
+    /// planned allocation on its simulated device rides along and is released with the storage
+    /// (Note [Meta storage]).
+    Meta(#[allow(dead_code)] Option<berth_alloc::Allocation>),
 }
 
 /// The memory of a tensor: host bytes, device memory, or nothing (meta). Always behind an
@@ -232,7 +238,11 @@ impl Storage {
 
     /// Meta storage: a size and no memory.
     pub fn meta(nbytes: usize) -> Storage {
-        Storage::with_memory(Device::Meta, nbytes, Memory::Meta)
+        Storage::with_memory(
+            Device::Meta,
+            nbytes,
+            Memory::Meta(crate::meta_plan::plan_allocation(nbytes)),
+        )
     }
 
     /// A process-unique identity (never reused), for aliasing checks.
@@ -260,7 +270,7 @@ impl Storage {
         match &self.memory {
             Memory::Host { buf, .. } => buf.ptr() as u64,
             Memory::Device(d) => d.device_ptr(),
-            Memory::Meta => 0,
+            Memory::Meta(_) => 0,
         }
     }
 
@@ -334,7 +344,7 @@ impl Storage {
                     len: self.nbytes,
                 })
             }
-            Memory::Meta => Err(Error::MetaNoData { op }),
+            Memory::Meta(_) => Err(Error::MetaNoData { op }),
             Memory::Device(_) => Err(Error::NoKernel {
                 op,
                 device: self.device,
@@ -357,7 +367,7 @@ impl Storage {
                     len: self.nbytes,
                 })
             }
-            Memory::Meta => Err(Error::MetaNoData { op }),
+            Memory::Meta(_) => Err(Error::MetaNoData { op }),
             Memory::Device(_) => Err(Error::NoKernel {
                 op,
                 device: self.device,
@@ -370,7 +380,7 @@ impl Storage {
     /// # Errors
     /// As [`Storage::read_host`] (meta storage gives a new meta storage instead).
     pub fn try_clone_host(&self) -> Result<Storage> {
-        if let Memory::Meta = self.memory {
+        if let Memory::Meta(_) = self.memory {
             return Ok(Storage::meta(self.nbytes));
         }
         let r = self.read_host("clone")?;

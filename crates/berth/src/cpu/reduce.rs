@@ -113,17 +113,11 @@ fn fold_slice<T: Num>(op: ReduceOp, xs: &[T], base: usize) -> State {
     })
 }
 
-fn reduce_typed<T: Num, O: Num>(
-    op: ReduceOp,
-    out: &mut [O],
-    src: &[T],
-    l: &Layout,
-    dims: &[usize],
-) {
+fn reduce_typed<T: Num>(op: ReduceOp, out: &mut [f64], src: &[T], l: &Layout, dims: &[usize]) {
     let rank = l.rank();
     let kept: Vec<usize> = (0..rank).filter(|d| !dims.contains(d)).collect();
     let count: usize = dims.iter().map(|&d| l.shape()[d]).product();
-    let write = |v: f64| O::from_c(<O as Num>::C::from_f64(v));
+    let write = |v: f64| v;
     if kept.is_empty() && l.is_contiguous() {
         // Full reduction of a dense tensor: parallel over chunks of the slice.
         let xs = &src[l.offset()..l.offset() + count];
@@ -164,9 +158,13 @@ pub(crate) fn reduce(op: ReduceOp, dst: View<'_>, src: View<'_>, dims: &[usize])
     let mut w = dst.storage.write_host(op.name())?;
     let n = dst.layout.numel();
     let off = dst.layout.offset();
-    with_repr!(src.dtype, T => with_repr!(dst.dtype, O => {
-        let out = &mut w.typed_mut::<O>()[off..off + n];
-        reduce_typed::<T, O>(op, out, s.typed::<T>(), src.layout, dims);
-    }));
+    // Values go through f64: one dispatch on the source, one on the destination.
+    let mut vals = vec![0f64; n];
+    with_repr!(src.dtype, T => reduce_typed::<T>(op, &mut vals, s.typed::<T>(), src.layout, dims));
+    with_repr!(dst.dtype, O => {
+        for (o, &x) in w.typed_mut::<O>()[off..off + n].iter_mut().zip(&vals) {
+            *o = O::from_c(<O as Num>::C::from_f64(x));
+        }
+    });
     Ok(())
 }

@@ -42,6 +42,33 @@ impl Tensor {
         }
     }
 
+    /// A tensor over an existing storage (e.g. host memory from a pinned allocator, or
+    /// device memory from the CUDA runtime), checked: the layout must fit in the storage.
+    ///
+    /// # Errors
+    /// [`crate::Error::Shape`] when the layout reaches past `storage.nbytes()`.
+    pub fn from_parts(storage: Arc<Storage>, layout: Layout, dtype: DType) -> Result<Tensor> {
+        let need = layout.required_elements() * dtype.size_in_bytes();
+        if need > storage.nbytes() {
+            return Err(crate::Error::Shape {
+                op: "from_parts",
+                what: format!(
+                    "layout {:?} with strides {:?} at offset {} needs {need} bytes of {dtype} but the storage holds {}",
+                    layout.shape(),
+                    layout.strides(),
+                    layout.offset(),
+                    storage.nbytes()
+                ),
+            });
+        }
+        Ok(Tensor {
+            storage,
+            layout,
+            dtype,
+            requires_grad: false,
+        })
+    }
+
     /// A contiguous tensor of `shape` over a fresh `storage`.
     pub(crate) fn from_contiguous(storage: Storage, shape: &[usize], dtype: DType) -> Tensor {
         Tensor::from_storage(Arc::new(storage), Layout::contiguous(shape), dtype)

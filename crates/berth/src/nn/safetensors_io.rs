@@ -1,0 +1,97 @@
+//! State dicts in safetensors files (the format `safetensors.torch.save_file` writes, so files
+//! interoperate with PyTorch).
+
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+
+use super::StateDict;
+use crate::{DType, Device, Error, Result, Tensor};
+
+fn to_st(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        DType::I64 => Dtype::I64,
+        DType::I32 => Dtype::I32,
+        DType::U8 => Dtype::U8,
+        DType::Bool => Dtype::BOOL,
+    }
+}
+
+fn from_st(d: Dtype, name: &str) -> Result<DType> {
+    Ok(match d {
+        Dtype::F32 => DType::F32,
+        Dtype::F64 => DType::F64,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::I64 => DType::I64,
+        Dtype::I32 => DType::I32,
+        Dtype::U8 => DType::U8,
+        Dtype::BOOL => DType::Bool,
+        other => {
+            return Err(Error::InvalidArgument {
+                op: "load_state_dict_file",
+                what: format!(
+                    "tensor {name:?} has safetensors dtype {other:?}, which berth does not support"
+                ),
+            })
+        }
+    })
+}
+
+/// The contiguous host bytes of a tensor (little-endian, as safetensors wants).
+fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    let c = t.cpu()?.contiguous()?;
+    let r = c.storage().read_host("save_state_dict")?;
+    let start = c.storage_offset() * c.element_size();
+    Ok(r.bytes()[start..start + c.nbytes()].to_vec())
+}
+
+/// Write `state` to `path` as safetensors.
+///
+/// # Errors
+/// [`Error::MetaNoData`] for meta tensors; [`Error::Io`]; encoding errors.
+pub fn save_state_dict(state: &StateDict, path: impl AsRef<Path>) -> Result<()> {
+    let path = path.as_ref();
+    let bytes: Vec<(String, DType, Vec<usize>, Vec<u8>)> = state
+        .iter()
+        .map(|(k, t)| Ok((k.clone(), t.dtype(), t.shape().to_vec(), host_bytes(t)?)))
+        .collect::<Result<_>>()?;
+    let views = bytes
+        .iter()
+        .map(|(k, d, s, b)| Ok((k.as_str(), TensorView::new(to_st(*d), s.clone(), b)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let out = safetensors::serialize(views, None)?;
+    std::fs::write(path, out).map_err(|source| Error::Io {
+        op: "save_state_dict",
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// Read a safetensors file into a state dict of CPU tensors.
+///
+/// # Errors
+/// [`Error::Io`]; a corrupt file; an unsupported dtype.
+pub fn load_state_dict_file(path: impl AsRef<Path>) -> Result<StateDict> {
+    let path = path.as_ref();
+    let buf = std::fs::read(path).map_err(|source| Error::Io {
+        op: "load_state_dict_file",
+        path: path.display().to_string(),
+        source,
+    })?;
+    let st = SafeTensors::deserialize(&buf)?;
+    let mut out = StateDict::new();
+    for (name, view) in st.iter() {
+        let dtype = from_st(view.dtype(), name)?;
+        let storage = crate::Storage::host_from_bytes(view.data());
+        let t = Tensor::from_contiguous(storage, view.shape(), dtype);
+        debug_assert_eq!(t.device(), Device::Cpu);
+        out.insert(name.to_string(), t);
+    }
+    Ok(out)
+}

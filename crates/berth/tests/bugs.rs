@@ -1,0 +1,252 @@
+//! The behaviour cases of `behaviour-cases.md` owned by the tensor layer, named by id.
+
+use berth::nn::{Linear, Module};
+use berth::{storage, DType, Device, Error, Tensor};
+
+use crate::util::v;
+
+/// BUG-03: `.to()` / `.cpu()` return the same tensor when nothing changes.
+#[test]
+fn bug_03_to_returns_self_when_nothing_changes() {
+    let x = Tensor::ones(&[3], DType::F32, Device::Cpu).unwrap();
+    let y = x.to_device(Device::Cpu).unwrap();
+    y.add_scalar_(1.0).unwrap();
+    assert_eq!(v(&x), vec![2.0, 2.0, 2.0]);
+    assert!(x.to_dtype(DType::F32).unwrap().shares_storage(&x));
+    assert!(x.cpu().unwrap().shares_storage(&x));
+    assert_eq!(x.cpu().unwrap().data_ptr(), x.data_ptr());
+    let c = x.to(Device::Cpu, DType::F32, false, true).unwrap();
+    assert!(!c.shares_storage(&x));
+    assert!(!x.to_dtype(DType::F64).unwrap().shares_storage(&x));
+}
+
+/// BUG-03, device part: `cuda()`, `to("cuda")`, `to("cuda:0")` on a tensor already on the
+/// current device are the same storage; `cpu()` of it is new.
+#[cfg(feature = "cuda")]
+#[test]
+fn bug_03_device_to_returns_self_on_the_current_device() {
+    if !berth::cuda::testing::require_gpu("bug_03_device_to_returns_self_on_the_current_device") {
+        return;
+    }
+    let x = match Tensor::ones(&[3], DType::F32, Device::Cuda(0)) {
+        Ok(x) => x,
+        Err(e) => panic!("allocation on cuda:0 failed: {e}"),
+    };
+    for y in [
+        x.cuda().unwrap(),
+        x.to_device("cuda".parse().unwrap()).unwrap(),
+        x.to_device("cuda:0".parse().unwrap()).unwrap(),
+    ] {
+        assert!(y.shares_storage(&x));
+    }
+    let h = x.cpu().unwrap();
+    assert!(!h.shares_storage(&x));
+    assert_eq!(h.to_vec::<f32>().unwrap(), vec![1.0; 3]);
+}
+
+/// BUG-04: `contiguous()` and `detach()` alias; `clone()` of a narrowed view is dense.
+#[test]
+fn bug_04_contiguous_and_detach_alias_the_source() {
+    // (a)
+    let x = Tensor::arange(0.0, 6.0, 1.0, DType::I64, Device::Cpu)
+        .unwrap()
+        .reshape(&[2, 3])
+        .unwrap();
+    assert!(x.contiguous().unwrap().shares_storage(&x));
+    let tc = x.t().unwrap().contiguous().unwrap();
+    assert!(!tc.shares_storage(&x));
+    assert_eq!(tc.strides(), &[2, 1]);
+    assert_eq!(tc.to_vec::<i64>().unwrap(), vec![0, 3, 1, 4, 2, 5]);
+    // (b)
+    let n = Tensor::zeros(&[2, 10], DType::F32, Device::Cpu)
+        .unwrap()
+        .narrow(1, 0, 5)
+        .unwrap();
+    assert_eq!(n.strides(), &[10, 1]);
+    assert!(!n.is_contiguous());
+    let c = n.clone().unwrap();
+    assert_eq!(c.strides(), &[5, 1]);
+    assert!(c.is_contiguous());
+    // (c)
+    let x = Tensor::zeros(&[3], DType::F32, Device::Cpu)
+        .unwrap()
+        .with_requires_grad(true);
+    let d = x.detach();
+    d.add_scalar_(5.0).unwrap();
+    assert_eq!(v(&x), vec![5.0, 5.0, 5.0]);
+    assert!(!d.requires_grad());
+    assert_eq!(d.data_ptr(), x.data_ptr());
+    let mut d2 = x.detach();
+    d2.resize_(&[5]).unwrap();
+    assert_eq!(d2.shape(), &[5]);
+    assert_eq!(x.shape(), &[3]);
+    assert_eq!(v(&x), vec![5.0, 5.0, 5.0]);
+}
+
+/// BUG-07: reading values of a meta tensor is one error kind with PyTorch's message.
+#[test]
+fn bug_07_reading_meta_values_is_a_no_data_error() {
+    let item = Tensor::ones(&[2], DType::F32, Device::Meta)
+        .unwrap()
+        .sum()
+        .unwrap()
+        .item::<f32>()
+        .unwrap_err();
+    let tolist = Tensor::ones(&[5], DType::F32, Device::Meta)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap_err();
+    for e in [&item, &tolist] {
+        assert!(matches!(e, Error::MetaNoData { .. }), "{e:?}");
+        assert!(
+            e.to_string().contains("cannot be called on meta tensors"),
+            "{e}"
+        );
+    }
+    assert!(
+        item.to_string()
+            .starts_with("Tensor.item() cannot be called on meta tensors"),
+        "{item}"
+    );
+    // A constructor computing values from linspace-like data while on meta fails the same way.
+    let steps = Tensor::arange(0.0, 4.0, 1.0, DType::F32, Device::Meta).unwrap();
+    let e = steps
+        .mul_scalar(0.1 / 3.0)
+        .unwrap()
+        .select(0, 1)
+        .unwrap()
+        .item::<f32>()
+        .unwrap_err();
+    assert!(matches!(e, Error::MetaNoData { .. }), "{e:?}");
+}
+
+/// BUG-08: `to(cpu)` from meta → "Cannot copy out of meta tensor; no data!"; `to_empty`
+/// works.
+#[test]
+fn bug_08_to_cpu_from_meta_fails_and_to_empty_materialises() {
+    let e = Tensor::ones(&[5], DType::F32, Device::Meta)
+        .unwrap()
+        .to_device(Device::Cpu)
+        .unwrap_err();
+    assert!(matches!(e, Error::MetaNoData { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("Cannot copy out of meta tensor; no data!"),
+        "{e}"
+    );
+    let mut l = Linear::new(1024, 4096, Device::Meta).unwrap();
+    l.to_empty(Device::Cpu).unwrap();
+    assert_eq!(
+        (l.weight.shape(), l.weight.device()),
+        (&[4096usize, 1024][..], Device::Cpu)
+    );
+    assert_eq!(l.bias.as_ref().unwrap().device(), Device::Cpu);
+    // A real tensor now: values can be written and read.
+    l.weight.fill_(1.0).unwrap();
+    assert_eq!(
+        l.weight.sum().unwrap().item::<f32>().unwrap(),
+        (4096 * 1024) as f32
+    );
+}
+
+/// BUG-10: meta shape inference that must hold, and an explicit error for a missing rule.
+#[test]
+fn bug_10_meta_shape_inference() {
+    let before = storage::host_memory_allocated();
+    let a = Tensor::empty(&[2, 3], DType::F32, Device::Meta).unwrap();
+    let b = Tensor::empty(&[3, 4], DType::F32, Device::Meta).unwrap();
+    let p = a.matmul(&b).unwrap();
+    assert_eq!(
+        (p.shape(), p.device(), p.nbytes()),
+        (&[2usize, 4][..], Device::Meta, 32)
+    );
+    let l = Linear::new(1024, 4096, Device::Meta).unwrap();
+    assert_eq!(
+        (l.weight.shape(), l.weight.device()),
+        (&[4096usize, 1024][..], Device::Meta)
+    );
+    assert!(storage::host_memory_allocated().saturating_sub(before) < 1 << 20);
+    // An op without a meta rule: the kernel table refuses meta explicitly.
+    let e = berth::backend::kernels_for(Device::Meta, "conv2d")
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::NoMetaImpl { op: "conv2d" }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "no meta implementation for conv2d: it cannot run on the meta device"
+    );
+    // Same shape and strides as the real kernel.
+    let c = Tensor::zeros(&[2, 3], DType::F32, Device::Cpu)
+        .unwrap()
+        .matmul(&Tensor::zeros(&[3, 4], DType::F32, Device::Cpu).unwrap())
+        .unwrap();
+    assert_eq!((c.shape(), c.strides()), (p.shape(), p.strides()));
+    let _ = l
+        .forward(&Tensor::empty(&[8, 1024], DType::F32, Device::Meta).unwrap())
+        .unwrap();
+}
+
+/// BUG-20: `cuda:5` parses; every use with one visible device is "device index 5 is out of
+/// range [0, 1)"; bad strings are parse errors; the process stays usable.
+#[test]
+fn bug_20_out_of_range_device_index_sim() {
+    let _one = berth::cuda::testing::fake_device_count(1);
+    let d: Device = "cuda:5".parse().unwrap();
+    assert_eq!((d.kind(), d.index()), (berth::DeviceKind::Cuda, Some(5)));
+    let uses = [
+        Tensor::zeros(&[2], DType::F32, d).unwrap_err(),
+        Tensor::ones(&[2], DType::F32, Device::Cpu)
+            .unwrap()
+            .to_device(d)
+            .unwrap_err(),
+        d.canonical().unwrap_err(),
+    ];
+    for e in uses {
+        assert!(
+            matches!(
+                e,
+                Error::Cuda(berth::cuda::CudaError::InvalidDevice { index: 5, count: 1 })
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("device index 5 is out of range [0, 1)"),
+            "{e}"
+        );
+    }
+    for s in ["cuda:-1", "cuda:"] {
+        assert!(s.parse::<Device>().is_err(), "{s}");
+    }
+    let gpu = "gpu".parse::<Device>().unwrap_err().to_string();
+    assert!(gpu.contains("cpu, cuda, cuda:<index>, mps, meta"), "{gpu}");
+    // The process is still usable.
+    assert_eq!(
+        Tensor::ones(&[2], DType::F32, Device::Cpu)
+            .unwrap()
+            .sum()
+            .unwrap()
+            .item::<f32>()
+            .unwrap(),
+        2.0
+    );
+}
+
+/// BUG-20 on a real GPU: the same error from the driver-reported count.
+#[cfg(feature = "cuda")]
+#[test]
+fn bug_20_out_of_range_device_index_gpu() {
+    if !berth::cuda::testing::require_gpu("bug_20_out_of_range_device_index_gpu") {
+        return;
+    }
+    let n = berth::cuda::device_count();
+    let d = Device::Cuda(n as u16);
+    let e = Tensor::zeros(&[2], DType::F32, d).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with(&format!("device index {n} is out of range [0, {n})")),
+        "{e}"
+    );
+    let ok = Tensor::zeros(&[2], DType::F32, Device::Cuda(0)).unwrap();
+    assert_eq!(ok.device(), Device::Cuda(0));
+}

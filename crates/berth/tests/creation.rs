@@ -1,0 +1,103 @@
+//! Constructors: values, dtypes, seeded random streams, `cat` / `stack`.
+
+use berth::{DType, Device, Generator, Tensor};
+
+use crate::util::{close, t, v};
+
+#[test]
+fn zeros_ones_full_have_the_values_shape_and_dtype() {
+    let z = Tensor::zeros(&[2, 3], DType::F32, Device::Cpu).unwrap();
+    assert_eq!(
+        (z.shape(), z.dtype(), z.numel(), z.nbytes()),
+        (&[2usize, 3][..], DType::F32, 6, 24)
+    );
+    assert_eq!(z.to_vec::<f32>().unwrap(), vec![0.0; 6]);
+    let o = Tensor::ones(&[3], DType::I64, Device::Cpu).unwrap();
+    assert_eq!(o.to_vec::<i64>().unwrap(), vec![1, 1, 1]);
+    let f = Tensor::full(&[2], 2.5, DType::BF16, Device::Cpu).unwrap();
+    assert_eq!(f.element_size(), 2);
+    assert_eq!(
+        f.to_vec::<half::bf16>().unwrap(),
+        vec![half::bf16::from_f32(2.5); 2]
+    );
+    let b = Tensor::full(&[2], 3.0, DType::Bool, Device::Cpu).unwrap();
+    assert_eq!(b.to_vec::<bool>().unwrap(), vec![true, true]);
+}
+
+#[test]
+fn arange_follows_torch_lengths() {
+    let a = Tensor::arange(0.0, 5.0, 1.0, DType::I64, Device::Cpu).unwrap();
+    assert_eq!(a.to_vec::<i64>().unwrap(), vec![0, 1, 2, 3, 4]);
+    // torch.arange(1, 2.5, 0.5) → [1.0, 1.5, 2.0]
+    let b = Tensor::arange(1.0, 2.5, 0.5, DType::F32, Device::Cpu).unwrap();
+    assert_eq!(b.to_vec::<f32>().unwrap(), vec![1.0, 1.5, 2.0]);
+    assert!(Tensor::arange(0.0, 5.0, 0.0, DType::F32, Device::Cpu).is_err());
+    assert!(Tensor::arange(0.0, 5.0, -1.0, DType::F32, Device::Cpu).is_err());
+}
+
+#[test]
+fn from_slice_checks_the_length_against_the_shape() {
+    let e = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[2, 2], Device::Cpu).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            berth::Error::DataLength {
+                expected: 4,
+                got: 3,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("[2, 2]"), "{e}");
+}
+
+#[test]
+fn rand_is_uniform_in_unit_interval_and_reproducible_with_a_seed() {
+    let mut g = Generator::new(7);
+    let a = Tensor::rand_with(&[10_000], DType::F32, Device::Cpu, &mut g).unwrap();
+    let xs = a.to_vec::<f32>().unwrap();
+    assert!(xs.iter().all(|&x| (0.0..1.0).contains(&x)));
+    let mean = xs.iter().sum::<f32>() / xs.len() as f32;
+    assert!((mean - 0.5).abs() < 0.02, "mean {mean}");
+    // Same seed → same values; the generator advanced, so the next draw differs.
+    let b = Tensor::rand_with(&[10_000], DType::F32, Device::Cpu, &mut Generator::new(7)).unwrap();
+    assert_eq!(xs, b.to_vec::<f32>().unwrap());
+    let c = Tensor::rand_with(&[10_000], DType::F32, Device::Cpu, &mut g).unwrap();
+    assert_ne!(xs, c.to_vec::<f32>().unwrap());
+}
+
+#[test]
+fn randn_has_zero_mean_unit_variance_and_manual_seed_restarts_it() {
+    berth::manual_seed(3);
+    let a = Tensor::randn(&[50_000], DType::F64, Device::Cpu)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap();
+    let mean = a.iter().sum::<f64>() / a.len() as f64;
+    let var = a.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / a.len() as f64;
+    assert!(
+        mean.abs() < 0.02 && (var - 1.0).abs() < 0.03,
+        "mean {mean} var {var}"
+    );
+    // Integer dtypes are rejected like torch ("normal_kernel_cpu" not implemented for 'Long').
+    assert!(Tensor::randn(&[2], DType::I64, Device::Cpu).is_err());
+}
+
+#[test]
+fn cat_and_stack_collate_like_torch() {
+    let a = t(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+    let b = t(&[5.0, 6.0], &[1, 2]);
+    let c = Tensor::cat(&[&a, &b], 0).unwrap();
+    assert_eq!(c.shape(), &[3, 2]);
+    assert_eq!(v(&c), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let d = Tensor::cat(&[&a, &a.t().unwrap()], 1).unwrap();
+    assert_eq!(v(&d), vec![1.0, 2.0, 1.0, 3.0, 3.0, 4.0, 2.0, 4.0]);
+    let s = Tensor::stack(&[&t(&[1.0, 2.0], &[2]), &t(&[3.0, 4.0], &[2])], 0).unwrap();
+    assert_eq!(s.shape(), &[2, 2]);
+    close(&v(&s), &[1.0, 2.0, 3.0, 4.0], 0.0);
+    let s1 = Tensor::stack(&[&t(&[1.0, 2.0], &[2]), &t(&[3.0, 4.0], &[2])], 1).unwrap();
+    assert_eq!(v(&s1), vec![1.0, 3.0, 2.0, 4.0]);
+    assert!(Tensor::cat(&[&a, &t(&[1.0, 2.0, 3.0], &[1, 3])], 0).is_err());
+    assert!(Tensor::stack(&[], 0).is_err());
+}

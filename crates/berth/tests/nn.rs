@@ -1,0 +1,128 @@
+//! `nn`: Linear's init and forward, Module moves, state dicts and safetensors files.
+
+use berth::nn::{self, Linear, Module, ReLU, Sequential, StateDict};
+use berth::{DType, Device, Error, Generator, Tensor};
+
+use crate::util::{close, t, v};
+
+#[test]
+fn linear_has_torch_shapes_and_kaiming_uniform_bounds() {
+    let mut g = Generator::new(0);
+    let l = Linear::new_with(400, 30, true, DType::F32, Device::Cpu, &mut g).unwrap();
+    assert_eq!(l.weight.shape(), &[30, 400]);
+    assert_eq!(l.bias.as_ref().unwrap().shape(), &[30]);
+    let bound = 1.0 / 20.0; // 1/sqrt(400)
+    let w = v(&l.weight);
+    assert!(w.iter().all(|x| x.abs() <= bound));
+    // Uniform on [-b, b]: variance b²/3.
+    let var = w.iter().map(|x| x * x).sum::<f32>() / w.len() as f32;
+    assert!(
+        (var - bound * bound / 3.0).abs() < 0.1 * bound * bound,
+        "var {var}"
+    );
+    assert!(v(l.bias.as_ref().unwrap()).iter().all(|x| x.abs() <= bound));
+    assert!(l.weight.requires_grad());
+}
+
+#[test]
+fn linear_forward_is_x_wt_plus_b() {
+    let mut l = Linear::new(2, 2, Device::Cpu).unwrap();
+    let sd: StateDict = [
+        ("weight".to_string(), t(&[1.0, 2.0, 3.0, 4.0], &[2, 2])),
+        ("bias".to_string(), t(&[0.5, -0.5], &[2])),
+    ]
+    .into_iter()
+    .collect();
+    l.load_state_dict(&sd).unwrap();
+    let y = l.forward(&t(&[1.0, 1.0, 0.0, 1.0], &[2, 2])).unwrap();
+    assert_eq!(v(&y), vec![3.5, 6.5, 2.5, 3.5]);
+}
+
+#[test]
+fn load_state_dict_errors_are_typed_and_name_the_key() {
+    let mut l = Linear::new(3, 2, Device::Cpu).unwrap();
+    let before = v(&l.weight);
+    let mut sd = l.state_dict().unwrap();
+    sd.remove("bias");
+    let e = l.load_state_dict(&sd).unwrap_err();
+    assert!(
+        matches!(&e, Error::MissingKey { key, .. } if key == "bias"),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("missing key \"bias\""), "{e}");
+    let mut sd = l.state_dict().unwrap();
+    sd.insert(
+        "weight".into(),
+        Tensor::zeros(&[3, 2], DType::F32, Device::Cpu).unwrap(),
+    );
+    let e = l.load_state_dict(&sd).unwrap_err();
+    assert!(matches!(e, Error::StateDictShape { .. }), "{e:?}");
+    assert!(e.to_string().contains("size mismatch for weight"), "{e}");
+    assert!(
+        e.to_string().contains("[3, 2]") && e.to_string().contains("[2, 3]"),
+        "{e}"
+    );
+    let mut sd = l.state_dict().unwrap();
+    sd.insert(
+        "extra".into(),
+        Tensor::zeros(&[1], DType::F32, Device::Cpu).unwrap(),
+    );
+    assert!(matches!(
+        l.load_state_dict(&sd).unwrap_err(),
+        Error::UnexpectedKeys { .. }
+    ));
+    assert_eq!(v(&l.weight), before, "a failed load changes nothing");
+}
+
+#[test]
+fn state_dict_round_trips_through_a_safetensors_file() {
+    let model = Sequential::new()
+        .push(Linear::new(4, 3, Device::Cpu).unwrap())
+        .push(ReLU)
+        .push(Linear::new(3, 2, Device::Cpu).unwrap());
+    let names: Vec<String> = model
+        .named_parameters()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["0.weight", "0.bias", "2.weight", "2.bias"]);
+    let dir = std::env::temp_dir().join(format!("berth-nn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.safetensors");
+    nn::save_state_dict(&model.state_dict().unwrap(), &path).unwrap();
+    let loaded = nn::load_state_dict_file(&path).unwrap();
+    let mut other = Sequential::new()
+        .push(Linear::new(4, 3, Device::Cpu).unwrap())
+        .push(ReLU)
+        .push(Linear::new(3, 2, Device::Cpu).unwrap());
+    other.load_state_dict(&loaded).unwrap();
+    let x = Tensor::randn(&[5, 4], DType::F32, Device::Cpu).unwrap();
+    close(
+        &v(&other.forward(&x).unwrap()),
+        &v(&model.forward(&x).unwrap()),
+        0.0,
+    );
+    let e = nn::load_state_dict_file(dir.join("missing.safetensors")).unwrap_err();
+    assert!(matches!(e, Error::Io { .. }), "{e:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn module_to_device_and_to_empty() {
+    let mut l = Linear::new(3, 2, Device::Cpu).unwrap();
+    l.to_device(Device::Meta).unwrap();
+    assert_eq!(l.weight.device(), Device::Meta);
+    assert!(matches!(
+        l.state_dict().unwrap_err(),
+        Error::MetaNoData { .. }
+    ));
+    assert!(matches!(
+        l.to_device(Device::Cpu).unwrap_err(),
+        Error::MetaNoData { .. }
+    ));
+    l.to_empty(Device::Cpu).unwrap();
+    assert_eq!(
+        (l.weight.device(), l.weight.shape()),
+        (Device::Cpu, &[2usize, 3][..])
+    );
+}

@@ -1,0 +1,334 @@
+//! CPU ops against PyTorch's values.
+
+use berth::{DType, Device, Error, Tensor};
+
+use crate::util::{close, t, v};
+
+#[test]
+fn elementwise_with_broadcasting() {
+    let a = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    let b = t(&[10.0, 20.0, 30.0], &[3]);
+    assert_eq!(
+        v(&a.add(&b).unwrap()),
+        vec![11.0, 22.0, 33.0, 14.0, 25.0, 36.0]
+    );
+    let col = t(&[1.0, 2.0], &[2, 1]);
+    assert_eq!(v(&a.sub(&col).unwrap()), vec![0.0, 1.0, 2.0, 2.0, 3.0, 4.0]);
+    assert_eq!(
+        v(&a.mul(&col).unwrap()),
+        vec![1.0, 2.0, 3.0, 8.0, 10.0, 12.0]
+    );
+    close(
+        &v(&a.div(&b).unwrap()),
+        &[0.1, 0.1, 0.1, 0.4, 0.25, 0.2],
+        1e-6,
+    );
+    // [2,1] + [3] → [2,3]
+    assert_eq!(col.add(&b).unwrap().shape(), &[2, 3]);
+    let e = a.add(&t(&[1.0, 2.0], &[2])).unwrap_err();
+    assert!(matches!(e, Error::BroadcastMismatch { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("[2, 3]") && e.to_string().contains("[2]"),
+        "{e}"
+    );
+    // Strided inputs: the transpose.
+    assert_eq!(
+        v(&a.t().unwrap().add_scalar(1.0).unwrap()),
+        vec![2.0, 5.0, 3.0, 6.0, 4.0, 7.0]
+    );
+}
+
+#[test]
+fn scalar_and_unary_ops_match_torch() {
+    let x = t(&[-1.0, 0.0, 1.0, 4.0], &[4]);
+    assert_eq!(v(&x.neg().unwrap()), vec![1.0, 0.0, -1.0, -4.0]);
+    assert_eq!(v(&x.relu().unwrap()), vec![0.0, 0.0, 1.0, 4.0]);
+    close(
+        &v(&x.exp().unwrap()),
+        &[0.367_879_4, 1.0, std::f32::consts::E, 54.598_15],
+        1e-4,
+    );
+    let l = v(&x.log().unwrap());
+    assert!(l[0].is_nan() && l[1] == f32::NEG_INFINITY && l[2] == 0.0);
+    close(&l[3..], &[1.386_294_4], 1e-6);
+    close(&v(&x.sqrt().unwrap())[2..], &[1.0, 2.0], 0.0);
+    close(&v(&x.pow_scalar(2.0).unwrap()), &[1.0, 0.0, 1.0, 16.0], 0.0);
+    close(
+        &v(&x.pow(&t(&[3.0, 2.0, 2.0, 0.5], &[4])).unwrap()),
+        &[-1.0, 0.0, 1.0, 2.0],
+        1e-6,
+    );
+    assert_eq!(v(&x.rsub_scalar(1.0).unwrap()), vec![2.0, 1.0, 0.0, -3.0]);
+    assert_eq!(
+        v(&x.mul_scalar(2.0).unwrap().div_scalar(4.0).unwrap()),
+        vec![-0.5, 0.0, 0.5, 2.0]
+    );
+    // Integers: add works, exp and div are float-only.
+    let i = Tensor::from_slice(&[1i64, 2, 3], &[3], Device::Cpu).unwrap();
+    assert_eq!(i.add(&i).unwrap().to_vec::<i64>().unwrap(), vec![2, 4, 6]);
+    assert!(matches!(
+        i.exp().unwrap_err(),
+        Error::UnsupportedDType { .. }
+    ));
+    assert!(matches!(
+        i.div(&i).unwrap_err(),
+        Error::UnsupportedDType { .. }
+    ));
+    // Mixed dtypes are not promoted implicitly.
+    assert!(matches!(
+        x.add(&x.to_dtype(DType::F64).unwrap()).unwrap_err(),
+        Error::DTypeMismatch { .. }
+    ));
+}
+
+#[test]
+fn half_types_compute_in_f32() {
+    let x = t(&[1.0, 2.0, 3.0], &[3]).to_dtype(DType::BF16).unwrap();
+    let y = x.mul(&x).unwrap().sum().unwrap();
+    assert_eq!(y.dtype(), DType::BF16);
+    assert_eq!(y.item::<f32>().unwrap(), 14.0);
+    let h = t(&[0.5, 0.25], &[2]).half().unwrap();
+    assert_eq!(v(&h.add(&h).unwrap()), vec![1.0, 0.5]);
+}
+
+#[test]
+fn reductions_all_and_per_dim_with_keepdim() {
+    let a = t(&[1.0, 5.0, 3.0, 4.0, 2.0, 6.0], &[2, 3]);
+    assert_eq!(a.sum().unwrap().item::<f32>().unwrap(), 21.0);
+    assert_eq!(a.mean().unwrap().item::<f32>().unwrap(), 3.5);
+    assert_eq!(v(&a.sum_dim(0, false).unwrap()), vec![5.0, 7.0, 9.0]);
+    let k = a.sum_dim(1, true).unwrap();
+    assert_eq!((k.shape(), v(&k)), (&[2usize, 1][..], vec![9.0, 12.0]));
+    assert_eq!(v(&a.mean_dim(-1, false).unwrap()), vec![3.0, 4.0]);
+    assert_eq!(a.max().unwrap().item::<f32>().unwrap(), 6.0);
+    assert_eq!(v(&a.max_dim(1, false).unwrap()), vec![5.0, 6.0]);
+    assert_eq!(v(&a.min_dim(0, false).unwrap()), vec![1.0, 2.0, 3.0]);
+    let am = a.argmax().unwrap();
+    assert_eq!((am.dtype(), am.item::<i64>().unwrap()), (DType::I64, 5));
+    assert_eq!(
+        a.argmax_dim(1, false).unwrap().to_vec::<i64>().unwrap(),
+        vec![1, 2]
+    );
+    assert_eq!(a.argmax_dim(0, true).unwrap().shape(), &[1, 3]);
+    // Ties: the first index, as torch on CPU.
+    assert_eq!(
+        t(&[2.0, 7.0, 7.0], &[3])
+            .argmax()
+            .unwrap()
+            .item::<i64>()
+            .unwrap(),
+        1
+    );
+    // Reductions over a transposed (strided) view.
+    assert_eq!(
+        v(&a.t().unwrap().sum_dim(1, false).unwrap()),
+        vec![5.0, 7.0, 9.0]
+    );
+    assert_eq!(
+        v(&a.t().unwrap().sum_dim(0, false).unwrap()),
+        vec![9.0, 12.0]
+    );
+    // Integer sums are i64; integer mean is an error, as torch.
+    let i = Tensor::from_slice(&[1i32, 2, 3], &[3], Device::Cpu).unwrap();
+    let s = i.sum().unwrap();
+    assert_eq!((s.dtype(), s.item::<i64>().unwrap()), (DType::I64, 6));
+    assert!(i.mean().is_err());
+    assert!(Tensor::zeros(&[0], DType::F32, Device::Cpu)
+        .unwrap()
+        .max()
+        .is_err());
+    // Large reduction (parallel path) is exact for integers-valued floats.
+    let big = Tensor::ones(&[1 << 20], DType::F32, Device::Cpu).unwrap();
+    assert_eq!(big.sum().unwrap().item::<f32>().unwrap(), (1 << 20) as f32);
+}
+
+#[test]
+fn matmul_2d_batched_and_vectors() {
+    let a = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    let b = t(&[7.0, 8.0, 9.0, 10.0, 11.0, 12.0], &[3, 2]);
+    let c = a.matmul(&b).unwrap();
+    assert_eq!(
+        (c.shape(), v(&c)),
+        (&[2usize, 2][..], vec![58.0, 64.0, 139.0, 154.0])
+    );
+    // Transposed operands go through strides.
+    assert_eq!(
+        v(&b.t().unwrap().matmul(&a.t().unwrap()).unwrap()),
+        vec![58.0, 139.0, 64.0, 154.0]
+    );
+    // Batched with a broadcast batch dim: [2,2,3] @ [3,2].
+    let ab = Tensor::stack(&[&a, &a.mul_scalar(2.0).unwrap()], 0).unwrap();
+    let cb = ab.matmul(&b).unwrap();
+    assert_eq!(cb.shape(), &[2, 2, 2]);
+    assert_eq!(
+        v(&cb),
+        vec![58.0, 64.0, 139.0, 154.0, 116.0, 128.0, 278.0, 308.0]
+    );
+    // Vector cases.
+    let x = t(&[1.0, 1.0, 1.0], &[3]);
+    assert_eq!(v(&a.matmul(&x).unwrap()), vec![6.0, 15.0]);
+    assert_eq!(x.matmul(&x).unwrap().shape(), &[] as &[usize]);
+    // Large f32 product through gemm against a naive loop.
+    let m = Tensor::randn(&[64, 96], DType::F32, Device::Cpu).unwrap();
+    let n = Tensor::randn(&[96, 80], DType::F32, Device::Cpu).unwrap();
+    let (mv, nv) = (v(&m), v(&n));
+    let got = v(&m.matmul(&n).unwrap());
+    for (i, j) in [(0, 0), (13, 77), (63, 79)] {
+        let want: f32 = (0..96).map(|k| mv[i * 96 + k] * nv[k * 80 + j]).sum();
+        assert!((got[i * 80 + j] - want).abs() < 1e-3, "{i},{j}");
+    }
+    // Integers are exact; f16 computed in f32.
+    let ia = a.to_dtype(DType::I64).unwrap();
+    assert_eq!(
+        ia.matmul(&b.to_dtype(DType::I64).unwrap())
+            .unwrap()
+            .to_vec::<i64>()
+            .unwrap(),
+        vec![58, 64, 139, 154]
+    );
+    assert_eq!(
+        v(&a.half().unwrap().matmul(&b.half().unwrap()).unwrap()),
+        vec![58.0, 64.0, 139.0, 154.0]
+    );
+}
+
+#[test]
+fn mismatched_matmul_is_a_typed_error_naming_both_shapes() {
+    let e = t(&[0.0; 6], &[2, 3])
+        .matmul(&t(&[0.0; 8], &[4, 2]))
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::MatmulShape { k1: 3, k2: 4, .. }),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("[2, 3]") && msg.contains("[4, 2]") && msg.contains("cannot be multiplied"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn softmax_log_softmax_match_torch() {
+    let x = t(&[1.0, 2.0, 3.0], &[3]);
+    close(&v(&x.softmax(0).unwrap()), &[0.0900, 0.2447, 0.6652], 1e-4);
+    close(
+        &v(&x.log_softmax(-1).unwrap()),
+        &[-2.4076, -1.4076, -0.4076],
+        1e-4,
+    );
+    // Over dim 0 of a matrix: columns sum to one, result is contiguous.
+    let m = t(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+    let s = m.softmax(0).unwrap();
+    assert!(s.is_contiguous());
+    close(&v(&s), &[0.1192, 0.1192, 0.8808, 0.8808], 1e-4);
+    // Large inputs do not overflow (max subtraction).
+    close(
+        &v(&t(&[1000.0, 1000.0], &[2]).softmax(0).unwrap()),
+        &[0.5, 0.5],
+        1e-6,
+    );
+}
+
+#[test]
+fn cross_entropy_and_its_gradient_match_torch() {
+    // torch.nn.functional.cross_entropy(torch.tensor([[1.,2.,3.],[1.,2.,3.]]), torch.tensor([2,0]))
+    // = mean(0.4076, 2.4076) = 1.4076
+    let logits = t(&[1.0, 2.0, 3.0, 1.0, 2.0, 3.0], &[2, 3]);
+    let targets = Tensor::from_slice(&[2i64, 0], &[2], Device::Cpu).unwrap();
+    let loss = logits.cross_entropy(&targets).unwrap();
+    assert_eq!(loss.shape(), &[] as &[usize]);
+    close(&[loss.item::<f32>().unwrap()], &[1.4076], 1e-4);
+    let g = logits.cross_entropy_backward(&targets).unwrap();
+    close(
+        &v(&g),
+        &[0.0450, 0.1224, -0.1674, -0.4550, 0.1224, 0.3326],
+        1e-4,
+    );
+    let bad = Tensor::from_slice(&[2i64, 3], &[2], Device::Cpu).unwrap();
+    let e = logits.cross_entropy(&bad).unwrap_err();
+    assert!(e.to_string().contains("Target 3 is out of bounds"), "{e}");
+    assert!(logits
+        .cross_entropy(&targets.to_dtype(DType::I32).unwrap())
+        .is_err());
+}
+
+#[test]
+fn comparisons_give_bool_tensors() {
+    let a = t(&[1.0, 2.0, 3.0], &[3]);
+    let b = t(&[3.0, 2.0, 1.0], &[3]);
+    assert_eq!(
+        a.eq(&b).unwrap().to_vec::<bool>().unwrap(),
+        vec![false, true, false]
+    );
+    assert_eq!(
+        a.gt(&b).unwrap().to_vec::<bool>().unwrap(),
+        vec![false, false, true]
+    );
+    assert_eq!(
+        a.lt(&b).unwrap().to_vec::<bool>().unwrap(),
+        vec![true, false, false]
+    );
+    let m = a.gt_scalar(1.5).unwrap();
+    assert_eq!(
+        (m.dtype(), m.to_vec::<bool>().unwrap()),
+        (DType::Bool, vec![false, true, true])
+    );
+    // Accuracy idiom: (pred == target).sum()
+    let pred = Tensor::from_slice(&[1i64, 2, 3], &[3], Device::Cpu).unwrap();
+    let tgt = Tensor::from_slice(&[1i64, 0, 3], &[3], Device::Cpu).unwrap();
+    assert_eq!(
+        pred.eq(&tgt).unwrap().sum().unwrap().item::<i64>().unwrap(),
+        2
+    );
+}
+
+#[test]
+fn training_helpers_relu_backward_and_in_place_updates() {
+    let x = t(&[-1.0, 0.0, 2.0], &[3]);
+    let g = t(&[5.0, 5.0, 5.0], &[3]);
+    assert_eq!(v(&g.relu_backward(&x).unwrap()), vec![0.0, 0.0, 5.0]);
+    let p = t(&[1.0, 1.0, 1.0], &[3]);
+    p.add_scaled_(&g, -0.1).unwrap();
+    close(&v(&p), &[0.5, 0.5, 0.5], 1e-6);
+    p.mul_scalar_(2.0).unwrap();
+    p.sub_(&t(&[1.0, 0.0, 0.0], &[3])).unwrap();
+    assert_eq!(v(&p), vec![0.0, 1.0, 1.0]);
+    p.add_(&p).unwrap(); // aliased rhs is staged
+    assert_eq!(v(&p), vec![0.0, 2.0, 2.0]);
+    p.zero_().unwrap();
+    assert_eq!(v(&p), vec![0.0; 3]);
+    // In-place broadcast: a row added to every row; the reverse shape is an error.
+    let m = Tensor::zeros(&[2, 3], DType::F32, Device::Cpu).unwrap();
+    m.add_(&t(&[1.0, 2.0, 3.0], &[3])).unwrap();
+    assert_eq!(v(&m), vec![1.0, 2.0, 3.0, 1.0, 2.0, 3.0]);
+    assert!(t(&[1.0, 2.0, 3.0], &[3]).add_(&m).is_err());
+    // copy_ converts dtype and writes through a strided view.
+    m.t()
+        .unwrap()
+        .copy_(
+            &Tensor::arange(0.0, 6.0, 1.0, DType::I64, Device::Cpu)
+                .unwrap()
+                .reshape(&[3, 2])
+                .unwrap(),
+        )
+        .unwrap();
+    assert_eq!(v(&m), vec![0.0, 2.0, 4.0, 1.0, 3.0, 5.0]);
+    // sum_dim over the batch: the bias gradient.
+    assert_eq!(v(&m.sum_dim(0, false).unwrap()), vec![1.0, 5.0, 9.0]);
+}
+
+#[test]
+fn item_reads_one_element_and_rejects_more() {
+    assert_eq!(t(&[3.5], &[1]).item::<f32>().unwrap(), 3.5);
+    assert_eq!(t(&[3.5], &[1]).item::<f64>().unwrap(), 3.5);
+    let e = t(&[1.0, 2.0], &[2]).item::<f32>().unwrap_err();
+    assert!(matches!(e, Error::NotAScalar { numel: 2 }), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("a Tensor with 2 elements cannot be converted to Scalar"),
+        "{e}"
+    );
+    let e = t(&[1.0], &[1]).to_vec::<f64>().unwrap_err();
+    assert!(matches!(e, Error::ElementType { .. }), "{e:?}");
+}

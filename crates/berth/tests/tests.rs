@@ -1,0 +1,16 @@
+//! berth's integration tests: one binary, one module per area (house style: `autotests =
+//! false`). CUDA modules (`cuda_*.rs`) are added by their owners with one line each.
+
+mod util;
+
+mod bugs;
+mod creation;
+#[cfg(feature = "cuda")]
+mod cuda_runtime;
+mod device;
+mod meta;
+mod nn;
+mod ops;
+mod storage;
+mod to;
+mod views;

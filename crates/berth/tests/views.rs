@@ -1,0 +1,108 @@
+//! Views share storage: reshape/view, transpose/t, permute, narrow, select, unsqueeze,
+//! squeeze, expand — with PyTorch's strides.
+
+use berth::{DType, Device, Tensor};
+
+use crate::util::{t, v};
+
+fn arange6() -> Tensor {
+    Tensor::arange(0.0, 6.0, 1.0, DType::F32, Device::Cpu)
+        .unwrap()
+        .reshape(&[2, 3])
+        .unwrap()
+}
+
+#[test]
+fn reshape_and_view_share_storage_and_have_dense_strides() {
+    let x = arange6();
+    assert_eq!(x.strides(), &[3, 1]);
+    let y = x.view(&[3, 2]).unwrap();
+    assert!(y.shares_storage(&x));
+    assert_eq!(y.strides(), &[2, 1]);
+    y.add_scalar_(10.0).unwrap();
+    assert_eq!(v(&x), vec![10.0, 11.0, 12.0, 13.0, 14.0, 15.0]);
+    assert!(x.reshape(&[4]).is_err());
+}
+
+#[test]
+fn transpose_is_a_strided_view_and_view_of_it_fails_but_reshape_copies() {
+    let x = arange6();
+    let tt = x.t().unwrap();
+    assert_eq!(
+        (tt.shape(), tt.strides()),
+        (&[3usize, 2][..], &[1usize, 3][..])
+    );
+    assert!(!tt.is_contiguous() && tt.shares_storage(&x));
+    assert_eq!(v(&tt), vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+    let e = tt.view(&[6]).unwrap_err();
+    assert!(e.to_string().contains("use .reshape"), "{e}");
+    let r = tt.reshape(&[6]).unwrap();
+    assert!(!r.shares_storage(&x));
+    assert_eq!(v(&r), vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+    // A view through a non-contiguous tensor when strides allow it (split a dim).
+    let p = Tensor::zeros(&[4, 6], DType::F32, Device::Cpu)
+        .unwrap()
+        .t()
+        .unwrap(); // [6,4] strides [1,6]
+    let q = p.view(&[2, 3, 4]).unwrap();
+    assert_eq!(q.strides(), &[3, 1, 6]);
+}
+
+#[test]
+fn permute_narrow_select_unsqueeze_squeeze_expand() {
+    let x = Tensor::arange(0.0, 24.0, 1.0, DType::F32, Device::Cpu)
+        .unwrap()
+        .reshape(&[2, 3, 4])
+        .unwrap();
+    let p = x.permute(&[2, 0, 1]).unwrap();
+    assert_eq!(
+        (p.shape(), p.strides()),
+        (&[4usize, 2, 3][..], &[1usize, 12, 4][..])
+    );
+    assert!(x.permute(&[0, 0, 1]).is_err());
+    let n = x.narrow(2, 1, 2).unwrap();
+    assert_eq!((n.shape(), n.storage_offset()), (&[2usize, 3, 2][..], 1));
+    assert_eq!(
+        v(&n.select(0, 1).unwrap().select(0, 2).unwrap()),
+        vec![21.0, 22.0]
+    );
+    assert!(x.narrow(2, 3, 2).is_err());
+    assert!(x.select(1, 3).is_err());
+    let u = x.unsqueeze(-1).unwrap();
+    assert_eq!(
+        (u.shape(), u.strides()),
+        (&[2usize, 3, 4, 1][..], &[12usize, 4, 1, 1][..])
+    );
+    assert_eq!(u.squeeze().shape(), &[2, 3, 4]);
+    assert_eq!(u.squeeze_dim(0).unwrap().shape(), &[2, 3, 4, 1]);
+    let row = t(&[1.0, 2.0, 3.0], &[3]);
+    let e = row.expand(&[2, 3]).unwrap();
+    assert_eq!(
+        (e.strides(), v(&e)),
+        (&[0usize, 1][..], vec![1.0, 2.0, 3.0, 1.0, 2.0, 3.0])
+    );
+    assert!(e.shares_storage(&row));
+    assert!(row.expand(&[2, 4]).is_err());
+}
+
+#[test]
+fn out_of_range_dims_are_typed_errors() {
+    let x = arange6();
+    let e = x.transpose(0, 2).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            berth::Error::DimOutOfRange {
+                dim: 2,
+                rank: 2,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("[-2, 2)"), "{e}");
+    assert!(x.unsqueeze(3).is_err());
+    assert!(x.reshape_infer(&[-1, -1]).is_err());
+    assert_eq!(x.reshape_infer(&[-1, 2]).unwrap().shape(), &[3, 2]);
+    assert_eq!(x.flatten(0, -1).unwrap().shape(), &[6]);
+}

@@ -6,11 +6,11 @@
 //! `free_completed` honours the trace's streams: the recording already delayed it until the
 //! other streams' events completed.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::allocator::DeviceAllocator;
 use crate::backend::DevicePtr;
+use crate::caching::PtrMap;
 use crate::error::AllocError;
 use crate::snapshot::TraceAction;
 use crate::trace::TraceEvent;
@@ -70,7 +70,8 @@ pub fn replay(
     alloc: &dyn DeviceAllocator,
 ) -> Result<ReplayReport, ReplayError> {
     let before = alloc.stats();
-    let mut live: HashMap<u64, (DevicePtr, u64)> = HashMap::with_capacity(1024);
+    let mut live: PtrMap<(DevicePtr, u64)> =
+        PtrMap::with_capacity_and_hasher(1024, Default::default());
     let (mut ops, mut requested, mut peak_requested) = (0u64, 0u64, 0u64);
     let start = Instant::now();
     let mut failure = None;

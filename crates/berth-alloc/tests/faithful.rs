@@ -58,6 +58,7 @@ fn default_policy_matches_pytorch_on_every_trace() {
         );
         let alloc = CachingAllocator::new(SimBackend::new(SimBackend::H200_BYTES));
         let report = replay(&trace.events, &alloc).unwrap();
+        eprintln!("{name}: {report:?}");
         assert_eq!(
             report.peak_requested, peak_requested,
             "{name}: peak requested"

@@ -82,7 +82,9 @@ mod tests {
             64_000_000_u64.div_ceil(512) * 512
         );
         let cfg4 = AllocatorConfig::parse("roundup_power2_divisions:4").unwrap();
-        assert_eq!(round_size(1200, &cfg4), 1280);
+        assert_eq!(roundup_power2_next_division(1200, 4), 1280);
+        // At most 512 × divisions bytes, plain 512-byte rounding applies.
+        assert_eq!(round_size(1200, &cfg4), 1536);
         assert_eq!(round_size(3 << 20 | 1, &cfg4), 3584 << 10);
         assert_eq!(roundup_power2_next_division(1 << 20, 4), 1 << 20);
     }

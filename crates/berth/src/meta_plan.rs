@@ -1,0 +1,135 @@
+//! Peak-memory prediction on meta: run code on meta tensors while a [`MetaPlan`] is active and
+//! every meta storage allocates its byte size from a caching allocator over a simulated device.
+//!
+//! Note [Meta storage]: meta storage owns no memory. Its size is still known, so while a plan is
+//! active on the creating thread, [`crate::Storage::meta`] also takes an
+//! [`berth_alloc::Allocation`] of that size from the plan's allocator (PyTorch's policy over
+//! [`SimBackend`], the same one that serves CUDA tensors, configured from `BERTH_ALLOC_CONF`)
+//! and keeps it until the storage is dropped. The allocator's statistics then show what the
+//! same sequence of tensors would have cost on the GPU *including* 512-byte rounding, 2/20 MiB
+//! segments and caching: `max_memory_allocated` and `max_memory_reserved` of the plan are the
+//! prediction. Nothing is allocated on any real device.
+//!
+//! ```
+//! use berth::{meta_plan::MetaPlan, DType, Device, Tensor};
+//! let plan = MetaPlan::new(80 << 30)?;
+//! {
+//!     let _active = plan.activate();
+//!     let a = Tensor::zeros(&[1024, 1024], DType::F32, Device::Meta)?; // 4 MiB
+//!     let _b = a.matmul(&a)?;                                          // 4 MiB more
+//! }
+//! assert_eq!(plan.max_memory_allocated(), 8 << 20);
+//! assert_eq!(plan.max_memory_reserved(), 40 << 20); // two 20 MiB large-pool segments
+//! # Ok::<(), berth::Error>(())
+//! ```
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use berth_alloc::backend::sim::SimBackend;
+use berth_alloc::caching::CachingAllocator;
+use berth_alloc::{Allocation, AllocatorConfig, DeviceAllocator, MemoryStats, StreamId};
+
+use crate::{Error, Result};
+
+thread_local! {
+    static ACTIVE: RefCell<Vec<Arc<dyn DeviceAllocator>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A simulated device whose caching allocator records what meta tensors would have allocated.
+#[derive(Clone)]
+pub struct MetaPlan {
+    allocator: Arc<dyn DeviceAllocator>,
+}
+
+impl std::fmt::Debug for MetaPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaPlan")
+            .field("policy", &self.allocator.policy_name())
+            .finish()
+    }
+}
+
+impl MetaPlan {
+    /// A plan over a simulated device of `capacity_bytes` (use the real GPU's total memory to
+    /// also predict out-of-memory), PyTorch's policy configured from `BERTH_ALLOC_CONF`.
+    ///
+    /// # Errors
+    /// [`Error::Alloc`] for a malformed `BERTH_ALLOC_CONF`.
+    pub fn new(capacity_bytes: u64) -> Result<MetaPlan> {
+        let config = AllocatorConfig::from_env().map_err(|e| Error::Alloc(e.into()))?;
+        let allocator = CachingAllocator::with_config(SimBackend::new(capacity_bytes), config)?;
+        Ok(MetaPlan {
+            allocator: Arc::new(allocator),
+        })
+    }
+
+    /// Makes this plan record the meta storages created on this thread until the guard drops.
+    /// Plans nest; the innermost one records.
+    pub fn activate(&self) -> MetaPlanGuard {
+        ACTIVE.with(|a| a.borrow_mut().push(Arc::clone(&self.allocator)));
+        MetaPlanGuard {
+            _not_send: std::marker::PhantomData,
+        }
+    }
+
+    /// The plan's allocator (statistics, `memory_summary`, snapshot).
+    pub fn allocator(&self) -> &Arc<dyn DeviceAllocator> {
+        &self.allocator
+    }
+
+    /// All statistics of the plan's allocator.
+    pub fn stats(&self) -> MemoryStats {
+        self.allocator.stats()
+    }
+
+    /// Predicted peak bytes allocated to tensors (`max_memory_allocated`).
+    pub fn max_memory_allocated(&self) -> u64 {
+        self.allocator
+            .memory_stats()
+            .get("allocated_bytes.all.peak")
+            .copied()
+            .unwrap_or(0)
+            .max(0) as u64
+    }
+
+    /// Predicted peak bytes reserved from the device (`max_memory_reserved`).
+    pub fn max_memory_reserved(&self) -> u64 {
+        self.allocator
+            .memory_stats()
+            .get("reserved_bytes.all.peak")
+            .copied()
+            .unwrap_or(0)
+            .max(0) as u64
+    }
+
+    /// Predicted `memory_summary()` table.
+    pub fn memory_summary(&self) -> String {
+        self.allocator.memory_summary(false)
+    }
+}
+
+/// Deactivates its [`MetaPlan`] on drop. Not `Send`: a plan is active on one thread.
+#[derive(Debug)]
+pub struct MetaPlanGuard {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for MetaPlanGuard {
+    fn drop(&mut self) {
+        ACTIVE.with(|a| {
+            a.borrow_mut().pop();
+        });
+    }
+}
+
+/// The planned allocation for a new meta storage of `nbytes`, when a plan is active. A failed
+/// planned allocation (the simulated device is full) is counted by the plan's allocator
+/// (`num_ooms`) and yields `None`: meta code itself never fails for lack of memory.
+pub(crate) fn plan_allocation(nbytes: usize) -> Option<Allocation> {
+    ACTIVE.with(|a| {
+        let a = a.borrow();
+        let alloc = a.last()?;
+        alloc.allocate(nbytes, StreamId::DEFAULT).ok()
+    })
+}

@@ -206,8 +206,8 @@ pub enum Error {
         what: String,
     },
 
-    /// `load_state_dict` without an entry the module needs (PyTorch: "Missing key(s) in
-    /// state_dict").
+    /// `load_state_dict` without an entry the module needs (PyTorch: `"Missing key(s) in
+    /// state_dict"`).
     #[error("load_state_dict: missing key {key:?} in state_dict (the module has a parameter of that name; present keys: {present:?})")]
     MissingKey {
         /// The parameter name.

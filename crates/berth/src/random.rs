@@ -3,7 +3,7 @@
 //!
 //! A [`Generator`] is a seed plus an offset. Drawing `n` values hands out the counter range
 //! `[offset, offset + n)` and advances the offset, so element `i` of a draw is a pure function
-//! of `(seed, offset + i)` (Philox-style; here SplitMix64 mixing): kernels can fill in parallel
+//! of `(seed, offset + i)` (Philox-style; here `SplitMix64` mixing): kernels can fill in parallel
 //! and reproduce exactly.
 
 use std::sync::Mutex;

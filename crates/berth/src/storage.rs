@@ -76,6 +76,10 @@ pub trait ExternalHostMemory: Send + Sync + fmt::Debug {
     fn as_ptr(&self) -> *mut u8;
     /// Size in bytes.
     fn len(&self) -> usize;
+    /// Whether the size is zero.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// Whether the memory is page-locked (pinned).
     fn is_pinned(&self) -> bool;
 }
@@ -87,6 +91,10 @@ pub trait DeviceMemory: Send + Sync + fmt::Debug {
     fn device_ptr(&self) -> u64;
     /// Size in bytes.
     fn len(&self) -> usize;
+    /// Whether the size is zero.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// The device it lives on (`cuda:i`, always with an index).
     fn device(&self) -> Device;
     /// Downcasting hook for the runtime that created it.

@@ -185,8 +185,8 @@ impl Tensor {
     /// The value of a one-element tensor, converted to `T` (`Tensor.item()`).
     ///
     /// # Errors
-    /// 1. [`Error::MetaNoData`] for meta tensors ("Tensor.item() cannot be called on meta
-    ///    tensors", BUG-07).
+    /// 1. [`Error::MetaNoData`] for meta tensors (BUG-07; PyTorch's message
+    ///    `Tensor.item() cannot be called on meta tensors`).
     /// 2. [`Error::NotAScalar`] when the tensor has other than one element.
     pub fn item<T: Element>(&self) -> Result<T> {
         if self.device().is_meta() {

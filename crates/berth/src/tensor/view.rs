@@ -69,7 +69,7 @@ impl Tensor {
             });
         }
         let fill = if holes == 1 {
-            if known == 0 || self.numel() % known != 0 {
+            if known == 0 || !self.numel().is_multiple_of(known) {
                 return Err(Error::Shape {
                     op: "reshape",
                     what: format!(

@@ -138,8 +138,9 @@ pub enum AllocError {
 }
 
 impl AllocError {
-    /// Whether this is an out-of-memory condition ([`AllocError::OutOfMemory`] or
-    /// [`AllocError::CapExceeded`]), i.e. what PyTorch raises as `torch.OutOfMemoryError`.
+    /// Whether this is an out-of-memory condition ([`AllocError::OutOfMemory`],
+    /// [`AllocError::CapExceeded`] or [`AllocError::TooLarge`]), i.e. what PyTorch raises as
+    /// `torch.OutOfMemoryError`. Only [`AllocError::OutOfMemory`] may succeed on a retry.
     pub fn is_out_of_memory(&self) -> bool {
         matches!(
             self,

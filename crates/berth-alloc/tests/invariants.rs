@@ -1,4 +1,4 @@
-//! Property tests: random sequences of allocate / free / record_stream / empty_cache / event
+//! Property tests: random sequences of allocate / free / `record_stream` / `empty_cache` / event
 //! completion over several streams keep every invariant; fault injection exercises the retry
 //! path without leaks.
 

@@ -286,3 +286,18 @@ fn snapshot_lists_segments_blocks_and_states() {
         "a free block keeps its last request"
     );
 }
+
+#[test]
+fn oom_observer_runs_with_the_lock_released() {
+    let alloc = CachingAllocator::new(SimBackend::new(100 * MIB));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (inner, sink) = (alloc.clone(), seen.clone());
+    alloc.attach_oom_observer(move |e| {
+        // Taking a snapshot inside the observer would deadlock if the lock were held.
+        let segments = inner.snapshot().segments.len();
+        sink.lock().unwrap().push((e.is_out_of_memory(), segments));
+    });
+    let _keep = alloc.allocate(MIB as usize, S0).unwrap();
+    assert!(alloc.allocate(200 * MIB as usize, S0).is_err());
+    assert_eq!(*seen.lock().unwrap(), vec![(true, 1)]);
+}

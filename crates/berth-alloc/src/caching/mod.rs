@@ -38,7 +38,13 @@ pub(crate) struct Shared<B: MemoryBackend> {
     backend: B,
     state: Mutex<State<B::Event>>,
     name: &'static str,
+    /// Called after an OOM with the state lock released (`attach_out_of_memory_observer`).
+    observers: Mutex<Vec<OomObserver>>,
 }
+
+/// A callback run on every out-of-memory error, with the allocator's lock released (so it may
+/// call [`DeviceAllocator::snapshot`], as PyTorch users do to dump a snapshot on OOM).
+pub type OomObserver = Arc<dyn Fn(&AllocError) + Send + Sync>;
 
 impl<B: MemoryBackend> Shared<B> {
     #[inline]
@@ -70,8 +76,23 @@ impl<B: MemoryBackend> Shared<B> {
             requested,
             small,
         };
-        let (mut st, i) = self.malloc_fallback(st, r)?;
-        Ok(DevicePtr(st.alloc_found_block(i, size, requested)))
+        match self.malloc_fallback(st, r) {
+            Ok((mut st, i)) => Ok(DevicePtr(st.alloc_found_block(i, size, requested))),
+            Err(e) => {
+                // The state guard is gone: observers may use the allocator.
+                if e.is_out_of_memory() {
+                    let observers = self
+                        .observers
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    for observer in observers {
+                        observer(&e);
+                    }
+                }
+                Err(e)
+            }
+        }
     }
 
     fn free(&self, ptr: DevicePtr) -> Result<(), AllocError> {
@@ -161,6 +182,7 @@ impl<B: MemoryBackend> CachingAllocator<B> {
                 backend,
                 state: Mutex::new(State::new(config)),
                 name,
+                observers: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -173,6 +195,16 @@ impl<B: MemoryBackend> CachingAllocator<B> {
     /// The configuration.
     pub fn config(&self) -> AllocatorConfig {
         self.shared.lock().cfg.clone()
+    }
+
+    /// Registers `observer`, called on every out-of-memory error with the lock released
+    /// (`torch._C._cuda_attach_out_of_memory_observer`).
+    pub fn attach_oom_observer(&self, observer: impl Fn(&AllocError) + Send + Sync + 'static) {
+        self.shared
+            .observers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::new(observer));
     }
 
     /// Sets the device index shown in OOM messages and snapshots (default 0).

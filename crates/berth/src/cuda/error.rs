@@ -104,6 +104,26 @@ pub enum CudaError {
         tensor_type: String,
     },
 
+    /// The device's caching allocator refused a request (its message is PyTorch's, e.g. "CUDA
+    /// out of memory. Tried to allocate ..."); `out_of_memory` tells whether freeing memory
+    /// and retrying may succeed.
+    #[error("{message}")]
+    Alloc {
+        /// The device index.
+        device: usize,
+        /// Whether this is an out-of-memory condition (transient).
+        out_of_memory: bool,
+        /// The allocator's message.
+        message: String,
+    },
+
+    /// The pinned host allocator refused a request.
+    #[error("pinned host memory: {message}")]
+    HostAlloc {
+        /// The allocator's message.
+        message: String,
+    },
+
     /// An argument outside what the call accepts.
     #[error("{op}: invalid argument: {what}")]
     InvalidArgument {
@@ -122,9 +142,17 @@ impl CudaError {
         }
     }
 
-    /// Whether this is the transient [`CudaError::OutOfMemory`].
+    /// Whether this is a transient out-of-memory condition ([`CudaError::OutOfMemory`], or
+    /// [`CudaError::Alloc`] with `out_of_memory`).
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, Self::OutOfMemory { .. })
+        matches!(
+            self,
+            Self::OutOfMemory { .. }
+                | Self::Alloc {
+                    out_of_memory: true,
+                    ..
+                }
+        )
     }
 }
 

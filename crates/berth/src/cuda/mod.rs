@@ -10,6 +10,7 @@
 //! (primary contexts, created lazily per named device), `stream.rs`, `event.rs`, `raw.rs` (the
 //! driver calls behind them), `backend.rs` (device memory: `cuMemAlloc` and virtual memory),
 //! `pinned.rs` (pinned host memory), `memory.rs` (one allocator per device, the memory API),
+//! `transfer.rs` (`.to()` copies, device and pinned storages), `pin.rs` (`pin_memory`),
 //! `sync_debug.rs` (sync points),
 //! `testing.rs` (the GPU gate for tests, a fake device count).
 
@@ -19,10 +20,14 @@ mod device;
 mod driver;
 mod error;
 mod event;
+pub mod memory;
+mod pin;
+pub mod pinned;
 mod raw;
 mod stream;
 mod sync_debug;
 pub mod testing;
+pub mod transfer;
 
 pub use backend::{CudaBackend, CudaEvent};
 pub use context::{
@@ -35,6 +40,12 @@ pub use device::{
 };
 pub use error::CudaError;
 pub use event::Event;
+pub use memory::{
+    empty_cache, host_empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
+    memory_reserved, memory_stats, memory_summary, reset_peak_memory_stats,
+};
+pub use pin::legacy_type_name;
+pub use pinned::CudaHostBackend;
 pub use stream::{current_stream, current_stream_of_current_device, Stream, StreamGuard};
 pub use sync_debug::{
     get_sync_debug_mode, host_waits, set_sync_debug_mode, sync_point, take_sync_reports,

@@ -145,6 +145,25 @@ mod imp {
         })
     }
 
+    unsafe extern "C" fn sleep_ms(arg: *mut std::ffi::c_void) {
+        std::thread::sleep(std::time::Duration::from_millis(arg as usize as u64));
+    }
+
+    /// Queues a host function that sleeps `ms` milliseconds on stream `raw`: the stream is busy
+    /// that long (`cuLaunchHostFunc`). For tests of asynchronous behaviour.
+    pub(crate) fn stream_sleep(device: usize, raw: u64, ms: u64) -> Result<(), CudaError> {
+        bind(device)?;
+        // SAFETY: `sleep_ms` calls no CUDA API and reads its argument as an integer, not a
+        // pointer; `raw` is a live stream of this device.
+        check("cuLaunchHostFunc", device, unsafe {
+            result::stream::launch_host_function(
+                stream(raw),
+                sleep_ms,
+                ms as usize as *mut std::ffi::c_void,
+            )
+        })
+    }
+
     /// `cuEventDestroy`.
     pub(crate) fn event_destroy(device: usize, ev: u64) -> Result<(), CudaError> {
         bind(device)?;
@@ -201,6 +220,9 @@ mod stub {
         no()
     }
     pub(crate) fn event_destroy(_: usize, _: u64) -> Result<(), CudaError> {
+        no()
+    }
+    pub(crate) fn stream_sleep(_: usize, _: u64, _: u64) -> Result<(), CudaError> {
         no()
     }
 }

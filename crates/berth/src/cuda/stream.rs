@@ -10,8 +10,8 @@ use super::device::{check_device, current_device};
 use super::{raw, CudaError, Event};
 use crate::alloc::StreamId;
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 /// A CUDA stream of one device. Cloning shares the handle; the last clone of a created stream
 /// destroys it (queued work still completes).
@@ -30,6 +30,10 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         if self.owned {
+            DEVICES
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&self.raw);
             // A failed destroy leaks one handle; a drop path never panics.
             let _ = raw::stream_destroy(self.device, self.raw);
         }
@@ -53,6 +57,21 @@ impl PartialEq for Stream {
 }
 
 impl Eq for Stream {}
+
+/// Created streams' devices, by raw handle: lets a bare [`StreamId`] (what the allocators
+/// carry) find its device.
+static DEVICES: Mutex<BTreeMap<u64, usize>> = Mutex::new(BTreeMap::new());
+
+/// The device of the stream named `id`: the creating device for a stream made by
+/// [`Stream::new`], the thread's current device for the default stream (0) or an unknown id.
+pub(crate) fn device_of(id: StreamId) -> usize {
+    let known = DEVICES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&id.0)
+        .copied();
+    known.unwrap_or_else(super::device::current_index)
+}
 
 thread_local! {
     /// The thread's current stream per device; absent = the default stream.
@@ -78,6 +97,10 @@ impl Stream {
             });
         }
         let raw = raw::stream_create(device, priority)?;
+        DEVICES
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(raw, device);
         Ok(Stream {
             inner: Arc::new(Inner {
                 device,
@@ -156,6 +179,12 @@ impl Stream {
     /// [`CudaError::Driver`].
     pub fn synchronize(&self) -> Result<(), CudaError> {
         super::sync_debug::count_host_wait();
+        raw::stream_sync(self.inner.device, self.inner.raw)
+    }
+
+    /// Blocks until queued work completed without counting a host wait (the caller counted it
+    /// through [`sync_point`](super::sync_point)).
+    pub(crate) fn synchronize_uncounted(&self) -> Result<(), CudaError> {
         raw::stream_sync(self.inner.device, self.inner.raw)
     }
 

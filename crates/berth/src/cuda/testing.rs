@@ -91,3 +91,13 @@ pub fn require_gpus(test: &str, n: usize) -> bool {
         }
     }
 }
+
+/// Keeps `stream` busy for `ms` milliseconds without a kernel: queues a host function that
+/// sleeps (`cuLaunchHostFunc`). Work queued after it waits; the host does not. For tests of
+/// asynchronous copies and events (BUG-01, BUG-02, BUG-17, BUG-18).
+///
+/// # Errors
+/// [`CudaError::Driver`](super::CudaError) / [`CudaError::Unavailable`](super::CudaError).
+pub fn busy_stream(stream: &super::Stream, ms: u64) -> Result<(), super::CudaError> {
+    super::raw::stream_sleep(stream.device(), stream.as_raw(), ms)
+}

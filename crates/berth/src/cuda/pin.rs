@@ -1,0 +1,85 @@
+//! `Tensor::pin_memory()` (BUG-05/06): page-locked copies of host tensors through the pinned
+//! host caching allocator.
+//!
+//! `Tensor::is_pinned()` lives with the tensor (it asks the storage, which never touches the
+//! driver: BUG-06's "`is_pinned` creates no context").
+
+use super::transfer::alloc_pinned_storage;
+use super::CudaError;
+use crate::{DType, Result, Tensor};
+use std::sync::Arc;
+
+/// PyTorch's legacy type name of a tensor, e.g. `torch.cuda.FloatTensor` (used in messages).
+pub fn legacy_type_name(device_is_cuda: bool, dtype: DType) -> String {
+    let ty = match dtype {
+        DType::F32 => "FloatTensor",
+        DType::F64 => "DoubleTensor",
+        DType::F16 => "HalfTensor",
+        DType::BF16 => "BFloat16Tensor",
+        DType::I64 => "LongTensor",
+        DType::I32 => "IntTensor",
+        DType::U8 => "ByteTensor",
+        DType::Bool => "BoolTensor",
+    };
+    if device_is_cuda {
+        format!("torch.cuda.{ty}")
+    } else {
+        format!("torch.{ty}")
+    }
+}
+
+impl Tensor {
+    /// A copy of this host tensor in page-locked memory (`Tensor.pin_memory()`), with the same
+    /// shape, strides and offset. An already pinned tensor is returned as is, sharing its
+    /// storage (BUG-05, PyTorch PR 23484). The first call initialises the pinned allocator (and
+    /// the current device's context), so `is_pinned()` is `true` at once (PyTorch #149032).
+    ///
+    /// # Errors
+    /// 1. [`CudaError::CannotPin`] for a device or meta tensor: "cannot pin
+    ///    'torch.cuda.FloatTensor' only dense CPU tensors can be pinned" (BUG-06).
+    /// 2. [`CudaError::Unavailable`] without CUDA; [`CudaError::HostAlloc`] when the memory
+    ///    cannot be pinned.
+    pub fn pin_memory(&self) -> Result<Tensor> {
+        if !self.device().is_cpu() {
+            let name = if self.device().is_meta() {
+                format!("torch.meta.{}", &legacy_type_name(false, self.dtype())[6..])
+            } else {
+                legacy_type_name(true, self.dtype())
+            };
+            return Err(CudaError::CannotPin { tensor_type: name }.into());
+        }
+        if self.is_pinned() {
+            return Ok(self.alias());
+        }
+        let src = self.storage();
+        let dst = alloc_pinned_storage(src.nbytes())?;
+        {
+            let from = src.read_host("pin_memory")?;
+            let mut to = dst.write_host("pin_memory")?;
+            to.bytes_mut()[..src.nbytes()].copy_from_slice(from.bytes());
+        }
+        Ok(Tensor::from_storage(
+            Arc::new(dst),
+            self.layout().clone(),
+            self.dtype(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bug_06_type_names_are_pytorchs() {
+        assert_eq!(legacy_type_name(true, DType::F32), "torch.cuda.FloatTensor");
+        assert_eq!(legacy_type_name(false, DType::I64), "torch.LongTensor");
+        assert_eq!(
+            CudaError::CannotPin {
+                tensor_type: legacy_type_name(true, DType::F32)
+            }
+            .to_string(),
+            "cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors can be pinned"
+        );
+    }
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh: build berth's release binaries and GPU test executables HERE (no GPU
+# needed), stage them with PyTorch's scripts and the traces in .gpu/ (git-ignored), and print
+# the one command to run on the GPU machine. That single run executes every GPU test with
+# BERTH_REQUIRE_GPU=1, berth's GPU benches, and PyTorch's baseline scripts side by side,
+# writing logs and one comparison table to $OUT.
+#
+# Usage: scripts/gpu-check.sh            (then run the printed command with carry [".gpu"])
+# Env:   CARGO_TARGET_DIR (default target/gpu-check), SHARED (default ../shared or /work/shared)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target/gpu-check}"
+SHARED="${SHARED:-$( [ -d ../shared ] && echo ../shared || echo /work/shared )}"
+
+echo "== building release binaries into $CARGO_TARGET_DIR" >&2
+cargo build --release -p berth-cli >&2
+# Test executables of the berth crate (the GPU tests live there), found through cargo's JSON.
+mapfile -t TESTS < <(cargo test --release -p berth --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys
+for l in sys.stdin:
+    try: m = json.loads(l)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] != ["bin"]:
+        print(m["target"]["name"] + "\t" + m["executable"])')
+
+rm -rf .gpu && mkdir -p .gpu/shared
+cp "$CARGO_TARGET_DIR/release/berth" .gpu/berth
+for t in "${TESTS[@]}"; do
+  name="${t%%$'\t'*}"; exe="${t#*$'\t'}"
+  cp "$exe" ".gpu/test-berth-$name"
+done
+cp -r "$SHARED/bench" "$SHARED/traces" .gpu/shared/
+
+cat > .gpu/run.sh <<'EOF'
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repository root; writes everything under $OUT.
+set -u
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+.gpu/berth info | tee "$OUT/info.txt"
+status=0
+for t in .gpu/test-berth-*; do
+  BERTH_REQUIRE_GPU=1 "$t" --test-threads=1 2>&1 | tee -a "$OUT/tests.log" | tail -3 || status=1
+done
+grep -h "^test result" "$OUT/tests.log" > "$OUT/tests-summary.txt" || true
+for b in transfers alloc overlap sync; do
+  timeout 120 .gpu/berth bench "$b" --json 2>>"$OUT/bench.err" | tee -a "$OUT/berth-bench.jsonl"
+done
+if python3 -c 'import torch' 2>/dev/null; then
+  timeout 240 python3 .gpu/shared/bench/torch_baseline.py > "$OUT/torch-baseline.json" 2>"$OUT/torch-baseline.err"
+fi
+python3 - "$OUT" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+berth = {}
+for l in open(os.path.join(out, "berth-bench.jsonl")):
+    try: f = json.loads(l); berth[f["figure"]] = (f["value"], f["unit"])
+    except Exception: pass
+torch = {}
+try: torch = json.load(open(os.path.join(out, "torch-baseline.json")))
+except Exception: pass
+tr = torch.get("transfers", {})
+pairs = [
+  ("h2d pageable 256 MiB (GB/s)", tr.get("h2d_pageable_GBps")),
+  ("h2d pinned 256 MiB (GB/s)", tr.get("h2d_pinned_GBps")),
+  ("d2h pageable 256 MiB (GB/s)", tr.get("d2h_pageable_GBps")),
+  ("d2h pinned 256 MiB (GB/s)", tr.get("d2h_pinned_GBps")),
+  ("d2d copy 4 GiB, bytes read + written (GB/s)", tr.get("d2d_GBps_read+write")),
+  ("pin_memory() 256 MiB first (ms)", tr.get("pin_memory_256MiB_first_ms")),
+  ("pin_memory() 256 MiB again (ms)", tr.get("pin_memory_256MiB_again_ms")),
+]
+lines = ["| figure | berth | PyTorch (same run) |", "|---|---|---|"]
+seen = set()
+for name, t in pairs:
+    b = berth.get(name); seen.add(name)
+    lines.append(f"| {name} | {b[0]:.2f} | {t if t is None else round(t, 2)} |" if b else f"| {name} | - | {t} |")
+for name, (v, u) in berth.items():
+    if name not in seen:
+        lines.append(f"| {name} | {v:.3f} {u} | see torch-baseline.json |")
+table = "\n".join(lines)
+open(os.path.join(out, "table.md"), "w").write(table + "\n")
+print(table)
+PY
+cat "$OUT/tests-summary.txt"
+exit $status
+EOF
+chmod +x .gpu/run.sh
+du -sh .gpu >&2
+echo
+echo "Run on the GPU machine (run tool, carry [\".gpu\"]):"
+echo "  bash .gpu/run.sh"

@@ -216,3 +216,19 @@ pub trait DeviceAllocator: Send + Sync {
     /// The recorded error, once.
     fn check_err(&self) -> Result<(), AllocError>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_is_send_and_sync_and_the_trait_object_safe() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Allocation>();
+        assert_send_sync::<Arc<dyn DeviceAllocator>>();
+        let empty = Allocation::empty(StreamId(3));
+        assert!(empty.ptr().is_null());
+        assert_eq!((empty.size(), empty.stream()), (0, StreamId(3)));
+        assert_eq!(empty.record_stream(StreamId(4)), Ok(()));
+    }
+}

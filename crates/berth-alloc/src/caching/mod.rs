@@ -24,6 +24,7 @@ mod stream_uses;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use self::fallback::Request;
+#[cfg(feature = "trace")]
 pub(crate) use self::state::PtrMap;
 use self::state::State;
 use crate::allocator::{Allocation, AllocationOwner, DeviceAllocator};

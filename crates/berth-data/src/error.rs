@@ -105,6 +105,20 @@ pub enum DataError {
         /// The worker that owns that batch.
         worker_id: usize,
     },
+    /// Page-locked memory could not be allocated for a batch.
+    #[error("pin_memory: the pinned host allocator {host} failed: {message}")]
+    Pin {
+        /// The pinned memory source's name.
+        host: String,
+        /// Its error, in words.
+        message: String,
+    },
+    /// The device prefetcher failed outside a copy.
+    #[error("device prefetch: {message}")]
+    Prefetch {
+        /// What failed.
+        message: String,
+    },
     /// A worker thread could not be started.
     #[error("cannot start DataLoader worker thread {worker_id}: {source}")]
     Spawn {

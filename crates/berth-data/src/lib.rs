@@ -23,24 +23,32 @@ mod batch_sampler;
 mod collate;
 mod dataset;
 mod error;
+pub mod fashion_mnist;
 pub mod idx;
 mod iter;
 mod loader;
 pub mod pin;
 mod pinned_default;
+pub mod prefetch;
 pub mod rng;
 mod sampler;
+mod tensor_collate;
+mod tensor_dataset;
 pub mod worker;
 
 pub use batch_sampler::{BatchSampler, BatchSampling};
 pub use collate::{Collatable, Collate, CollateContext, CollateFn, DefaultCollate};
 pub use dataset::{random_split, Dataset, IterableDataset, SplitLengths, Subset, VecDataset};
 pub use error::{DataError, Result};
+pub use fashion_mnist::{FashionMnist, Split};
 pub use iter::{LoaderIter, STATUS_CHECK_INTERVAL};
 pub use loader::{DataLoader, DataLoaderBuilder, DEFAULT_PREFETCH_FACTOR};
 pub use pin::{PinMemory, PinTarget, PinnedHost};
+pub use pinned_default::AllocatorPinnedHost;
 pub use rng::Generator;
 pub use sampler::{
     RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler,
 };
+pub use tensor_collate::collate_output;
+pub use tensor_dataset::TensorDataset;
 pub use worker::{worker_info, worker_rng, WorkerInfo};

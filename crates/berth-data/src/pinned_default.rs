@@ -1,12 +1,110 @@
-//! The default pinned host memory source: berth's pinned host caching allocator, when CUDA is
-//! available.
+//! [`AllocatorPinnedHost`]: a [`PinnedHost`] over any pinned host allocator (berth's
+//! `HostCachingAllocator` over CUDA, or over `SimHostBackend` in tests), and the default target.
 
 use std::sync::Arc;
 
+use berth::alloc::host::{HostAllocation, HostAllocator};
+use berth::storage::ExternalHostMemory;
+use berth::{DType, Layout, Storage, Tensor};
+
+use crate::error::{DataError, Result};
 use crate::pin::PinnedHost;
+
+/// A pinned block held by a tensor storage; back to its allocator's cache on drop.
+#[derive(Debug)]
+struct PinnedBlock(HostAllocation);
+
+impl ExternalHostMemory for PinnedBlock {
+    fn as_ptr(&self) -> *mut u8 {
+        self.0.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn is_pinned(&self) -> bool {
+        self.0.is_pinned()
+    }
+}
+
+/// Pinned tensors from a [`HostAllocator`] (a `HostCachingAllocator<B>` for any backend).
+pub struct AllocatorPinnedHost {
+    name: String,
+    alloc: Arc<dyn HostAllocator>,
+}
+
+impl std::fmt::Debug for AllocatorPinnedHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AllocatorPinnedHost")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AllocatorPinnedHost {
+    /// Pinned tensors from `alloc`, called `name` in messages.
+    pub fn new(name: impl Into<String>, alloc: Arc<dyn HostAllocator>) -> Self {
+        AllocatorPinnedHost {
+            name: name.into(),
+            alloc,
+        }
+    }
+
+    /// The allocator.
+    pub fn allocator(&self) -> &Arc<dyn HostAllocator> {
+        &self.alloc
+    }
+}
+
+impl PinnedHost for AllocatorPinnedHost {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn empty_pinned(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let nbytes = shape.iter().product::<usize>() * dtype.size_in_bytes();
+        let block = self.alloc.allocate(nbytes).map_err(|e| DataError::Pin {
+            host: self.name.clone(),
+            message: e.to_string(),
+        })?;
+        let storage = Storage::host_external(Box::new(PinnedBlock(block)));
+        Ok(Tensor::from_parts(
+            Arc::new(storage),
+            Layout::contiguous(shape),
+            dtype,
+        )?)
+    }
+
+    fn is_pinned(&self, tensor: &Tensor) -> bool {
+        tensor.is_pinned()
+            || (tensor.device().is_cpu() && self.alloc.is_pinned(tensor.data_ptr() as *const u8))
+    }
+}
+
+/// The CUDA pinned host allocator as a [`PinnedHost`].
+#[derive(Debug)]
+struct CudaPinnedHost;
+
+impl PinnedHost for CudaPinnedHost {
+    fn name(&self) -> &str {
+        "cuda-host"
+    }
+    fn empty_pinned(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let nbytes = shape.iter().product::<usize>() * dtype.size_in_bytes();
+        let storage = berth::cuda::transfer::alloc_pinned_storage(nbytes)?;
+        Ok(Tensor::from_parts(
+            Arc::new(storage),
+            Layout::contiguous(shape),
+            dtype,
+        )?)
+    }
+}
 
 /// berth's pinned host allocator when a CUDA device is present; `None` otherwise (then
 /// `pin_memory = true` warns once and loads into ordinary memory).
 pub(crate) fn default_pinned_host() -> Option<Arc<dyn PinnedHost>> {
-    None
+    if berth::cuda::is_available() {
+        Some(Arc::new(CudaPinnedHost))
+    } else {
+        None
+    }
 }

@@ -223,11 +223,6 @@ impl<B: Send + 'static> WorkerPool<B> {
         self.handles.len()
     }
 
-    /// The current epoch's generation.
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-
     /// Starts a new epoch: tasks of older epochs still queued are skipped by the workers.
     pub fn next_generation(&self) -> u64 {
         self.generation.fetch_add(1, Ordering::AcqRel) + 1

@@ -3,5 +3,7 @@
 mod bugs;
 mod idx;
 mod loader;
+mod pinned;
 mod sampler;
+mod tensors;
 mod util;

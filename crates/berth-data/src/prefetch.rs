@@ -1,0 +1,196 @@
+//! `DevicePrefetcher`: copies batch n+1 to the device on a side stream while the caller computes
+//! on batch n.
+//!
+//! Note [Prefetch stream ordering]: the copy of batch n+1 is queued with `non_blocking` on a
+//! dedicated copy stream, and an event is recorded after it. When the caller takes the batch,
+//! its current (compute) stream waits for that event, so kernels never read a half-copied
+//! batch, and every device tensor of the batch is `record_stream`ed on the compute stream: its
+//! memory, allocated on the copy stream, is not handed out again before the compute stream has
+//! passed the work queued on it (PyTorch's `record_stream` rule; `[record_stream and deferred
+//! free]` in berth-alloc). The pinned source is protected by the transfer layer itself, which
+//! records the copy stream on the pinned block and makes host writes wait for the copy.
+//! On a CPU target the prefetcher just moves batches through (`to(cpu)` is a no-op).
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
+
+use berth::cuda::transfer::CudaMemory;
+use berth::cuda::{current_stream, Event, Stream};
+use berth::{Device, Tensor};
+
+use crate::error::{DataError, Result};
+
+/// A batch type whose tensors can be copied to a device asynchronously.
+pub trait ToDevice: Sized {
+    /// The batch with every tensor copied to `device` with `non_blocking = true`, queued on the
+    /// thread's current stream.
+    ///
+    /// # Errors
+    /// The copy's error.
+    fn to_device_async(&self, device: Device) -> Result<Self>;
+
+    /// Marks every device tensor of the batch as used on `stream` (`Tensor.record_stream`).
+    ///
+    /// # Errors
+    /// The allocator's error.
+    fn record_stream(&self, stream: &Stream) -> Result<()>;
+}
+
+impl ToDevice for Tensor {
+    fn to_device_async(&self, device: Device) -> Result<Self> {
+        Ok(self.to(device, self.dtype(), true, false)?)
+    }
+
+    fn record_stream(&self, stream: &Stream) -> Result<()> {
+        let mem = self.storage().device_memory();
+        if let Some(cm) = mem.and_then(|m| m.as_any().downcast_ref::<CudaMemory>()) {
+            cm.allocation()
+                .record_stream(stream.id())
+                .map_err(|e| DataError::Prefetch {
+                    message: format!("record_stream: {e}"),
+                })?;
+        }
+        Ok(())
+    }
+}
+
+impl<T: ToDevice> ToDevice for Vec<T> {
+    fn to_device_async(&self, device: Device) -> Result<Self> {
+        self.iter().map(|x| x.to_device_async(device)).collect()
+    }
+    fn record_stream(&self, stream: &Stream) -> Result<()> {
+        self.iter().try_for_each(|x| x.record_stream(stream))
+    }
+}
+
+impl<K: Ord + Clone, V: ToDevice> ToDevice for BTreeMap<K, V> {
+    fn to_device_async(&self, device: Device) -> Result<Self> {
+        self.iter()
+            .map(|(k, v)| Ok((k.clone(), v.to_device_async(device)?)))
+            .collect()
+    }
+    fn record_stream(&self, stream: &Stream) -> Result<()> {
+        self.values().try_for_each(|v| v.record_stream(stream))
+    }
+}
+
+impl<K: Eq + Hash + Clone, V: ToDevice> ToDevice for HashMap<K, V> {
+    fn to_device_async(&self, device: Device) -> Result<Self> {
+        self.iter()
+            .map(|(k, v)| Ok((k.clone(), v.to_device_async(device)?)))
+            .collect()
+    }
+    fn record_stream(&self, stream: &Stream) -> Result<()> {
+        self.values().try_for_each(|v| v.record_stream(stream))
+    }
+}
+
+macro_rules! to_device_tuple {
+    ($($t:ident $i:tt),+) => {
+        impl<$($t: ToDevice),+> ToDevice for ($($t,)+) {
+            fn to_device_async(&self, device: Device) -> Result<Self> {
+                Ok(($(self.$i.to_device_async(device)?,)+))
+            }
+            fn record_stream(&self, stream: &Stream) -> Result<()> {
+                $(self.$i.record_stream(stream)?;)+
+                Ok(())
+            }
+        }
+    };
+}
+to_device_tuple!(A 0);
+to_device_tuple!(A 0, B 1);
+to_device_tuple!(A 0, B 1, C 2);
+to_device_tuple!(A 0, B 1, C 2, D 3);
+
+/// Wraps a batch iterator (usually a [`LoaderIter`](crate::LoaderIter) with `pin_memory`) and
+/// yields its batches on `device`, one batch copied ahead on a side stream. See Note [Prefetch
+/// stream ordering].
+pub struct DevicePrefetcher<I, B> {
+    inner: I,
+    device: Device,
+    cuda_index: Option<usize>,
+    side: Option<Stream>,
+    next: Option<(Result<B>, Option<Event>)>,
+}
+
+impl<I, B> std::fmt::Debug for DevicePrefetcher<I, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevicePrefetcher")
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<I: Iterator<Item = Result<B>>, B: ToDevice> DevicePrefetcher<I, B> {
+    /// Starts prefetching `inner`'s batches to `device`: creates the copy stream (on a CUDA
+    /// device) and queues the copy of the first batch.
+    ///
+    /// # Errors
+    /// The device cannot be used (no CUDA, index out of range) or the stream cannot be created.
+    pub fn new(inner: I, device: Device) -> Result<Self> {
+        let device = device.canonical()?;
+        let (cuda_index, side) = if device.is_cuda() {
+            let idx = usize::from(device.index().unwrap_or(0));
+            (
+                Some(idx),
+                Some(Stream::new(idx, 0).map_err(berth::Error::from)?),
+            )
+        } else {
+            (None, None)
+        };
+        let mut p = DevicePrefetcher {
+            inner,
+            device,
+            cuda_index,
+            side,
+            next: None,
+        };
+        p.preload();
+        Ok(p)
+    }
+
+    /// The copy stream (`None` on a CPU target).
+    pub fn copy_stream(&self) -> Option<&Stream> {
+        self.side.as_ref()
+    }
+
+    fn preload(&mut self) {
+        self.next = match self.inner.next() {
+            None => None,
+            Some(Err(e)) => Some((Err(e), None)),
+            Some(Ok(batch)) => match &self.side {
+                Some(side) => {
+                    let _guard = side.scope();
+                    let moved = batch.to_device_async(self.device);
+                    match side.record_event() {
+                        Ok(ev) => Some((moved, Some(ev))),
+                        Err(e) => Some((Err(berth::Error::from(e).into()), None)),
+                    }
+                }
+                None => Some((batch.to_device_async(self.device), None)),
+            },
+        };
+    }
+
+    fn hand_over(&self, batch: &B, ready: &Event) -> Result<()> {
+        let idx = self.cuda_index.unwrap_or(0);
+        let compute = current_stream(idx).map_err(berth::Error::from)?;
+        compute.wait_event(ready).map_err(berth::Error::from)?;
+        batch.record_stream(&compute)
+    }
+}
+
+impl<I: Iterator<Item = Result<B>>, B: ToDevice> Iterator for DevicePrefetcher<I, B> {
+    type Item = Result<B>;
+
+    fn next(&mut self) -> Option<Result<B>> {
+        let (batch, ready) = self.next.take()?;
+        let batch = match (batch, ready) {
+            (Ok(b), Some(ev)) => self.hand_over(&b, &ev).map(|()| b),
+            (other, _) => other,
+        };
+        self.preload();
+        Some(batch)
+    }
+}

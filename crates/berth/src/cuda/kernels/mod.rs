@@ -1,0 +1,289 @@
+//! berth's own CUDA kernels: elementwise, cast/copy, reductions, softmax and cross-entropy,
+//! compiled at run time with NVRTC, once per (device, module) and process.
+//!
+//! This is the raw layer under [`ops`](super::ops): every function takes device addresses
+//! (`CUdeviceptr` as `u64`) of memory that berth's allocators own, with the shape and strides
+//! (in elements) of each operand, and enqueues work on a stream. Nothing here allocates device
+//! memory, and no cudarc `CudaSlice` is involved.
+//!
+//! Files: `prelude.rs` (shared CUDA C: dtype table, half conversions, index structs, block
+//! reductions), `module.rs` (NVRTC + module cache + launch), `elementwise.rs` (unary, scalar,
+//! binary, comparison, fill, copy/cast), `reduce.rs` (sum, mean, max, min, argmax, argmin),
+//! `softmax.rs` (softmax, log_softmax and their backward, cross-entropy forward/backward).
+//!
+//! # Note [Kernel modules]
+//! A module is compiled for one dtype (`"binary.f32"`, `"reduce.bf16"`, ...) so a program that
+//! only trains in f32 compiles only f32 code (about 0.1-0.3 s per module on first use). Half
+//! types are stored as `unsigned short` and converted by hand (PTX `cvt` for f16, bit shifts
+//! for bf16), so NVRTC needs no CUDA include directory. f16/bf16 compute in f32, integers in
+//! their own width, as PyTorch's `opmath_type`.
+
+mod elementwise;
+mod error;
+mod module;
+mod prelude;
+mod reduce;
+mod softmax;
+
+pub use elementwise::{binary, compare, copy, fill, unary, BinaryOp, CompareOp, UnaryOp};
+pub use error::KernelError;
+pub use reduce::{arg_reduce, sum, ArgReduce};
+pub use softmax::{cross_entropy, cross_entropy_backward, softmax, softmax_backward, Reduction};
+
+pub(crate) use module::{function, grid_for, launch};
+pub(crate) use prelude::module_source;
+
+/// A CUDA stream handle as the driver knows it (null = the legacy default stream).
+pub type RawStream = cudarc::driver::sys::CUstream;
+
+/// The most dimensions a kernel operand may have after merging contiguous dimensions
+/// (PyTorch's limit is 25; berth's index struct holds 8).
+pub const MAX_DIMS: usize = 8;
+
+/// Element types the kernels know, in PyTorch's `ScalarType` sense.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ScalarType {
+    /// 32-bit float.
+    F32,
+    /// 64-bit float.
+    F64,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// 64-bit signed integer.
+    I64,
+    /// 32-bit signed integer.
+    I32,
+    /// 8-bit unsigned integer.
+    U8,
+    /// Boolean, one byte (0 or 1).
+    Bool,
+}
+
+impl ScalarType {
+    /// Every scalar type.
+    pub const ALL: [Self; 8] = [
+        Self::F32,
+        Self::F64,
+        Self::F16,
+        Self::BF16,
+        Self::I64,
+        Self::I32,
+        Self::U8,
+        Self::Bool,
+    ];
+
+    /// Size of one element in bytes.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            Self::F64 | Self::I64 => 8,
+            Self::F32 | Self::I32 => 4,
+            Self::F16 | Self::BF16 => 2,
+            Self::U8 | Self::Bool => 1,
+        }
+    }
+
+    /// Whether this is a floating-point type.
+    pub fn is_float(self) -> bool {
+        matches!(self, Self::F32 | Self::F64 | Self::F16 | Self::BF16)
+    }
+
+    /// The name used in kernel names and module keys (`f32`, `bf16`, `bool`, ...).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F64 => "f64",
+            Self::F16 => "f16",
+            Self::BF16 => "bf16",
+            Self::I64 => "i64",
+            Self::I32 => "i32",
+            Self::U8 => "u8",
+            Self::Bool => "bool",
+        }
+    }
+
+    /// The dtype [`sum`] writes for this input: the same for floats, i64 for integers and
+    /// bool (PyTorch's `sum` promotes integers to `torch.int64`).
+    pub fn sum_output(self) -> Self {
+        if self.is_float() {
+            self
+        } else {
+            Self::I64
+        }
+    }
+}
+
+/// One strided operand on the device: the address of its first element (the storage's
+/// address plus the view's offset, in bytes) and its strides in elements (0 for broadcast
+/// dimensions). The shape is the operation's, given separately.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceView<'a> {
+    /// `CUdeviceptr` of element `[0, 0, ...]`.
+    pub ptr: u64,
+    /// The element type.
+    pub dtype: ScalarType,
+    /// Strides in elements, one per dimension of the operation's shape.
+    pub strides: &'a [isize],
+}
+
+impl<'a> DeviceView<'a> {
+    /// A view of `ptr` with `strides` (in elements).
+    pub fn new(ptr: u64, dtype: ScalarType, strides: &'a [isize]) -> Self {
+        Self {
+            ptr,
+            dtype,
+            strides,
+        }
+    }
+}
+
+/// Row-major contiguous strides (in elements) of `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
+    let mut strides = vec![0isize; shape.len()];
+    let mut acc = 1isize;
+    for (s, &d) in strides.iter_mut().zip(shape).rev() {
+        *s = acc;
+        acc = acc.saturating_mul(isize::try_from(d).unwrap_or(isize::MAX));
+    }
+    strides
+}
+
+/// The index struct the kernels take (`Idx1` / `Idx2` / `Idx3` of the prelude): `N` stride
+/// arrays over one shape. `#[repr(C)]` with `i64` fields only, so its layout is the C one.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Idx<const N: usize> {
+    ndim: i64,
+    shape: [i64; MAX_DIMS],
+    strides: [[i64; MAX_DIMS]; N],
+}
+
+impl<const N: usize> Idx<N> {
+    /// Packs `shape` and the operands' strides, first dropping size-1 dimensions and merging
+    /// neighbours that are contiguous for every operand (so most calls become 1-D).
+    ///
+    /// # Errors
+    /// [`KernelError::InvalidArgument`] when a stride list has the wrong length or more than
+    /// [`MAX_DIMS`] dimensions remain.
+    pub(crate) fn new(
+        op: &'static str,
+        shape: &[usize],
+        strides: [&[isize]; N],
+    ) -> Result<Self, KernelError> {
+        for s in &strides {
+            if s.len() != shape.len() {
+                return Err(KernelError::invalid(
+                    op,
+                    format!(
+                        "an operand has {} strides for a {}-d shape {shape:?}",
+                        s.len(),
+                        shape.len()
+                    ),
+                ));
+            }
+        }
+        // (size, strides) of the kept dimensions, outermost first.
+        let mut dims: Vec<(i64, [i64; N])> = Vec::with_capacity(shape.len());
+        for (d, &size) in shape.iter().enumerate() {
+            if size == 1 {
+                continue;
+            }
+            let st: [i64; N] = std::array::from_fn(|k| strides[k][d] as i64);
+            if let Some(last) = dims.last_mut() {
+                let mergeable = (0..N).all(|k| last.1[k] == st[k] * size as i64);
+                if mergeable {
+                    last.0 *= size as i64;
+                    last.1 = st;
+                    continue;
+                }
+            }
+            dims.push((size as i64, st));
+        }
+        if dims.len() > MAX_DIMS {
+            return Err(KernelError::invalid(
+                op,
+                format!(
+                    "shape {shape:?} has {} non-mergeable dimensions; kernels take at most {MAX_DIMS}: \
+                     make the operands contiguous first",
+                    dims.len()
+                ),
+            ));
+        }
+        let mut idx = Self {
+            ndim: dims.len() as i64,
+            shape: [1; MAX_DIMS],
+            strides: [[0; MAX_DIMS]; N],
+        };
+        for (d, (size, st)) in dims.iter().enumerate() {
+            idx.shape[d] = *size;
+            for k in 0..N {
+                idx.strides[k][d] = st[k];
+            }
+        }
+        Ok(idx)
+    }
+}
+
+/// Number of elements of `shape`, as the `i64` kernels take.
+pub(crate) fn numel(op: &'static str, shape: &[usize]) -> Result<i64, KernelError> {
+    shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .and_then(|n| i64::try_from(n).ok())
+        .ok_or_else(|| KernelError::invalid(op, format!("shape {shape:?} has too many elements")))
+}
+
+/// Makes `device`'s context current.
+pub(crate) fn bind(device: usize) -> Result<(), super::CudaError> {
+    super::bind_context(device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idx_merges_contiguous_dims_and_drops_ones() {
+        let shape = [2, 1, 3, 4];
+        let c = contiguous_strides(&shape);
+        let idx = Idx::<1>::new("t", &shape, [&c]).unwrap();
+        assert_eq!(idx.ndim, 1);
+        assert_eq!(idx.shape[0], 24);
+        assert_eq!(idx.strides[0][0], 1);
+    }
+
+    #[test]
+    fn idx_keeps_broadcast_and_transposed_dims_apart() {
+        let shape = [3, 4];
+        let out = contiguous_strides(&shape);
+        let bcast = [0isize, 1];
+        let idx = Idx::<2>::new("t", &shape, [&out, &bcast]).unwrap();
+        assert_eq!(idx.ndim, 2);
+        assert_eq!(&idx.shape[..2], &[3, 4]);
+        assert_eq!(&idx.strides[1][..2], &[0, 1]);
+        let t = [1isize, 3];
+        let idx = Idx::<2>::new("t", &shape, [&out, &t]).unwrap();
+        assert_eq!(idx.ndim, 2);
+    }
+
+    #[test]
+    fn idx_rejects_wrong_stride_count_and_too_many_dims() {
+        let e = Idx::<1>::new("t", &[2, 3], [&[1isize][..]]).unwrap_err();
+        assert!(e.to_string().contains("1 strides for a 2-d shape"), "{e}");
+        let shape = [2usize; 10];
+        // Every dimension non-mergeable: strides grow by 3 instead of 2.
+        let strides: Vec<isize> = (0..10).rev().map(|d| 3isize.pow(d)).collect();
+        let e = Idx::<1>::new("t", &shape, [&strides]).unwrap_err();
+        assert!(e.to_string().contains("at most 8"), "{e}");
+    }
+
+    #[test]
+    fn scalar_type_table() {
+        assert_eq!(ScalarType::BF16.size_bytes(), 2);
+        assert_eq!(ScalarType::I32.sum_output(), ScalarType::I64);
+        assert_eq!(ScalarType::F16.sum_output(), ScalarType::F16);
+        assert!(!ScalarType::Bool.is_float());
+    }
+}

@@ -1,0 +1,393 @@
+//! The CUDA implementation of the tensor layer's kernel interface
+//! ([`DeviceKernels`](crate::backend::DeviceKernels)): every op of [`crate::ops`] on berth's
+//! own NVRTC kernels ([`kernels`](super::kernels)), cuBLAS ([`blas`](super::blas)) and the
+//! device Philox generator ([`rand`](super::rand)).
+//!
+//! Memory comes from the views' storages (`DeviceMemory::device_ptr`); nothing here allocates.
+//! `alloc` and `transfer` belong to the CUDA runtime and keep the interface's defaults here.
+//! Work is enqueued on the device's current stream ([`current_stream`]).
+
+use super::blas::{self, MatrixView};
+use super::kernels::{self, ArgReduce, DeviceView, RawStream, ScalarType};
+use super::rand::{fill_random_with, Distribution};
+use crate::backend::{DeviceKernels, RandomDist, View};
+use crate::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::{DType, Device, Error, Result};
+
+/// berth's CUDA kernels, as one value for [`crate::backend`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CudaKernels;
+
+/// The kernel dtype of a tensor dtype.
+pub fn scalar_type(dtype: DType) -> ScalarType {
+    match dtype {
+        DType::F32 => ScalarType::F32,
+        DType::F64 => ScalarType::F64,
+        DType::F16 => ScalarType::F16,
+        DType::BF16 => ScalarType::BF16,
+        DType::I64 => ScalarType::I64,
+        DType::I32 => ScalarType::I32,
+        DType::U8 => ScalarType::U8,
+        DType::Bool => ScalarType::Bool,
+    }
+}
+
+/// The stream kernels go to: the legacy default stream for now (ordered with every blocking
+/// stream, so correct with any copy the runtime issues); the runtime's per-thread current
+/// stream replaces this single function when it lands.
+pub fn current_stream(_device: usize) -> RawStream {
+    std::ptr::null_mut()
+}
+
+/// A view's device index, strides and first-element address.
+struct Raw {
+    device: usize,
+    ptr: u64,
+    strides: Vec<isize>,
+    dtype: ScalarType,
+}
+
+impl Raw {
+    fn of(op: &'static str, v: &View<'_>) -> Result<Raw> {
+        let mem = v.storage.device_memory().ok_or_else(|| Error::InvalidArgument {
+            op,
+            what: "a CUDA kernel got a view whose storage is not device memory".into(),
+        })?;
+        let device = usize::from(mem.device().index().unwrap_or(0));
+        let dtype = scalar_type(v.dtype);
+        let ptr = mem.device_ptr() + (v.layout.offset() * dtype.size_bytes()) as u64;
+        let strides = v.layout.strides().iter().map(|&s| s as isize).collect();
+        Ok(Raw {
+            device,
+            ptr,
+            strides,
+            dtype,
+        })
+    }
+
+    fn view(&self) -> DeviceView<'_> {
+        DeviceView::new(self.ptr, self.dtype, &self.strides)
+    }
+
+    fn is_contiguous_for(&self, shape: &[usize]) -> bool {
+        let c = kernels::contiguous_strides(shape);
+        shape.iter().zip(self.strides.iter().zip(&c)).all(|(&d, (&s, &cs))| d == 1 || s == cs)
+    }
+}
+
+fn not_contiguous(op: &'static str, which: &str) -> Error {
+    Error::InvalidArgument {
+        op,
+        what: format!("the CUDA kernel needs a contiguous {which}; call contiguous() first"),
+    }
+}
+
+impl DeviceKernels for CudaKernels {
+    fn kind(&self) -> Device {
+        Device::CudaCurrent
+    }
+
+    fn copy(&self, dst: View<'_>, src: View<'_>) -> Result<()> {
+        let (d, s) = (Raw::of("copy", &dst)?, Raw::of("copy", &src)?);
+        // SAFETY: both views come from live storages whose layouts the front-end checked to fit
+        // their memory; the stream is the device's.
+        unsafe { kernels::copy(d.device, current_stream(d.device), dst.layout.shape(), d.view(), s.view()) }?;
+        Ok(())
+    }
+
+    fn fill(&self, dst: View<'_>, value: f64) -> Result<()> {
+        let d = Raw::of("fill", &dst)?;
+        // SAFETY: as in `copy`.
+        unsafe { kernels::fill(d.device, current_stream(d.device), dst.layout.shape(), d.view(), value) }?;
+        Ok(())
+    }
+
+    fn unary(&self, op: UnaryOp, dst: View<'_>, src: Option<View<'_>>) -> Result<()> {
+        let d = Raw::of(op.name(), &dst)?;
+        let s = match src {
+            Some(v) => Raw::of(op.name(), &v)?,
+            None => Raw::of(op.name(), &dst)?,
+        };
+        let k = match op {
+            UnaryOp::Neg => kernels::UnaryOp::Neg,
+            UnaryOp::Relu => kernels::UnaryOp::Relu,
+            UnaryOp::Exp => kernels::UnaryOp::Exp,
+            UnaryOp::Log => kernels::UnaryOp::Log,
+            UnaryOp::Sqrt => kernels::UnaryOp::Sqrt,
+            UnaryOp::Abs => kernels::UnaryOp::Abs,
+        };
+        // SAFETY: as in `copy`; in place, `dst` is read and written element by element.
+        unsafe { kernels::unary(d.device, current_stream(d.device), k, dst.layout.shape(), d.view(), s.view()) }?;
+        Ok(())
+    }
+
+    fn binary(&self, op: BinaryOp, dst: View<'_>, lhs: Option<View<'_>>, rhs: View<'_>) -> Result<()> {
+        let d = Raw::of(op.name(), &dst)?;
+        let a = match lhs {
+            Some(v) => Raw::of(op.name(), &v)?,
+            None => Raw::of(op.name(), &dst)?,
+        };
+        let b = Raw::of(op.name(), &rhs)?;
+        let k = match op {
+            BinaryOp::Add => kernels::BinaryOp::Add,
+            BinaryOp::Sub => kernels::BinaryOp::Sub,
+            BinaryOp::Mul => kernels::BinaryOp::Mul,
+            BinaryOp::Div => kernels::BinaryOp::Div,
+            BinaryOp::Pow => kernels::BinaryOp::Pow,
+            BinaryOp::Maximum => kernels::BinaryOp::Maximum,
+            BinaryOp::Minimum => kernels::BinaryOp::Minimum,
+        };
+        // SAFETY: as in `unary`.
+        unsafe {
+            kernels::binary(d.device, current_stream(d.device), k, dst.layout.shape(), d.view(), a.view(), b.view())
+        }?;
+        Ok(())
+    }
+
+    fn scalar(&self, op: BinaryOp, dst: View<'_>, src: Option<View<'_>>, scalar: f64, scalar_first: bool) -> Result<()> {
+        let d = Raw::of(op.name(), &dst)?;
+        let s = match src {
+            Some(v) => Raw::of(op.name(), &v)?,
+            None => Raw::of(op.name(), &dst)?,
+        };
+        use kernels::UnaryOp as U;
+        let k = match (op, scalar_first) {
+            (BinaryOp::Add, _) => U::AddScalar(scalar),
+            (BinaryOp::Mul, _) => U::MulScalar(scalar),
+            (BinaryOp::Sub, false) => U::AddScalar(-scalar),
+            (BinaryOp::Sub, true) => U::RsubScalar(scalar),
+            (BinaryOp::Div, false) => U::DivScalar(scalar),
+            (BinaryOp::Div, true) => U::RdivScalar(scalar),
+            (BinaryOp::Pow, false) => U::PowScalar(scalar),
+            (BinaryOp::Pow, true) => U::RpowScalar(scalar),
+            (BinaryOp::Maximum, _) => U::MaximumScalar(scalar),
+            (BinaryOp::Minimum, _) => U::MinimumScalar(scalar),
+        };
+        // SAFETY: as in `unary`.
+        unsafe { kernels::unary(d.device, current_stream(d.device), k, dst.layout.shape(), d.view(), s.view()) }?;
+        Ok(())
+    }
+
+    fn compare(&self, op: CmpOp, dst: View<'_>, lhs: View<'_>, rhs: Option<View<'_>>, scalar: f64) -> Result<()> {
+        let d = Raw::of(op.name(), &dst)?;
+        let a = Raw::of(op.name(), &lhs)?;
+        let b = match rhs {
+            Some(v) => Some(Raw::of(op.name(), &v)?),
+            None => None,
+        };
+        let k = match op {
+            CmpOp::Eq => kernels::CompareOp::Eq,
+            CmpOp::Ne => kernels::CompareOp::Ne,
+            CmpOp::Gt => kernels::CompareOp::Gt,
+            CmpOp::Ge => kernels::CompareOp::Ge,
+            CmpOp::Lt => kernels::CompareOp::Lt,
+            CmpOp::Le => kernels::CompareOp::Le,
+        };
+        // SAFETY: as in `copy`.
+        unsafe {
+            kernels::compare(
+                d.device,
+                current_stream(d.device),
+                k,
+                dst.layout.shape(),
+                d.view(),
+                a.view(),
+                b.as_ref().map(Raw::view),
+                scalar,
+            )
+        }?;
+        Ok(())
+    }
+
+    fn reduce(&self, op: ReduceOp, dst: View<'_>, src: View<'_>, dims: &[usize]) -> Result<()> {
+        let d = Raw::of(op.name(), &dst)?;
+        let s = Raw::of(op.name(), &src)?;
+        let shape = src.layout.shape();
+        let stream = current_stream(s.device);
+        // SAFETY (every arm): as in `copy`; `dst` has the kept shape.
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => unsafe {
+                kernels::sum(s.device, stream, shape, s.view(), dims, op == ReduceOp::Mean, d.view())
+            }?,
+            ReduceOp::Max | ReduceOp::Min => {
+                let which = if op == ReduceOp::Max { ArgReduce::Max } else { ArgReduce::Min };
+                // SAFETY: as above.
+                unsafe { kernels::arg_reduce(s.device, stream, which, shape, s.view(), dims, Some(d.view()), None) }?
+            }
+            ReduceOp::ArgMax => unsafe {
+                kernels::arg_reduce(s.device, stream, ArgReduce::Max, shape, s.view(), dims, None, Some(d.view()))
+            }?,
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, dst: View<'_>, lhs: View<'_>, rhs: View<'_>) -> Result<()> {
+        let (d, a, b) = (Raw::of("matmul", &dst)?, Raw::of("matmul", &lhs)?, Raw::of("matmul", &rhs)?);
+        let ls = lhs.layout.shape();
+        let rs = rhs.layout.shape();
+        let nd = ls.len();
+        if nd < 2 || rs.len() != nd || dst.layout.shape().len() != nd {
+            return Err(Error::InvalidArgument {
+                op: "matmul",
+                what: format!("expected [.., m, k] @ [.., k, n] views, got {ls:?} @ {rs:?}"),
+            });
+        }
+        let (m, k, n) = (ls[nd - 2], ls[nd - 1], rs[nd - 1]);
+        let batch_shape = &ls[..nd - 2];
+        let bs = |r: &Raw| r.strides[..nd - 2].to_vec();
+        let mat = |r: &Raw, ptr: u64, batch_stride: i64| MatrixView {
+            ptr,
+            batch_stride,
+            row_stride: r.strides[nd - 2] as i64,
+            col_stride: r.strides[nd - 1] as i64,
+        };
+        // Batch dimensions: merge what merges; loop on the host over the rest.
+        let (ab, bb, db) = (bs(&a), bs(&b), bs(&d));
+        let outer: Vec<(usize, [isize; 3])> = {
+            let mut dims: Vec<(usize, [isize; 3])> = Vec::new();
+            for i in 0..batch_shape.len() {
+                if batch_shape[i] == 1 {
+                    continue;
+                }
+                let st = [ab[i], bb[i], db[i]];
+                if let Some(last) = dims.last_mut() {
+                    let size = batch_shape[i] as isize;
+                    if (0..3).all(|j| last.1[j] == st[j] * size) {
+                        last.0 *= batch_shape[i];
+                        last.1 = st;
+                        continue;
+                    }
+                }
+                dims.push((batch_shape[i], st));
+            }
+            dims
+        };
+        let (inner, loops) = match outer.split_last() {
+            Some((last, rest)) => (*last, rest.to_vec()),
+            None => ((1, [0, 0, 0]), vec![]),
+        };
+        let count: usize = loops.iter().map(|l| l.0).product();
+        let stream = current_stream(d.device);
+        for flat in 0..count {
+            let (mut rem, mut off) = (flat, [0isize; 3]);
+            for (size, st) in loops.iter().rev() {
+                let c = (rem % size) as isize;
+                rem /= size;
+                for j in 0..3 {
+                    off[j] += c * st[j];
+                }
+            }
+            let at = |r: &Raw, o: isize| (r.ptr as i64 + o as i64 * r.dtype.size_bytes() as i64) as u64;
+            // SAFETY: as in `copy`; every batch offset stays inside its view.
+            unsafe {
+                blas::matmul(
+                    d.device,
+                    stream,
+                    d.dtype,
+                    inner.0,
+                    m,
+                    n,
+                    k,
+                    mat(&a, at(&a, off[0]), inner.1[0] as i64),
+                    mat(&b, at(&b, off[1]), inner.1[1] as i64),
+                    mat(&d, at(&d, off[2]), inner.1[2] as i64),
+                )
+            }?;
+        }
+        Ok(())
+    }
+
+    fn softmax(&self, dst: View<'_>, src: View<'_>, log: bool) -> Result<()> {
+        let op = if log { "log_softmax" } else { "softmax" };
+        let (d, s) = (Raw::of(op, &dst)?, Raw::of(op, &src)?);
+        let shape = src.layout.shape();
+        if shape.is_empty() {
+            return Err(Error::InvalidArgument { op, what: "softmax of a 0-d tensor: give it a dimension".into() });
+        }
+        let stream = current_stream(d.device);
+        let input = if s.is_contiguous_for(shape) {
+            s.ptr
+        } else {
+            // SAFETY: as in `copy`; `dst` is contiguous and distinct from `src`.
+            unsafe { kernels::copy(d.device, stream, shape, d.view(), s.view()) }?;
+            d.ptr
+        };
+        // SAFETY: contiguous input and output of `shape`; in place is allowed.
+        unsafe { kernels::softmax(d.device, stream, d.dtype, shape, shape.len() - 1, log, input, d.ptr) }?;
+        Ok(())
+    }
+
+    fn cross_entropy(&self, dst: View<'_>, logits: View<'_>, targets: View<'_>) -> Result<()> {
+        let (d, x, t) = (
+            Raw::of("cross_entropy", &dst)?,
+            Raw::of("cross_entropy", &logits)?,
+            Raw::of("cross_entropy", &targets)?,
+        );
+        let shape = logits.layout.shape();
+        let (n, c) = two_d("cross_entropy", shape)?;
+        if !x.is_contiguous_for(shape) {
+            return Err(not_contiguous("cross_entropy", "logits tensor"));
+        }
+        if !t.is_contiguous_for(targets.layout.shape()) {
+            return Err(not_contiguous("cross_entropy", "targets tensor"));
+        }
+        // SAFETY: contiguous logits [n, c], targets [n], a 1-element dst.
+        unsafe {
+            kernels::cross_entropy(d.device, current_stream(d.device), x.dtype, n, c, x.ptr, t.ptr, kernels::Reduction::Mean, d.ptr)
+        }?;
+        Ok(())
+    }
+
+    fn cross_entropy_backward(&self, dst: View<'_>, logits: View<'_>, targets: View<'_>) -> Result<()> {
+        let op = "cross_entropy_backward";
+        let (d, x, t) = (Raw::of(op, &dst)?, Raw::of(op, &logits)?, Raw::of(op, &targets)?);
+        let shape = logits.layout.shape();
+        let (n, c) = two_d(op, shape)?;
+        if !x.is_contiguous_for(shape) {
+            return Err(not_contiguous(op, "logits tensor"));
+        }
+        if !t.is_contiguous_for(targets.layout.shape()) {
+            return Err(not_contiguous(op, "targets tensor"));
+        }
+        // SAFETY: contiguous buffers; grad_out 0 means an incoming gradient of 1.
+        unsafe {
+            kernels::cross_entropy_backward(
+                d.device,
+                current_stream(d.device),
+                x.dtype,
+                n,
+                c,
+                x.ptr,
+                t.ptr,
+                kernels::Reduction::Mean,
+                0,
+                d.ptr,
+            )
+        }?;
+        Ok(())
+    }
+
+    fn random(&self, dst: View<'_>, dist: RandomDist, seed: u64, offset: u64) -> Result<()> {
+        let d = Raw::of("random", &dst)?;
+        let shape = dst.layout.shape();
+        if !d.is_contiguous_for(shape) {
+            return Err(not_contiguous("random", "output"));
+        }
+        let dist = match dist {
+            RandomDist::Uniform { low, high } => Distribution::Uniform { low, high },
+            RandomDist::Normal { mean, std } => Distribution::Normal { mean, std },
+        };
+        let n = shape.iter().product();
+        // SAFETY: contiguous `dst` of `n` elements.
+        unsafe { fill_random_with(d.device, current_stream(d.device), d.dtype, n, dist, d.ptr, seed, offset) }?;
+        Ok(())
+    }
+}
+
+fn two_d(op: &'static str, shape: &[usize]) -> Result<(usize, usize)> {
+    match shape {
+        [n, c] => Ok((*n, *c)),
+        _ => Err(Error::InvalidArgument { op, what: format!("logits must be [N, C], got {shape:?}") }),
+    }
+}
+

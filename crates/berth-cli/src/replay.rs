@@ -1,13 +1,289 @@
 //! `berth replay`: PyTorch allocator traces through berth's allocators.
+//!
+//! Each trace (`*.trace.json.gz`, plain JSON, or a `_dump_snapshot` pickle, whose
+//! `device_traces[0]` is replayed) goes through each chosen policy on a fresh [`SimBackend`],
+//! following `berth_alloc::replay`'s rules (streams honoured: a block is freed at its
+//! `free_completed` row). PyTorch's own figures for the five traces of `shared/traces` are
+//! printed beside berth's.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use berth_alloc::backend::sim::SimBackend;
+use berth_alloc::caching::CachingAllocator;
+use berth_alloc::replay::{replay, ReplayReport};
+use berth_alloc::trace::{read_trace, Trace};
+use berth_alloc::{AllocatorConfig, DeviceAllocator, PagedBestFit};
+
+use crate::UsageError;
 
 /// Arguments of `berth replay`.
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
     /// Trace files (`*.trace.json.gz`, JSON, or PyTorch snapshot pickles).
-    pub traces: Vec<std::path::PathBuf>,
+    #[arg(required = true)]
+    pub traces: Vec<PathBuf>,
+    /// Allocator policy: `pytorch` (PyTorch's default caching allocator), `expandable`
+    /// (`expandable_segments:True`), `paged` (berth's own `PagedBestFit`) or `all`.
+    #[arg(long, default_value = "paged")]
+    pub policy: String,
+    /// Simulated device memory in bytes (suffixes KiB, MiB, GiB, TiB allowed); default: an
+    /// H200's 150109880320.
+    #[arg(long, value_name = "BYTES")]
+    pub capacity: Option<String>,
+    /// Hand out the segment addresses the trace recorded (its `segment_alloc` rows) instead of
+    /// increasing ones: PyTorch breaks ties between equal-size free blocks by address.
+    #[arg(long)]
+    pub real_addrs: bool,
+    /// Print one JSON object per trace and policy instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A replay policy of `--policy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Policy {
+    Pytorch,
+    Expandable,
+    Paged,
+}
+
+impl Policy {
+    fn name(self) -> &'static str {
+        match self {
+            Policy::Pytorch => "pytorch",
+            Policy::Expandable => "expandable",
+            Policy::Paged => "paged",
+        }
+    }
+
+    fn parse_list(s: &str) -> Result<Vec<Policy>, UsageError> {
+        match s {
+            "pytorch" => Ok(vec![Policy::Pytorch]),
+            "expandable" => Ok(vec![Policy::Expandable]),
+            "paged" => Ok(vec![Policy::Paged]),
+            "all" => Ok(vec![Policy::Pytorch, Policy::Expandable, Policy::Paged]),
+            other => Err(UsageError(format!(
+                "unknown --policy '{other}': expected pytorch, expandable, paged or all"
+            ))),
+        }
+    }
+
+    fn allocator(self, sim: SimBackend) -> anyhow::Result<Box<dyn DeviceAllocator>> {
+        Ok(match self {
+            Policy::Pytorch => Box::new(CachingAllocator::new(sim)),
+            Policy::Expandable => {
+                let config = AllocatorConfig::parse("expandable_segments:True")?;
+                Box::new(CachingAllocator::with_config(sim, config)?)
+            }
+            Policy::Paged => Box::new(PagedBestFit::new(sim)?),
+        })
+    }
+}
+
+/// PyTorch's figures for a trace of `shared/traces` (its README table, H200, torch 2.11).
+struct TorchFigures {
+    name: &'static str,
+    peak_requested: u64,
+    /// Peak reserved bytes: default, expandable_segments, cudaMallocAsync.
+    reserved: [u64; 3],
+    /// `num_device_alloc` of the live run (default mode).
+    segments: u64,
+    /// C++ `raw_alloc`/`raw_delete` ns per operation: default, expandable, cudaMallocAsync.
+    ns_per_op: [u64; 3],
+}
+
+const TORCH: [TorchFigures; 5] = [
+    TorchFigures { name: "bert_varlen_train", peak_requested: 16_209_102_960, reserved: [18_184_404_992, 16_227_762_176, 16_240_345_088], segments: 181, ns_per_op: [562, 333, 1666] },
+    TorchFigures { name: "gpt2_generate", peak_requested: 692_946_998, reserved: [759_169_024, 738_197_504, 838_860_800], segments: 31, ns_per_op: [395, 226, 1401] },
+    TorchFigures { name: "gpt2_train", peak_requested: 8_668_539_912, reserved: [10_204_741_632, 9_235_857_408, 12_180_258_816], segments: 191, ns_per_op: [491, 321, 1941] },
+    TorchFigures { name: "resnet50_train", peak_requested: 5_879_357_852, reserved: [7_031_750_656, 5_991_563_264, 6_140_461_056], segments: 111, ns_per_op: [535, 291, 1563] },
+    TorchFigures { name: "two_stream_pipeline", peak_requested: 268_738_372, reserved: [354_418_688, 341_835_776, 369_098_752], segments: 12, ns_per_op: [332, 227, 1293] },
+];
+
+const TORCH_MODES: [&str; 3] = ["torch default", "torch expandable", "torch cudaMallocAsync"];
+
+/// The trace name: the file name up to its first dot (`gpt2_train.trace.json.gz` → `gpt2_train`).
+fn trace_name(path: &Path) -> String {
+    let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    file.split('.').next().unwrap_or_default().to_string()
+}
+
+/// Parses `--capacity`: an integer number of bytes, optionally followed by KiB/MiB/GiB/TiB.
+fn parse_capacity(s: &str) -> Result<u64, UsageError> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        "TiB" => 40,
+        _ => u32::MAX,
+    };
+    let value = digits.parse::<u64>().ok().filter(|&v| v > 0 && shift != u32::MAX);
+    value
+        .and_then(|v| v.checked_mul(1u64 << shift.min(63)))
+        .ok_or_else(|| UsageError(format!("invalid --capacity '{s}': expected a positive number of bytes such as 80000000000 or 80GiB")))
+}
+
+/// Reads a JSON trace or a snapshot pickle (recognized by its leading protocol byte 0x80).
+fn load(path: &Path) -> anyhow::Result<Trace> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| UsageError(format!("cannot read trace {}: {e}", path.display())))?;
+    if bytes.first() == Some(&0x80) {
+        return berth_alloc::pickle::load_trace_pickle(&bytes)
+            .map_err(|e| UsageError(format!("{}: not a valid PyTorch snapshot pickle: {e}", path.display())).into());
+    }
+    read_trace(path).map_err(|e| UsageError(format!("{}: {e}", path.display())).into())
+}
+
+/// One replay's result.
+struct Row {
+    trace: String,
+    policy: Policy,
+    report: ReplayReport,
 }
 
 /// Runs `berth replay`.
-pub fn run(_args: ReplayArgs) -> anyhow::Result<()> {
-    anyhow::bail!("berth replay: not built yet")
+pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
+    let policies = Policy::parse_list(&args.policy)?;
+    let capacity = match &args.capacity {
+        Some(c) => parse_capacity(c)?,
+        None => SimBackend::H200_BYTES,
+    };
+    let traces: Vec<(String, Trace)> = args
+        .traces
+        .iter()
+        .map(|p| Ok((trace_name(p), load(p)?)))
+        .collect::<anyhow::Result<_>>()?;
+    let total: u64 = traces.iter().map(|(_, t)| t.events.len() as u64).sum::<u64>() * policies.len() as u64;
+    let bar = progress_bar(total, args.json);
+    let mut rows = Vec::new();
+    for (name, trace) in &traces {
+        for &policy in &policies {
+            bar.set_message(format!("{name} / {}", policy.name()));
+            let mut sim = SimBackend::new(capacity);
+            if args.real_addrs {
+                sim = sim.with_addresses(trace.segment_addresses());
+            }
+            let alloc = policy.allocator(sim)?;
+            let report = replay(&trace.events, alloc.as_ref())
+                .with_context(|| format!("replaying {name} with policy {}", policy.name()))?;
+            bar.inc(trace.events.len() as u64);
+            rows.push(Row { trace: name.clone(), policy, report });
+        }
+    }
+    bar.finish_and_clear();
+    if args.json {
+        for row in &rows {
+            println!("{}", json_line(row));
+        }
+    } else {
+        print!("{}", table(&rows));
+    }
+    Ok(())
+}
+
+/// A progress bar on stderr for runs of more than 200k events, hidden for `--json` and when
+/// stderr is not a terminal.
+fn progress_bar(total: u64, json: bool) -> indicatif::ProgressBar {
+    if json || total < 200_000 || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} events  {msg}") {
+        bar.set_style(style);
+    }
+    bar
+}
+
+fn json_line(row: &Row) -> String {
+    let r = &row.report;
+    let mut obj = serde_json::json!({
+        "trace": row.trace,
+        "policy": row.policy.name(),
+        "ops": r.ops,
+        "peak_requested": r.peak_requested,
+        "peak_reserved": r.peak_reserved,
+        "ratio": (r.ratio() * 1e6).round() / 1e6,
+        "device_allocs": r.device_allocs,
+        "device_calls": r.device_calls,
+        "ns_per_op": (r.ns_per_op * 10.0).round() / 10.0,
+    });
+    if let Some(t) = TORCH.iter().find(|t| t.name == row.trace) {
+        obj["torch_peak_reserved"] = serde_json::json!({
+            "default": t.reserved[0], "expandable": t.reserved[1], "cuda_malloc_async": t.reserved[2],
+        });
+        obj["torch_segments"] = serde_json::json!(t.segments);
+    }
+    obj.to_string()
+}
+
+/// The human table: one block per trace, one row per policy, PyTorch's rows beneath.
+fn table(rows: &[Row]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let header = format!(
+        "{:<22} {:>10} {:>16} {:>16} {:>8} {:>9} {:>12} {:>8}",
+        "policy", "ops", "peak requested", "peak reserved", "ratio", "segments", "device calls", "ns/op"
+    );
+    let mut last = "";
+    for row in rows {
+        if row.trace != last {
+            if !last.is_empty() {
+                out.push('\n');
+            }
+            let _ = writeln!(out, "{}\n{header}", row.trace);
+            last = &row.trace;
+        }
+        let r = &row.report;
+        let _ = writeln!(
+            out,
+            "{:<22} {:>10} {:>16} {:>16} {:>7.4}x {:>9} {:>12} {:>8.0}",
+            row.policy.name(), r.ops, r.peak_requested, r.peak_reserved, r.ratio(), r.device_allocs, r.device_calls, r.ns_per_op
+        );
+        let is_last_of_trace = rows.iter().rposition(|x| x.trace == row.trace).is_some_and(|i| std::ptr::eq(&rows[i], row));
+        if let (true, Some(t)) = (is_last_of_trace, TORCH.iter().find(|t| t.name == row.trace)) {
+            for (i, mode) in TORCH_MODES.iter().enumerate() {
+                let segments = if i == 0 { t.segments.to_string() } else { "-".to_string() };
+                let _ = writeln!(
+                    out,
+                    "{:<22} {:>10} {:>16} {:>16} {:>7.4}x {:>9} {:>12} {:>8}",
+                    mode, "-", t.peak_requested, t.reserved[i], t.reserved[i] as f64 / t.peak_requested as f64, segments, "-", t.ns_per_op[i]
+                );
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_accepts_bytes_and_iec_units() {
+        assert_eq!(parse_capacity("1024").unwrap(), 1024);
+        assert_eq!(parse_capacity("80GiB").unwrap(), 80 << 30);
+        assert_eq!(parse_capacity("3 MiB").unwrap(), 3 << 20);
+        assert!(parse_capacity("80GB").unwrap_err().0.contains("80GiB"));
+        assert!(parse_capacity("0").is_err());
+        assert!(parse_capacity("lots").is_err());
+    }
+
+    #[test]
+    fn trace_name_is_the_stem_before_the_first_dot() {
+        assert_eq!(trace_name(Path::new("/x/gpt2_train.trace.json.gz")), "gpt2_train");
+        assert_eq!(trace_name(Path::new("two_stream_pipeline.snapshot.pickle")), "two_stream_pipeline");
+    }
+
+    #[test]
+    fn unknown_policy_names_the_choices() {
+        let err = Policy::parse_list("fast").unwrap_err();
+        assert!(err.0.contains("pytorch, expandable, paged or all"), "{err}");
+        assert_eq!(Policy::parse_list("all").unwrap().len(), 3);
+    }
 }

@@ -3,7 +3,8 @@
 //! allocate + free pair with 100 / 10k / 100k blocks live.
 //!
 //! One criterion iteration is one whole replay; ns per operation = reported time / ops
-//! (printed for each trace before its group runs). Run: `cargo bench -p berth-alloc --bench replay`.
+//! (printed for each trace before its group runs). Run: `cargo bench -p berth-alloc --bench replay`;
+//! `BERTH_TRACE_DIR` overrides where the traces are read from (default `tests/data`).
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -27,7 +28,9 @@ enum Op {
 /// The trace's `alloc` / `free_completed` rows as slot operations (the replay rules of
 /// `shared/traces/README.md`), so the timed loop does no hashing of its own.
 fn ops_of(name: &str) -> Option<(Vec<Op>, usize)> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(format!("{name}.trace.json.gz"));
+    let dir = std::env::var_os("BERTH_TRACE_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data"), PathBuf::from);
+    let path = dir.join(format!("{name}.trace.json.gz"));
     let trace = read_trace(&path).ok()?;
     let mut slots = std::collections::HashMap::new();
     let mut ops = Vec::new();

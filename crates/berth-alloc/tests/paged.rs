@@ -11,18 +11,57 @@ use crate::util::{trace_path, TRACES};
 /// PyTorch's figures per trace (`shared/traces/README.md`): peak requested, peak reserved of
 /// the default / expandable_segments / cudaMallocAsync modes, and the default's segment count.
 const PYTORCH: [(&str, u64, u64, u64, u64, u64); 5] = [
-    ("bert_varlen_train", 16_209_102_960, 18_184_404_992, 16_227_762_176, 16_240_345_088, 181),
-    ("gpt2_generate", 692_946_998, 759_169_024, 738_197_504, 838_860_800, 31),
-    ("gpt2_train", 8_668_539_912, 10_204_741_632, 9_235_857_408, 12_180_258_816, 191),
-    ("resnet50_train", 5_879_357_852, 7_031_750_656, 5_991_563_264, 6_140_461_056, 111),
-    ("two_stream_pipeline", 268_738_372, 354_418_688, 341_835_776, 369_098_752, 12),
+    (
+        "bert_varlen_train",
+        16_209_102_960,
+        18_184_404_992,
+        16_227_762_176,
+        16_240_345_088,
+        181,
+    ),
+    (
+        "gpt2_generate",
+        692_946_998,
+        759_169_024,
+        738_197_504,
+        838_860_800,
+        31,
+    ),
+    (
+        "gpt2_train",
+        8_668_539_912,
+        10_204_741_632,
+        9_235_857_408,
+        12_180_258_816,
+        191,
+    ),
+    (
+        "resnet50_train",
+        5_879_357_852,
+        7_031_750_656,
+        5_991_563_264,
+        6_140_461_056,
+        111,
+    ),
+    (
+        "two_stream_pipeline",
+        268_738_372,
+        354_418_688,
+        341_835_776,
+        369_098_752,
+        12,
+    ),
 ];
 
 fn replay_paged(name: &str) -> Option<ReplayReport> {
     let trace = read_trace(trace_path(name)?).expect("checked-in trace parses");
     let alloc = PagedBestFit::new(SimBackend::new(SimBackend::H200_BYTES)).unwrap();
     let report = replay(&trace.events, &alloc).expect("replay fits on an H200");
-    assert_eq!(report.device_calls, alloc.backend().counts().device_calls(), "{name}: stats and backend agree");
+    assert_eq!(
+        report.device_calls,
+        alloc.backend().counts().device_calls(),
+        "{name}: stats and backend agree"
+    );
     Some(report)
 }
 
@@ -35,16 +74,33 @@ fn paged_beats_every_pytorch_mode_within_call_budget() {
             PYTORCH.iter().find(|p| p.0 == name).unwrap();
         assert_eq!(r.peak_requested, requested, "{name}: peak requested");
         let best = default.min(expandable).min(asynch);
-        assert!(r.peak_reserved <= best, "{name}: peak reserved {} > PyTorch's best {best}", r.peak_reserved);
-        assert!(r.device_calls <= 4 * segments, "{name}: {} device calls > 4 x {segments} segments", r.device_calls);
-        eprintln!("{name}: peak reserved {} ({:.5}x), {} device calls (budget {})", r.peak_reserved, r.ratio(), r.device_calls, 4 * segments);
+        assert!(
+            r.peak_reserved <= best,
+            "{name}: peak reserved {} > PyTorch's best {best}",
+            r.peak_reserved
+        );
+        assert!(
+            r.device_calls <= 4 * segments,
+            "{name}: {} device calls > 4 x {segments} segments",
+            r.device_calls
+        );
+        eprintln!(
+            "{name}: peak reserved {} ({:.5}x), {} device calls (budget {})",
+            r.peak_reserved,
+            r.ratio(),
+            r.device_calls,
+            4 * segments
+        );
         log_waste += (r.peak_reserved as f64 / requested as f64 - 1.0).ln();
         log_expandable_waste += (expandable as f64 / requested as f64 - 1.0).ln();
         n += 1;
     }
     let gm = (log_waste / n as f64).exp();
     let gm_expandable = (log_expandable_waste / n as f64).exp();
-    assert!(gm <= gm_expandable / 2.0, "geometric-mean waste {gm:.5} > half of expandable's {gm_expandable:.5}");
+    assert!(
+        gm <= gm_expandable / 2.0,
+        "geometric-mean waste {gm:.5} > half of expandable's {gm_expandable:.5}"
+    );
 }
 
 #[test]
@@ -65,7 +121,13 @@ fn paged_reuses_cached_pages_without_backend_calls() {
 #[test]
 fn paged_empty_cache_returns_everything() {
     let alloc = PagedBestFit::new(SimBackend::new(1 << 30)).unwrap();
-    let ptrs: Vec<DevicePtr> = (1..20).map(|i| alloc.raw_alloc(i * 300_000, StreamId(i as u64 % 3)).unwrap()).collect();
+    let ptrs: Vec<DevicePtr> = (1..20)
+        .map(|i| {
+            alloc
+                .raw_alloc(i * 300_000, StreamId(i as u64 % 3))
+                .unwrap()
+        })
+        .collect();
     assert!(alloc.stats().memory_reserved() >= alloc.stats().memory_allocated());
     for p in ptrs {
         alloc.raw_delete(p).unwrap();
@@ -84,13 +146,19 @@ fn paged_record_stream_defers_reuse_until_event_completes() {
     alloc.raw_record_stream(a, s1).unwrap();
     alloc.raw_delete(a).unwrap();
     let b = alloc.raw_alloc(4096, s0).unwrap();
-    assert_ne!(a, b, "block still in use on stream 7 is not handed out again");
+    assert_ne!(
+        a, b,
+        "block still in use on stream 7 is not handed out again"
+    );
     assert_eq!(alloc.stats().active_bytes.all().current, 2 * 4096);
     alloc.backend().complete_events_on(s1);
     alloc.raw_delete(b).unwrap();
     let c = alloc.raw_alloc(4096, s0).unwrap();
     assert_eq!(alloc.stats().active_bytes.all().current, 4096);
-    assert!(c == a || c == b, "after the event completes the memory is reusable");
+    assert!(
+        c == a || c == b,
+        "after the event completes the memory is reusable"
+    );
 }
 
 #[test]
@@ -98,10 +166,19 @@ fn paged_bad_frees_are_typed_errors() {
     let alloc = PagedBestFit::new(SimBackend::new(1 << 30)).unwrap();
     let a = alloc.raw_alloc(1000, StreamId::DEFAULT).unwrap();
     alloc.raw_delete(a).unwrap();
-    assert!(matches!(alloc.raw_delete(a), Err(AllocError::DoubleFree { .. })));
-    assert!(matches!(alloc.raw_delete(DevicePtr(0x1234)), Err(AllocError::InvalidPointer { .. })));
+    assert!(matches!(
+        alloc.raw_delete(a),
+        Err(AllocError::DoubleFree { .. })
+    ));
+    assert!(matches!(
+        alloc.raw_delete(DevicePtr(0x1234)),
+        Err(AllocError::InvalidPointer { .. })
+    ));
     assert_eq!(alloc.stats().memory_allocated(), 0);
-    assert_eq!(alloc.raw_alloc(0, StreamId::DEFAULT).unwrap(), DevicePtr::NULL);
+    assert_eq!(
+        alloc.raw_alloc(0, StreamId::DEFAULT).unwrap(),
+        DevicePtr::NULL
+    );
 }
 
 #[test]
@@ -113,6 +190,60 @@ fn paged_out_of_memory_is_typed_and_recoverable() {
     assert_eq!(alloc.stats().num_ooms, 1);
     alloc.raw_delete(a).unwrap();
     let b = alloc.raw_alloc(40 << 20, StreamId(3)).unwrap();
-    assert!(!b.is_null(), "pages of stream 0 were moved to stream 3 after the OOM");
+    assert!(
+        !b.is_null(),
+        "pages of stream 0 were moved to stream 3 after the OOM"
+    );
     assert!(alloc.stats().memory_reserved() <= 64 << 20);
+}
+
+#[test]
+fn paged_random_ops_keep_invariants() {
+    let alloc = PagedBestFit::new(SimBackend::new(4 << 30)).unwrap();
+    let mut live: Vec<(DevicePtr, u64)> = Vec::new();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for step in 0..20_000 {
+        let r = rnd();
+        if live.is_empty() || (r % 5 < 3 && live.len() < 200) {
+            let size = 1 + rnd() % if r % 7 == 0 { 64 << 20 } else { 1 << 20 };
+            let stream = StreamId(rnd() % 3);
+            let p = alloc.raw_alloc(size as usize, stream).unwrap();
+            if r % 11 == 0 {
+                alloc.raw_record_stream(p, StreamId((stream.0 + 1) % 3)).unwrap();
+            }
+            live.push((p, size.div_ceil(512) * 512));
+        } else {
+            let (p, _) = live.swap_remove((rnd() % live.len() as u64) as usize);
+            alloc.raw_delete(p).unwrap();
+        }
+        if r % 97 == 0 {
+            alloc.backend().complete_all();
+        }
+        if step % 1000 == 0 {
+            let mut sorted = live.clone();
+            sorted.sort_unstable();
+            for w in sorted.windows(2) {
+                assert!(w[0].0 .0 + w[0].1 <= w[1].0 .0, "step {step}: live blocks overlap");
+            }
+            let stats = alloc.stats();
+            let snap = alloc.snapshot();
+            assert_eq!(stats.memory_allocated(), live.iter().map(|l| l.1).sum::<u64>(), "step {step}");
+            assert!(stats.memory_reserved() >= stats.memory_allocated(), "step {step}");
+            assert_eq!(stats.memory_reserved(), alloc.backend().used_bytes(), "step {step}: reserved = mapped");
+            assert_eq!(snap.total_reserved(), stats.memory_reserved(), "step {step}");
+            assert_eq!(snap.segments.len() as i64, stats.segment.all().current, "step {step}");
+        }
+    }
+    for (p, _) in live {
+        alloc.raw_delete(p).unwrap();
+    }
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.stats().memory_reserved(), 0);
+    assert_eq!(alloc.stats().memory_allocated(), 0);
 }

@@ -227,6 +227,11 @@ impl PageMap {
         }
     }
 
+    /// How many separate mapped intervals there are (PyTorch's segment count for this policy).
+    pub(crate) fn interval_count(&self) -> usize {
+        self.intervals.len()
+    }
+
     /// The mapped intervals `(start, end)` in address order.
     pub(crate) fn intervals(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.intervals.iter().map(|(&s, &e)| (s, e))

@@ -254,12 +254,24 @@ impl<E> State<E> {
         Ok(())
     }
 
+    /// Moves the `segment` statistic (a COUNT of separate mapped ranges) by the change from
+    /// `before` ranges.
+    fn note_segments(&mut self, before: usize) {
+        let after = self.pages.interval_count();
+        if after > before {
+            self.stats.segment.increase(false, (after - before) as i64);
+        } else if before > after {
+            self.stats.segment.decrease(false, (before - after) as i64);
+        }
+    }
+
     fn note_mapped(&mut self, a: u64, b: u64, stream: StreamId) {
+        let before = self.pages.interval_count();
         self.pages.insert(a, b);
+        self.note_segments(before);
         self.maps += 1;
         self.high_water = self.high_water.max(self.pages.mapped);
         self.stats.reserved_bytes.increase(false, (b - a) as i64);
-        self.stats.segment.increase(false, 1);
         self.stats.num_device_alloc += 1;
         self.trace(TraceAction::SegmentMap, a, b - a, stream);
     }
@@ -270,10 +282,11 @@ impl<E> State<E> {
         // caller (`reclaim`), or the pages were mapped for a request that failed and never
         // handed out.
         unsafe { vm(backend).unmap(DevicePtr(a), (b - a) as usize, stream) }.map_err(backend_err(stream))?;
+        let before = self.pages.interval_count();
         self.pages.remove(a, b);
+        self.note_segments(before);
         self.unmaps += 1;
         self.stats.reserved_bytes.decrease(false, (b - a) as i64);
-        self.stats.segment.decrease(false, 1);
         self.stats.num_device_free += 1;
         self.trace(TraceAction::SegmentUnmap, a, b - a, stream);
         Ok(())

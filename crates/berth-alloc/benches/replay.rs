@@ -16,20 +16,34 @@ use berth_alloc::trace::read_trace;
 use berth_alloc::{DeviceAllocator, DevicePtr, PagedBestFit, StreamId, TraceAction};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
-const TRACES: [&str; 5] = ["bert_varlen_train", "gpt2_generate", "gpt2_train", "resnet50_train", "two_stream_pipeline"];
+const TRACES: [&str; 5] = [
+    "bert_varlen_train",
+    "gpt2_generate",
+    "gpt2_train",
+    "resnet50_train",
+    "two_stream_pipeline",
+];
 
 /// One operation of a pre-digested trace: allocate into a slot, or free a slot.
 #[derive(Clone, Copy)]
 enum Op {
-    Alloc { bytes: usize, stream: StreamId, slot: usize },
-    Free { slot: usize },
+    Alloc {
+        bytes: usize,
+        stream: StreamId,
+        slot: usize,
+    },
+    Free {
+        slot: usize,
+    },
 }
 
 /// The trace's `alloc` / `free_completed` rows as slot operations (the replay rules of
 /// `shared/traces/README.md`), so the timed loop does no hashing of its own.
 fn ops_of(name: &str) -> Option<(Vec<Op>, usize)> {
-    let dir = std::env::var_os("BERTH_TRACE_DIR")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data"), PathBuf::from);
+    let dir = std::env::var_os("BERTH_TRACE_DIR").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data"),
+        PathBuf::from,
+    );
     let path = dir.join(format!("{name}.trace.json.gz"));
     let trace = read_trace(&path).ok()?;
     let mut slots = std::collections::HashMap::new();
@@ -42,7 +56,11 @@ fn ops_of(name: &str) -> Option<(Vec<Op>, usize)> {
                     next += 1;
                     next - 1
                 });
-                ops.push(Op::Alloc { bytes: e.size as usize, stream: e.stream, slot });
+                ops.push(Op::Alloc {
+                    bytes: e.size as usize,
+                    stream: e.stream,
+                    slot,
+                });
             }
             TraceAction::FreeCompleted => {
                 if let Some(&slot) = slots.get(&e.addr) {
@@ -59,7 +77,11 @@ fn ops_of(name: &str) -> Option<(Vec<Op>, usize)> {
 fn replay(alloc: &dyn DeviceAllocator, ops: &[Op], ptrs: &mut [DevicePtr]) {
     for op in ops {
         match *op {
-            Op::Alloc { bytes, stream, slot } => {
+            Op::Alloc {
+                bytes,
+                stream,
+                slot,
+            } => {
                 if !ptrs[slot].is_null() {
                     let _ = alloc.raw_delete(ptrs[slot]);
                 }
@@ -79,8 +101,18 @@ fn replay(alloc: &dyn DeviceAllocator, ops: &[Op], ptrs: &mut [DevicePtr]) {
 
 fn policies() -> Vec<(&'static str, Box<dyn DeviceAllocator>)> {
     vec![
-        ("pytorch", Box::new(CachingAllocator::new(SimBackend::new(SimBackend::H200_BYTES)))),
-        ("paged", Box::new(PagedBestFit::new(SimBackend::new(SimBackend::H200_BYTES)).expect("sim has VMM"))),
+        (
+            "pytorch",
+            Box::new(CachingAllocator::new(SimBackend::new(
+                SimBackend::H200_BYTES,
+            ))),
+        ),
+        (
+            "paged",
+            Box::new(
+                PagedBestFit::new(SimBackend::new(SimBackend::H200_BYTES)).expect("sim has VMM"),
+            ),
+        ),
     ]
 }
 
@@ -98,7 +130,11 @@ fn bench_traces(c: &mut Criterion) {
             replay(alloc.as_ref(), &ops, &mut ptrs); // warm the cache
             let t = Instant::now();
             replay(alloc.as_ref(), &ops, &mut ptrs);
-            eprintln!("{name} {policy}: {} ops, warm {:.0} ns/op", ops.len(), t.elapsed().as_nanos() as f64 / ops.len() as f64);
+            eprintln!(
+                "{name} {policy}: {} ops, warm {:.0} ns/op",
+                ops.len(),
+                t.elapsed().as_nanos() as f64 / ops.len() as f64
+            );
             group.bench_function(BenchmarkId::from_parameter(policy), |b| {
                 b.iter(|| replay(alloc.as_ref(), black_box(&ops), &mut ptrs))
             });

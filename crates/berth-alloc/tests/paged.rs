@@ -9,7 +9,7 @@ use berth_alloc::{AllocError, DeviceAllocator, DevicePtr, PagedBestFit, StreamId
 use crate::util::{trace_path, TRACES};
 
 /// PyTorch's figures per trace (`shared/traces/README.md`): peak requested, peak reserved of
-/// the default / expandable_segments / cudaMallocAsync modes, and the default's segment count.
+/// the default / `expandable_segments` / `cudaMallocAsync` modes, and the default's segment count.
 const PYTORCH: [(&str, u64, u64, u64, u64, u64); 5] = [
     (
         "bert_varlen_train",
@@ -215,7 +215,9 @@ fn paged_random_ops_keep_invariants() {
             let stream = StreamId(rnd() % 3);
             let p = alloc.raw_alloc(size as usize, stream).unwrap();
             if r % 11 == 0 {
-                alloc.raw_record_stream(p, StreamId((stream.0 + 1) % 3)).unwrap();
+                alloc
+                    .raw_record_stream(p, StreamId((stream.0 + 1) % 3))
+                    .unwrap();
             }
             live.push((p, size.div_ceil(512) * 512));
         } else {
@@ -229,15 +231,37 @@ fn paged_random_ops_keep_invariants() {
             let mut sorted = live.clone();
             sorted.sort_unstable();
             for w in sorted.windows(2) {
-                assert!(w[0].0 .0 + w[0].1 <= w[1].0 .0, "step {step}: live blocks overlap");
+                assert!(
+                    w[0].0 .0 + w[0].1 <= w[1].0 .0,
+                    "step {step}: live blocks overlap"
+                );
             }
             let stats = alloc.stats();
             let snap = alloc.snapshot();
-            assert_eq!(stats.memory_allocated(), live.iter().map(|l| l.1).sum::<u64>(), "step {step}");
-            assert!(stats.memory_reserved() >= stats.memory_allocated(), "step {step}");
-            assert_eq!(stats.memory_reserved(), alloc.backend().used_bytes(), "step {step}: reserved = mapped");
-            assert_eq!(snap.total_reserved(), stats.memory_reserved(), "step {step}");
-            assert_eq!(snap.segments.len() as i64, stats.segment.all().current, "step {step}");
+            assert_eq!(
+                stats.memory_allocated(),
+                live.iter().map(|l| l.1).sum::<u64>(),
+                "step {step}"
+            );
+            assert!(
+                stats.memory_reserved() >= stats.memory_allocated(),
+                "step {step}"
+            );
+            assert_eq!(
+                stats.memory_reserved(),
+                alloc.backend().used_bytes(),
+                "step {step}: reserved = mapped"
+            );
+            assert_eq!(
+                snap.total_reserved(),
+                stats.memory_reserved(),
+                "step {step}"
+            );
+            assert_eq!(
+                snap.segments.len() as i64,
+                stats.segment.all().current,
+                "step {step}"
+            );
         }
     }
     for (p, _) in live {

@@ -95,18 +95,51 @@ struct TorchFigures {
 }
 
 const TORCH: [TorchFigures; 5] = [
-    TorchFigures { name: "bert_varlen_train", peak_requested: 16_209_102_960, reserved: [18_184_404_992, 16_227_762_176, 16_240_345_088], segments: 181, ns_per_op: [562, 333, 1666] },
-    TorchFigures { name: "gpt2_generate", peak_requested: 692_946_998, reserved: [759_169_024, 738_197_504, 838_860_800], segments: 31, ns_per_op: [395, 226, 1401] },
-    TorchFigures { name: "gpt2_train", peak_requested: 8_668_539_912, reserved: [10_204_741_632, 9_235_857_408, 12_180_258_816], segments: 191, ns_per_op: [491, 321, 1941] },
-    TorchFigures { name: "resnet50_train", peak_requested: 5_879_357_852, reserved: [7_031_750_656, 5_991_563_264, 6_140_461_056], segments: 111, ns_per_op: [535, 291, 1563] },
-    TorchFigures { name: "two_stream_pipeline", peak_requested: 268_738_372, reserved: [354_418_688, 341_835_776, 369_098_752], segments: 12, ns_per_op: [332, 227, 1293] },
+    TorchFigures {
+        name: "bert_varlen_train",
+        peak_requested: 16_209_102_960,
+        reserved: [18_184_404_992, 16_227_762_176, 16_240_345_088],
+        segments: 181,
+        ns_per_op: [562, 333, 1666],
+    },
+    TorchFigures {
+        name: "gpt2_generate",
+        peak_requested: 692_946_998,
+        reserved: [759_169_024, 738_197_504, 838_860_800],
+        segments: 31,
+        ns_per_op: [395, 226, 1401],
+    },
+    TorchFigures {
+        name: "gpt2_train",
+        peak_requested: 8_668_539_912,
+        reserved: [10_204_741_632, 9_235_857_408, 12_180_258_816],
+        segments: 191,
+        ns_per_op: [491, 321, 1941],
+    },
+    TorchFigures {
+        name: "resnet50_train",
+        peak_requested: 5_879_357_852,
+        reserved: [7_031_750_656, 5_991_563_264, 6_140_461_056],
+        segments: 111,
+        ns_per_op: [535, 291, 1563],
+    },
+    TorchFigures {
+        name: "two_stream_pipeline",
+        peak_requested: 268_738_372,
+        reserved: [354_418_688, 341_835_776, 369_098_752],
+        segments: 12,
+        ns_per_op: [332, 227, 1293],
+    },
 ];
 
 const TORCH_MODES: [&str; 3] = ["torch default", "torch expandable", "torch cudaMallocAsync"];
 
 /// The trace name: the file name up to its first dot (`gpt2_train.trace.json.gz` → `gpt2_train`).
 fn trace_name(path: &Path) -> String {
-    let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
     file.split('.').next().unwrap_or_default().to_string()
 }
 
@@ -123,7 +156,10 @@ fn parse_capacity(s: &str) -> Result<u64, UsageError> {
         "TiB" => 40,
         _ => u32::MAX,
     };
-    let value = digits.parse::<u64>().ok().filter(|&v| v > 0 && shift != u32::MAX);
+    let value = digits
+        .parse::<u64>()
+        .ok()
+        .filter(|&v| v > 0 && shift != u32::MAX);
     value
         .and_then(|v| v.checked_mul(1u64 << shift.min(63)))
         .ok_or_else(|| UsageError(format!("invalid --capacity '{s}': expected a positive number of bytes such as 80000000000 or 80GiB")))
@@ -134,8 +170,13 @@ fn load(path: &Path) -> anyhow::Result<Trace> {
     let bytes = std::fs::read(path)
         .map_err(|e| UsageError(format!("cannot read trace {}: {e}", path.display())))?;
     if bytes.first() == Some(&0x80) {
-        return berth_alloc::pickle::load_trace_pickle(&bytes)
-            .map_err(|e| UsageError(format!("{}: not a valid PyTorch snapshot pickle: {e}", path.display())).into());
+        return berth_alloc::pickle::load_trace_pickle(&bytes).map_err(|e| {
+            UsageError(format!(
+                "{}: not a valid PyTorch snapshot pickle: {e}",
+                path.display()
+            ))
+            .into()
+        });
     }
     read_trace(path).map_err(|e| UsageError(format!("{}: {e}", path.display())).into())
 }
@@ -159,7 +200,11 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| Ok((trace_name(p), load(p)?)))
         .collect::<anyhow::Result<_>>()?;
-    let total: u64 = traces.iter().map(|(_, t)| t.events.len() as u64).sum::<u64>() * policies.len() as u64;
+    let total: u64 = traces
+        .iter()
+        .map(|(_, t)| t.events.len() as u64)
+        .sum::<u64>()
+        * policies.len() as u64;
     let bar = progress_bar(total, args.json);
     let mut rows = Vec::new();
     for (name, trace) in &traces {
@@ -173,7 +218,11 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
             let report = replay(&trace.events, alloc.as_ref())
                 .with_context(|| format!("replaying {name} with policy {}", policy.name()))?;
             bar.inc(trace.events.len() as u64);
-            rows.push(Row { trace: name.clone(), policy, report });
+            rows.push(Row {
+                trace: name.clone(),
+                policy,
+                report,
+            });
         }
     }
     bar.finish_and_clear();
@@ -194,7 +243,8 @@ fn progress_bar(total: u64, json: bool) -> indicatif::ProgressBar {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new(total);
-    if let Ok(style) = indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} events  {msg}") {
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} events  {msg}")
+    {
         bar.set_style(style);
     }
     bar
@@ -228,7 +278,14 @@ fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let header = format!(
         "{:<22} {:>10} {:>16} {:>16} {:>8} {:>9} {:>12} {:>8}",
-        "policy", "ops", "peak requested", "peak reserved", "ratio", "segments", "device calls", "ns/op"
+        "policy",
+        "ops",
+        "peak requested",
+        "peak reserved",
+        "ratio",
+        "segments",
+        "device calls",
+        "ns/op"
     );
     let mut last = "";
     for row in rows {
@@ -243,16 +300,37 @@ fn table(rows: &[Row]) -> String {
         let _ = writeln!(
             out,
             "{:<22} {:>10} {:>16} {:>16} {:>7.4}x {:>9} {:>12} {:>8.0}",
-            row.policy.name(), r.ops, r.peak_requested, r.peak_reserved, r.ratio(), r.device_allocs, r.device_calls, r.ns_per_op
+            row.policy.name(),
+            r.ops,
+            r.peak_requested,
+            r.peak_reserved,
+            r.ratio(),
+            r.device_allocs,
+            r.device_calls,
+            r.ns_per_op
         );
-        let is_last_of_trace = rows.iter().rposition(|x| x.trace == row.trace).is_some_and(|i| std::ptr::eq(&rows[i], row));
+        let is_last_of_trace = rows
+            .iter()
+            .rposition(|x| x.trace == row.trace)
+            .is_some_and(|i| std::ptr::eq(&rows[i], row));
         if let (true, Some(t)) = (is_last_of_trace, TORCH.iter().find(|t| t.name == row.trace)) {
             for (i, mode) in TORCH_MODES.iter().enumerate() {
-                let segments = if i == 0 { t.segments.to_string() } else { "-".to_string() };
+                let segments = if i == 0 {
+                    t.segments.to_string()
+                } else {
+                    "-".to_string()
+                };
                 let _ = writeln!(
                     out,
                     "{:<22} {:>10} {:>16} {:>16} {:>7.4}x {:>9} {:>12} {:>8}",
-                    mode, "-", t.peak_requested, t.reserved[i], t.reserved[i] as f64 / t.peak_requested as f64, segments, "-", t.ns_per_op[i]
+                    mode,
+                    "-",
+                    t.peak_requested,
+                    t.reserved[i],
+                    t.reserved[i] as f64 / t.peak_requested as f64,
+                    segments,
+                    "-",
+                    t.ns_per_op[i]
                 );
             }
         }
@@ -276,8 +354,14 @@ mod tests {
 
     #[test]
     fn trace_name_is_the_stem_before_the_first_dot() {
-        assert_eq!(trace_name(Path::new("/x/gpt2_train.trace.json.gz")), "gpt2_train");
-        assert_eq!(trace_name(Path::new("two_stream_pipeline.snapshot.pickle")), "two_stream_pipeline");
+        assert_eq!(
+            trace_name(Path::new("/x/gpt2_train.trace.json.gz")),
+            "gpt2_train"
+        );
+        assert_eq!(
+            trace_name(Path::new("two_stream_pipeline.snapshot.pickle")),
+            "two_stream_pipeline"
+        );
     }
 
     #[test]

@@ -5,31 +5,65 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn data(file: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(file)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(file)
 }
 
 fn berth(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_berth")).args(args).output().expect("berth runs")
+    Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(args)
+        .output()
+        .expect("berth runs")
 }
 
 /// Drops the one field that depends on the machine (`ns_per_op`) after checking it is a
 /// positive number.
 fn normalize(line: &str) -> serde_json::Value {
-    let mut v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-    let ns = v.as_object_mut().unwrap().remove("ns_per_op").expect("ns_per_op present");
-    assert!(ns.as_f64().is_some_and(|n| n > 0.0), "ns_per_op {ns} is a positive number");
+    let mut v: serde_json::Value =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    let ns = v
+        .as_object_mut()
+        .unwrap()
+        .remove("ns_per_op")
+        .expect("ns_per_op present");
+    assert!(
+        ns.as_f64().is_some_and(|n| n > 0.0),
+        "ns_per_op {ns} is a positive number"
+    );
     v
 }
 
 #[test]
 fn replay_json_matches_golden() {
     let trace = data("small_two_stream.trace.json");
-    let out = berth(&["replay", "--policy", "all", "--json", trace.to_str().unwrap()]);
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.stderr.is_empty(), "no progress bar with --json: {}", String::from_utf8_lossy(&out.stderr));
-    let got: Vec<serde_json::Value> = String::from_utf8(out.stdout).unwrap().lines().map(normalize).collect();
+    let out = berth(&[
+        "replay",
+        "--policy",
+        "all",
+        "--json",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "no progress bar with --json: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(normalize)
+        .collect();
     let golden = std::fs::read_to_string(data("small_two_stream.replay.jsonl")).unwrap();
-    let want: Vec<serde_json::Value> = golden.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let want: Vec<serde_json::Value> = golden
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(got.len(), want.len(), "one line per policy");
     for (g, w) in got.iter().zip(&want) {
         assert_eq!(g, w, "\n got: {g}\nwant: {w}");
@@ -42,7 +76,10 @@ fn replay_missing_file_is_one_line_status_2() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8(out.stderr).unwrap();
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("cannot read trace /nonexistent/trace.json.gz"), "{err}");
+    assert!(
+        err.contains("cannot read trace /nonexistent/trace.json.gz"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -66,7 +103,10 @@ fn replay_bad_flags_are_status_2() {
     for args in [["--policy", "fastest"], ["--capacity", "80GB"]] {
         let out = berth(&["replay", args[0], args[1], trace.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
-        assert!(String::from_utf8(out.stderr).unwrap().contains(args[1]), "{args:?} named");
+        assert!(
+            String::from_utf8(out.stderr).unwrap().contains(args[1]),
+            "{args:?} named"
+        );
     }
 }
 
@@ -78,5 +118,8 @@ fn replay_table_shows_pytorch_figures_for_known_traces() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with("small_two_stream\npolicy"), "{text}");
     assert!(text.contains("paged"), "{text}");
-    assert!(!text.contains("torch default"), "no PyTorch figures for an unknown trace: {text}");
+    assert!(
+        !text.contains("torch default"),
+        "no PyTorch figures for an unknown trace: {text}"
+    );
 }

@@ -43,7 +43,12 @@ pub(crate) struct Arena {
 impl Arena {
     /// An arena for `stream` with no address space yet.
     pub(crate) fn new(stream: StreamId) -> Self {
-        Arena { stream, reservations: Vec::new(), by_addr: BTreeMap::new(), by_size: BTreeSet::new() }
+        Arena {
+            stream,
+            reservations: Vec::new(),
+            by_addr: BTreeMap::new(),
+            by_size: BTreeSet::new(),
+        }
     }
 
     /// Adds a fresh reservation `[base, base + bytes)` as one free extent.
@@ -54,7 +59,9 @@ impl Arena {
 
     /// Whether `addr` lies inside one of this arena's reservations.
     pub(crate) fn owns(&self, addr: u64) -> bool {
-        self.reservations.iter().any(|&(b, n)| addr >= b && addr < b + n)
+        self.reservations
+            .iter()
+            .any(|&(b, n)| addr >= b && addr < b + n)
     }
 
     /// Returns `[start, end)` to the free extents, merging with free neighbours.
@@ -101,7 +108,11 @@ impl Arena {
                 break;
             }
             let tail = pages.unmapped_bytes(end - bytes, end);
-            let (cost, at) = if tail < head { (tail, end - bytes) } else { (head, start) };
+            let (cost, at) = if tail < head {
+                (tail, end - bytes)
+            } else {
+                (head, start)
+            };
             if best.is_none_or(|b| cost < b.0) {
                 best = Some((cost, start, at));
             }
@@ -140,7 +151,11 @@ pub(crate) struct PageMap {
 impl PageMap {
     /// An empty map with pages of `page` bytes.
     pub(crate) fn new(page: u64) -> Self {
-        PageMap { page, intervals: BTreeMap::new(), mapped: 0 }
+        PageMap {
+            page,
+            intervals: BTreeMap::new(),
+            mapped: 0,
+        }
     }
 
     /// Bytes of whole pages touching `[start, end)` that are not mapped.
@@ -158,7 +173,11 @@ impl PageMap {
     pub(crate) fn unmapped_runs(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
         let mut runs = Vec::new();
         let mut x = lo;
-        let first = self.intervals.range(..=lo).next_back().map(|(&s, &e)| (s, e));
+        let first = self
+            .intervals
+            .range(..=lo)
+            .next_back()
+            .map(|(&s, &e)| (s, e));
         let rest = self.intervals.range(lo + 1..hi).map(|(&s, &e)| (s, e));
         for (s, e) in first.into_iter().chain(rest) {
             if e <= x {
@@ -180,7 +199,11 @@ impl PageMap {
 
     /// The mapped runs inside the page-aligned range `[lo, hi)`.
     pub(crate) fn mapped_runs(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
-        let first = self.intervals.range(..=lo).next_back().map(|(&s, &e)| (s, e));
+        let first = self
+            .intervals
+            .range(..=lo)
+            .next_back()
+            .map(|(&s, &e)| (s, e));
         let rest = self.intervals.range(lo + 1..hi).map(|(&s, &e)| (s, e));
         first
             .into_iter()
@@ -195,7 +218,10 @@ impl PageMap {
     /// The first unmapped page at or after `from` up to `limit`: the end of the mapped run that
     /// would follow a mapping ending at `from`.
     pub(crate) fn next_mapped(&self, from: u64, limit: u64) -> u64 {
-        self.intervals.range(from..limit).next().map_or(limit, |(&s, _)| s)
+        self.intervals
+            .range(from..limit)
+            .next()
+            .map_or(limit, |(&s, _)| s)
     }
 
     /// Records `[start, end)` as mapped.
@@ -216,7 +242,11 @@ impl PageMap {
     /// Records `[start, end)` (entirely mapped) as unmapped.
     pub(crate) fn remove(&mut self, start: u64, end: u64) {
         self.mapped -= end - start;
-        let (&s, &e) = self.intervals.range(..=start).next_back().expect("remove: range is mapped");
+        let (&s, &e) = self
+            .intervals
+            .range(..=start)
+            .next_back()
+            .expect("remove: range is mapped");
         debug_assert!(s <= start && end <= e, "remove: range is mapped");
         self.intervals.remove(&s);
         if s < start {
@@ -282,12 +312,21 @@ mod tests {
         m.insert(4 * P, 5 * P);
         m.insert(8 * P, 9 * P);
         assert_eq!(m.mapped, 4 * P);
-        assert_eq!(m.unmapped_runs(0, 10 * P), vec![(0, 2 * P), (5 * P, 8 * P), (9 * P, 10 * P)]);
-        assert_eq!(m.mapped_runs(3 * P, 9 * P), vec![(3 * P, 5 * P), (8 * P, 9 * P)]);
+        assert_eq!(
+            m.unmapped_runs(0, 10 * P),
+            vec![(0, 2 * P), (5 * P, 8 * P), (9 * P, 10 * P)]
+        );
+        assert_eq!(
+            m.mapped_runs(3 * P, 9 * P),
+            vec![(3 * P, 5 * P), (8 * P, 9 * P)]
+        );
         assert_eq!(m.unmapped_bytes(2 * P + 5, 5 * P), 0);
         assert_eq!(m.unmapped_bytes(2 * P, 5 * P + 1), P);
         m.remove(3 * P, 4 * P);
-        assert_eq!(m.intervals().collect::<Vec<_>>(), vec![(2 * P, 3 * P), (4 * P, 5 * P), (8 * P, 9 * P)]);
+        assert_eq!(
+            m.intervals().collect::<Vec<_>>(),
+            vec![(2 * P, 3 * P), (4 * P, 5 * P), (8 * P, 9 * P)]
+        );
         assert_eq!(m.mapped, 3 * P);
     }
 }

@@ -26,7 +26,7 @@
 //! requested bytes (PyTorch: 1.001×–1.37× across its three modes) with fewer backend calls
 //! than PyTorch's default makes segments on most traces; `BENCHMARKS.md` has the table.
 //!
-//! # Note [record_stream and deferred free]
+//! # Note [`record_stream` and deferred free]
 //! A block used on other streams (`record_stream`) is not returned to its extent on free:
 //! one event is recorded per such stream and the block waits in a pending list until every
 //! event has completed, checked at the next allocation and in `empty_cache` (PyTorch's
@@ -67,7 +67,9 @@ pub struct PagedBestFit<B: MemoryBackend> {
 
 impl<B: MemoryBackend> Clone for PagedBestFit<B> {
     fn clone(&self) -> Self {
-        PagedBestFit { shared: Arc::clone(&self.shared) }
+        PagedBestFit {
+            shared: Arc::clone(&self.shared),
+        }
     }
 }
 
@@ -92,8 +94,14 @@ impl<B: MemoryBackend> PagedBestFit<B> {
         };
         let page = vm.granularity() as u64;
         let total = backend.mem_info().map(|m| m.total_bytes).unwrap_or(0);
-        let shared = Shared { backend, state: Mutex::new(State::new(page, total)), sticky: Mutex::new(None) };
-        Ok(PagedBestFit { shared: Arc::new(shared) })
+        let shared = Shared {
+            backend,
+            state: Mutex::new(State::new(page, total)),
+            sticky: Mutex::new(None),
+        };
+        Ok(PagedBestFit {
+            shared: Arc::new(shared),
+        })
     }
 
     /// The backend (for its call counters in tests and `berth replay`).
@@ -158,7 +166,9 @@ impl<B: MemoryBackend> DeviceAllocator for PagedBestFit<B> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        self.shared.lock().malloc(&self.shared.backend, bytes as u64, stream)
+        self.shared
+            .lock()
+            .malloc(&self.shared.backend, bytes as u64, stream)
     }
 
     fn raw_delete(&self, ptr: DevicePtr) -> Result<(), AllocError> {
@@ -177,7 +187,7 @@ impl<B: MemoryBackend> DeviceAllocator for PagedBestFit<B> {
     }
 
     fn stats(&self) -> MemoryStats {
-        self.shared.lock().stats.clone()
+        self.shared.lock().stats
     }
 
     fn reset_peak_memory_stats(&self) {
@@ -204,14 +214,23 @@ impl<B: MemoryBackend> DeviceAllocator for PagedBestFit<B> {
             .shared
             .backend
             .mem_info()
-            .map_err(|source| AllocError::Backend { stream: StreamId::DEFAULT, source })?
+            .map_err(|source| AllocError::Backend {
+                stream: StreamId::DEFAULT,
+                source,
+            })?
             .total_bytes;
         self.shared.lock().cap = Some((fraction * total as f64) as u64);
         Ok(())
     }
 
     fn check_err(&self) -> Result<(), AllocError> {
-        match self.shared.sticky.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        match self
+            .shared
+            .sticky
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
             Some(e) => Err(e),
             None => Ok(()),
         }

@@ -90,13 +90,19 @@ fn backend_err(stream: StreamId) -> impl FnOnce(BackendError) -> AllocError {
 }
 
 fn vm<B: MemoryBackend>(backend: &B) -> &dyn VirtualMemoryBackend {
-    backend.as_virtual().expect("PagedBestFit::new checked the virtual-memory capability")
+    backend
+        .as_virtual()
+        .expect("PagedBestFit::new checked the virtual-memory capability")
 }
 
 impl<E> State<E> {
     /// Fresh state for pages of `page` bytes on a device of `total` bytes (0 = unknown).
     pub(crate) fn new(page: u64, total: u64) -> Self {
-        let va_bytes = if total == 0 { DEFAULT_VA } else { page_up(2 * total, page) };
+        let va_bytes = if total == 0 {
+            DEFAULT_VA
+        } else {
+            page_up(2 * total, page)
+        };
         State {
             pages: PageMap::new(page),
             arenas: Vec::new(),
@@ -126,15 +132,27 @@ impl<E> State<E> {
     fn trace(&mut self, action: TraceAction, addr: u64, size: u64, stream: StreamId) {
         self.clock += 1;
         if let Some(ring) = &mut self.history {
-            ring.push(TraceEntry { action, addr, size, stream, time_us: self.clock });
+            ring.push(TraceEntry {
+                action,
+                addr,
+                size,
+                stream,
+                time_us: self.clock,
+            });
         }
     }
 
-    fn arena_for<B: MemoryBackend<Event = E>>(&mut self, backend: &B, stream: StreamId) -> Result<usize, AllocError> {
+    fn arena_for<B: MemoryBackend<Event = E>>(
+        &mut self,
+        backend: &B,
+        stream: StreamId,
+    ) -> Result<usize, AllocError> {
         if let Some(i) = self.arenas.iter().position(|a| a.stream == stream) {
             return Ok(i);
         }
-        let base = vm(backend).reserve(self.va_bytes as usize).map_err(backend_err(stream))?;
+        let base = vm(backend)
+            .reserve(self.va_bytes as usize)
+            .map_err(backend_err(stream))?;
         let mut arena = Arena::new(stream);
         arena.add_reservation(base.0, self.va_bytes);
         self.arenas.push(arena);
@@ -162,14 +180,24 @@ impl<E> State<E> {
             }
             // The address space is fragmented: reserve another range for this stream.
             let more = self.va_bytes.max(page_up(size, self.pages.page));
-            let base = vm(backend).reserve(more as usize).map_err(backend_err(stream))?;
+            let base = vm(backend)
+                .reserve(more as usize)
+                .map_err(backend_err(stream))?;
             self.arenas[ai].add_reservation(base.0, more);
         };
         if let Err(e) = self.ensure_mapped(backend, addr, size, ai, bytes) {
             self.arenas[ai].insert_free(addr, addr + size);
             return Err(e);
         }
-        self.live.insert(addr, Live { size, requested: bytes, arena: ai, uses: Vec::new() });
+        self.live.insert(
+            addr,
+            Live {
+                size,
+                requested: bytes,
+                arena: ai,
+                uses: Vec::new(),
+            },
+        );
         let small = size <= SMALL_SIZE;
         let s = &mut self.stats;
         s.allocation.increase(small, 1);
@@ -205,8 +233,12 @@ impl<E> State<E> {
             // Out of budget: map one page beyond the block when it is free address space, so
             // that the next growth needs no call.
             let last = runs.last_mut().expect("some page is unmapped");
-            let in_reservation = self.arenas[ai].reservations.iter().any(|&(b, n)| hi >= b && hi + page <= b + n);
-            if last.1 == hi && in_reservation && self.pages.next_mapped(hi, hi + page) == hi + page {
+            let in_reservation = self.arenas[ai]
+                .reservations
+                .iter()
+                .any(|&(b, n)| hi >= b && hi + page <= b + n);
+            if last.1 == hi && in_reservation && self.pages.next_mapped(hi, hi + page) == hi + page
+            {
                 last.1 += page;
                 hi += page;
                 need += page;
@@ -216,7 +248,9 @@ impl<E> State<E> {
         if let Some(cap) = self.cap {
             limit = limit.min(cap);
         }
-        if self.pages.mapped + need > limit && (in_budget || self.cap.is_some_and(|c| self.pages.mapped + need > c)) {
+        if self.pages.mapped + need > limit
+            && (in_budget || self.cap.is_some_and(|c| self.pages.mapped + need > c))
+        {
             self.reclaim(backend, self.pages.mapped + need - limit, (lo, hi))?;
         }
         let stream = self.arenas[ai].stream;
@@ -245,7 +279,9 @@ impl<E> State<E> {
                         self.unmap_run(backend, x, y, stream)?;
                     }
                     return Err(match e {
-                        BackendError::OutOfMemory { .. } => self.oom(backend, need, requested, self.cap),
+                        BackendError::OutOfMemory { .. } => {
+                            self.oom(backend, need, requested, self.cap)
+                        }
                         e => backend_err(stream)(e),
                     });
                 }
@@ -276,12 +312,19 @@ impl<E> State<E> {
         self.trace(TraceAction::SegmentMap, a, b - a, stream);
     }
 
-    fn unmap_run<B: MemoryBackend<Event = E>>(&mut self, backend: &B, a: u64, b: u64, stream: StreamId) -> Result<(), AllocError> {
+    fn unmap_run<B: MemoryBackend<Event = E>>(
+        &mut self,
+        backend: &B,
+        a: u64,
+        b: u64,
+        stream: StreamId,
+    ) -> Result<(), AllocError> {
         // SAFETY: 1. [a, b) is mapped (taken from the page map, which mirrors the backend's
         // mapped pages). 2. No block is live on it and the owning stream was synchronized by the
         // caller (`reclaim`), or the pages were mapped for a request that failed and never
         // handed out.
-        unsafe { vm(backend).unmap(DevicePtr(a), (b - a) as usize, stream) }.map_err(backend_err(stream))?;
+        unsafe { vm(backend).unmap(DevicePtr(a), (b - a) as usize, stream) }
+            .map_err(backend_err(stream))?;
         let before = self.pages.interval_count();
         self.pages.remove(a, b);
         self.note_segments(before);
@@ -294,8 +337,13 @@ impl<E> State<E> {
 
     /// Unmaps entirely free mapped pages, biggest runs first, until `need` bytes are unmapped
     /// (or all of them), never touching `[exclude.0, exclude.1)`. Each stream whose pages go is
-    /// synchronized first (`Note [record_stream and deferred free]`).
-    fn reclaim<B: MemoryBackend<Event = E>>(&mut self, backend: &B, need: u64, exclude: (u64, u64)) -> Result<u64, AllocError> {
+    /// synchronized first (see the note on `record_stream` and deferred free in [`super`]).
+    fn reclaim<B: MemoryBackend<Event = E>>(
+        &mut self,
+        backend: &B,
+        need: u64,
+        exclude: (u64, u64),
+    ) -> Result<u64, AllocError> {
         let page = self.pages.page;
         let mut cands: Vec<(u64, u64, u64, usize)> = Vec::new();
         for (i, arena) in self.arenas.iter().enumerate() {
@@ -332,7 +380,13 @@ impl<E> State<E> {
         Ok(freed)
     }
 
-    fn oom<B: MemoryBackend<Event = E>>(&mut self, backend: &B, need: u64, requested: u64, allowed: Option<u64>) -> AllocError {
+    fn oom<B: MemoryBackend<Event = E>>(
+        &mut self,
+        backend: &B,
+        need: u64,
+        requested: u64,
+        allowed: Option<u64>,
+    ) -> AllocError {
         self.stats.num_ooms += 1;
         self.trace(TraceAction::Oom, 0, need, StreamId::DEFAULT);
         let info = backend.mem_info().unwrap_or_default();
@@ -351,7 +405,11 @@ impl<E> State<E> {
     }
 
     /// Frees the block at `ptr`: now, or once its other streams' events complete.
-    pub(crate) fn free<B: MemoryBackend<Event = E>>(&mut self, backend: &B, ptr: DevicePtr) -> Result<(), AllocError> {
+    pub(crate) fn free<B: MemoryBackend<Event = E>>(
+        &mut self,
+        backend: &B,
+        ptr: DevicePtr,
+    ) -> Result<(), AllocError> {
         let Some(block) = self.live.remove(&ptr.0) else {
             return Err(if self.arenas.iter().any(|a| a.owns(ptr.0)) {
                 AllocError::DoubleFree { ptr }
@@ -374,12 +432,22 @@ impl<E> State<E> {
                     Err(e) => {
                         // Without an event the block cannot be reused safely: keep it pending
                         // behind the events recorded so far and report the failure.
-                        self.pending.push(Pending { events, addr: ptr.0, size: block.size, arena: block.arena });
+                        self.pending.push(Pending {
+                            events,
+                            addr: ptr.0,
+                            size: block.size,
+                            arena: block.arena,
+                        });
                         return Err(backend_err(s)(e));
                     }
                 }
             }
-            self.pending.push(Pending { events, addr: ptr.0, size: block.size, arena: block.arena });
+            self.pending.push(Pending {
+                events,
+                addr: ptr.0,
+                size: block.size,
+                arena: block.arena,
+            });
             return Ok(());
         }
         self.complete_free(ptr.0, block.size, block.arena);
@@ -396,7 +464,11 @@ impl<E> State<E> {
     }
 
     /// Marks the live block at `ptr` as used on `stream`.
-    pub(crate) fn record_stream(&mut self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
+    pub(crate) fn record_stream(
+        &mut self,
+        ptr: DevicePtr,
+        stream: StreamId,
+    ) -> Result<(), AllocError> {
         let Some(block) = self.live.get_mut(&ptr.0) else {
             return Err(AllocError::InvalidPointer { ptr });
         };
@@ -407,7 +479,10 @@ impl<E> State<E> {
     }
 
     /// Completes every pending free whose events have all completed.
-    pub(crate) fn process_events<B: MemoryBackend<Event = E>>(&mut self, backend: &B) -> Result<(), AllocError> {
+    pub(crate) fn process_events<B: MemoryBackend<Event = E>>(
+        &mut self,
+        backend: &B,
+    ) -> Result<(), AllocError> {
         let mut i = 0;
         while i < self.pending.len() {
             let p = &self.pending[i];
@@ -430,7 +505,10 @@ impl<E> State<E> {
     }
 
     /// Waits for every pending free, then unmaps every entirely free page.
-    pub(crate) fn empty_cache<B: MemoryBackend<Event = E>>(&mut self, backend: &B) -> Result<(), AllocError> {
+    pub(crate) fn empty_cache<B: MemoryBackend<Event = E>>(
+        &mut self,
+        backend: &B,
+    ) -> Result<(), AllocError> {
         for p in std::mem::take(&mut self.pending) {
             let stream = self.arenas[p.arena].stream;
             for ev in &p.events {
@@ -469,9 +547,19 @@ impl<E> State<E> {
                 let (a, l) = blocks[next];
                 if a >= start {
                     if a > at {
-                        seg.blocks.push(BlockInfo { address: at, size: a - at, requested_size: 0, state: BlockState::Inactive });
+                        seg.blocks.push(BlockInfo {
+                            address: at,
+                            size: a - at,
+                            requested_size: 0,
+                            state: BlockState::Inactive,
+                        });
                     }
-                    seg.blocks.push(BlockInfo { address: a, size: l.size, requested_size: l.requested, state: BlockState::ActiveAllocated });
+                    seg.blocks.push(BlockInfo {
+                        address: a,
+                        size: l.size,
+                        requested_size: l.requested,
+                        state: BlockState::ActiveAllocated,
+                    });
                     seg.allocated_size += l.size;
                     seg.active_size += l.size;
                     seg.requested_size += l.requested;
@@ -480,11 +568,24 @@ impl<E> State<E> {
                 next += 1;
             }
             if at < end {
-                seg.blocks.push(BlockInfo { address: at, size: end - at, requested_size: 0, state: BlockState::Inactive });
+                seg.blocks.push(BlockInfo {
+                    address: at,
+                    size: end - at,
+                    requested_size: 0,
+                    state: BlockState::Inactive,
+                });
             }
             segments.push(seg);
         }
-        let trace = self.history.as_ref().map(TraceRing::to_vec).unwrap_or_default();
-        MemorySnapshot { segments, device_traces: vec![trace], allocator_settings: AllocatorConfig::default() }
+        let trace = self
+            .history
+            .as_ref()
+            .map(TraceRing::to_vec)
+            .unwrap_or_default();
+        MemorySnapshot {
+            segments,
+            device_traces: vec![trace],
+            allocator_settings: AllocatorConfig::default(),
+        }
     }
 }

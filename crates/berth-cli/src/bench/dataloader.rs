@@ -1,4 +1,16 @@
-//! `berth bench dataloader`.
+//! `berth bench dataloader`: PyTorch's DataLoader workload (`shared/bench/torch_baseline.py`):
+//! a `TensorDataset` of 100,000 × 3072 f32 samples with i64 labels, batch 256, shuffle, for
+//! several worker counts; batches to host memory always, and to the GPU (pinned, copied with
+//! `non_blocking` through the device prefetcher) when one is present. In the same run it times a
+//! plain single-threaded `memcpy` of the same total bytes: the physical limit of a gather on
+//! this machine. Every figure is the median of `--epochs` epochs after one warm-up epoch.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use berth::{DType, Device, Tensor};
+use berth_data::prefetch::DevicePrefetcher;
+use berth_data::{DataLoader, Generator, TensorDataset};
 
 /// Arguments of `berth bench dataloader`.
 #[derive(clap::Args, Debug)]
@@ -6,9 +18,192 @@ pub struct Args {
     /// Print JSON lines.
     #[arg(long)]
     pub json: bool,
+    /// Samples in the dataset (PyTorch's workload: 100000).
+    #[arg(long, default_value_t = 100_000)]
+    pub samples: usize,
+    /// f32 features per sample (PyTorch's workload: 3072).
+    #[arg(long, default_value_t = 3072)]
+    pub features: usize,
+    /// Batch size.
+    #[arg(long, default_value_t = 256)]
+    pub batch_size: usize,
+    /// Worker counts to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,2,4")]
+    pub workers: Vec<usize>,
+    /// Timed epochs per figure (the median is reported), after one warm-up epoch.
+    #[arg(long, default_value_t = 3)]
+    pub epochs: usize,
+}
+
+/// One printed figure.
+#[derive(serde::Serialize)]
+struct Figure {
+    bench: &'static str,
+    target: &'static str,
+    workers: Option<usize>,
+    pin_memory: bool,
+    samples_per_s: f64,
+    gb_per_s: f64,
+    /// This figure's bytes/s over the memcpy's bytes/s of the same run.
+    vs_memcpy: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn emit(json: bool, f: &Figure) {
+    if json {
+        println!("{}", serde_json::to_string(f).unwrap_or_default());
+    } else {
+        let w = f.workers.map_or("-".to_string(), |w| w.to_string());
+        println!(
+            "{:<8} workers={:<3} pin_memory={:<5} {:>12.0} samples/s {:>8.2} GB/s  {:>5.2}x memcpy",
+            f.target, w, f.pin_memory, f.samples_per_s, f.gb_per_s, f.vs_memcpy
+        );
+    }
+}
+
+/// A host f32 tensor of `shape` with every page written (pseudo-random values), so no read is
+/// served by the kernel's shared zero page.
+fn filled(shape: &[usize], dtype: DType) -> anyhow::Result<Tensor> {
+    let t = Tensor::empty(shape, dtype, Device::Cpu)?;
+    {
+        let mut w = t.storage().write_host("bench")?;
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for chunk in w.bytes_mut().chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let b = (x & 0x3F7F_FFFF_3F7F_FFFF).to_le_bytes(); // finite f32 pairs
+            chunk.copy_from_slice(&b[..chunk.len()]);
+        }
+    }
+    Ok(t)
+}
+
+/// Seconds of one single-threaded copy of `src` into `dst` (both fully touched beforehand).
+fn memcpy_secs(src: &[u8], dst: &mut [u8]) -> f64 {
+    let t0 = Instant::now();
+    dst.copy_from_slice(src);
+    std::hint::black_box(&dst[dst.len() / 2]);
+    t0.elapsed().as_secs_f64()
 }
 
 /// Runs the DataLoader benchmark.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("berth bench dataloader: not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.samples == 0 || args.features == 0 || args.batch_size == 0 || args.epochs == 0 {
+        return Err(crate::UsageError("--samples, --features, --batch-size and --epochs must be positive".into()).into());
+    }
+    let (n, f) = (args.samples, args.features);
+    let x = filled(&[n, f], DType::F32).context("allocating the dataset")?;
+    let y = Tensor::arange(0.0, n as f64, 1.0, DType::I64, Device::Cpu)?;
+    let epoch_bytes = (n * f * 4 + n * 8) as f64;
+
+    // The memcpy of the same total bytes, measured in this run.
+    let memcpy_bps = {
+        let src = x.storage().read_host("bench")?;
+        let src = &src.bytes()[..n * f * 4];
+        let mut dst = vec![1u8; src.len() + n * 8];
+        let (dx, _) = dst.split_at_mut(src.len());
+        memcpy_secs(src, dx); // warm-up
+        let secs = median((0..args.epochs).map(|_| memcpy_secs(src, dx)).collect());
+        (n * f * 4) as f64 / secs
+    };
+    emit(
+        args.json,
+        &Figure {
+            bench: "dataloader",
+            target: "memcpy",
+            workers: None,
+            pin_memory: false,
+            samples_per_s: memcpy_bps / (f * 4) as f64,
+            gb_per_s: memcpy_bps / 1e9,
+            vs_memcpy: 1.0,
+        },
+    );
+
+    let ds = std::sync::Arc::new(TensorDataset::new(vec![x, y])?);
+    for &w in &args.workers {
+        let dl = DataLoader::<TensorDataset>::builder(std::sync::Arc::clone(&ds))
+            .batch_size(args.batch_size)
+            .shuffle(true)
+            .num_workers(w as isize)
+            .persistent_workers(w > 0)
+            .generator(Generator::new(0))
+            .build()?;
+        let mut secs = Vec::new();
+        for e in 0..=args.epochs {
+            let t0 = Instant::now();
+            let mut seen = 0usize;
+            for b in &dl {
+                seen += b?[1].numel();
+            }
+            anyhow::ensure!(seen == n, "epoch delivered {seen} samples, expected {n}");
+            if e > 0 {
+                secs.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        let s = median(secs);
+        let bps = epoch_bytes / s;
+        emit(
+            args.json,
+            &Figure {
+                bench: "dataloader",
+                target: "host",
+                workers: Some(w),
+                pin_memory: false,
+                samples_per_s: n as f64 / s,
+                gb_per_s: bps / 1e9,
+                vs_memcpy: bps / memcpy_bps,
+            },
+        );
+    }
+
+    if !berth::cuda::is_available() {
+        if !args.json {
+            println!("gpu: skipped ({})", berth::cuda::unavailable_reason().unwrap_or_default());
+        }
+        return Ok(());
+    }
+    let device: Device = "cuda:0".parse()?;
+    for &w in &args.workers {
+        let dl = DataLoader::<TensorDataset>::builder(std::sync::Arc::clone(&ds))
+            .batch_size(args.batch_size)
+            .shuffle(true)
+            .num_workers(w as isize)
+            .persistent_workers(w > 0)
+            .pin_memory(true)
+            .generator(Generator::new(0))
+            .build()?;
+        let mut secs = Vec::new();
+        for e in 0..=args.epochs {
+            let t0 = Instant::now();
+            let mut seen = 0usize;
+            for b in DevicePrefetcher::new(dl.iter(), device)? {
+                seen += b?[1].numel();
+            }
+            berth::cuda::current_stream(0)?.synchronize()?;
+            anyhow::ensure!(seen == n, "epoch delivered {seen} samples, expected {n}");
+            if e > 0 {
+                secs.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        let s = median(secs);
+        let bps = epoch_bytes / s;
+        emit(
+            args.json,
+            &Figure {
+                bench: "dataloader",
+                target: "cuda:0",
+                workers: Some(w),
+                pin_memory: dl.pin_memory(),
+                samples_per_s: n as f64 / s,
+                gb_per_s: bps / 1e9,
+                vs_memcpy: bps / memcpy_bps,
+            },
+        );
+    }
+    Ok(())
 }

@@ -129,9 +129,10 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
 
 /// An iterable-style dataset: a stream, never indexed (`torch.utils.data.IterableDataset`).
 ///
-/// Used with [`IterableLoader`](crate::IterableLoader). With workers, every worker iterates its
-/// own stream: a dataset that does not shard itself by [`worker_info`](crate::worker_info) yields
-/// its data once per worker (as in PyTorch, a user error rather than a loader bug).
+/// The trait is defined for datasets to implement; the [`DataLoader`](crate::DataLoader) of this
+/// crate loads map-style datasets only (an iterable loader is not built yet). Following PyTorch,
+/// an iterable loader gives every worker its own stream, so a dataset should shard itself by
+/// [`worker_info`](crate::worker_info).
 pub trait IterableDataset: Send + Sync + 'static {
     /// One sample.
     type Item: Send + 'static;

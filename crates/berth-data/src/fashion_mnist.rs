@@ -126,6 +126,16 @@ impl FashionMnist {
         Some(PathBuf::from(DEBIAN_DIR)).filter(|d| has(d))
     }
 
+    /// Number of images.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Whether there is no image.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
     /// Which split this is.
     pub fn split(&self) -> Split {
         self.split

@@ -57,7 +57,7 @@ impl Sampler for SequentialSampler {
 /// global RNG: Note [No global RNG]).
 #[derive(Debug, Clone)]
 pub struct RandomSampler {
-    len: usize,
+    data_len: usize,
     replacement: bool,
     num_samples: usize,
     generator: Generator,
@@ -67,7 +67,7 @@ impl RandomSampler {
     /// A sampler over `len` items without replacement, `len` samples per epoch.
     pub fn new(len: usize, generator: Option<Generator>) -> Self {
         RandomSampler {
-            len,
+            data_len: len,
             replacement: false,
             num_samples: len,
             generator: generator.unwrap_or_else(Generator::from_entropy),
@@ -106,7 +106,7 @@ impl Sampler for RandomSampler {
         self.num_samples
     }
     fn epoch(&mut self) -> Vec<usize> {
-        let n = self.len;
+        let n = self.data_len;
         if n == 0 {
             return Vec::new();
         }

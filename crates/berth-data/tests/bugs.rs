@@ -36,17 +36,15 @@ impl Dataset for Draws {
     }
 }
 
-fn draws(
-    dl: &DataLoader<Draws, CollateFn<fn(Vec<Vec<u64>>) -> Result<Vec<Vec<u64>>>>>,
-) -> Vec<Vec<u64>> {
+type DrawsFn = fn(Vec<Vec<u64>>) -> Result<Vec<Vec<u64>>>;
+type DrawsLoader = DataLoader<Draws, CollateFn<DrawsFn>>;
+
+fn draws(dl: &DrawsLoader) -> Vec<Vec<u64>> {
     dl.iter().map(|b| b.unwrap().remove(0)).collect()
 }
 
-fn draws_loader(
-    persistent: bool,
-    seed: u64,
-) -> DataLoader<Draws, CollateFn<fn(Vec<Vec<u64>>) -> Result<Vec<Vec<u64>>>>> {
-    let f: fn(Vec<Vec<u64>>) -> Result<Vec<Vec<u64>>> = Ok;
+fn draws_loader(persistent: bool, seed: u64) -> DrawsLoader {
+    let f: DrawsFn = Ok;
     DataLoaderBuilder::with_collate(Draws, CollateFn(f))
         .num_workers(4)
         .persistent_workers(persistent)

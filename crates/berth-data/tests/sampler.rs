@@ -1,4 +1,4 @@
-//! Samplers and batch samplers: exact orders, seeding, drop_last.
+//! Samplers and batch samplers: exact orders, seeding, `drop_last`.
 
 use berth_data::{
     BatchSampler, BatchSampling, Generator, RandomSampler, Sampler, SequentialSampler,

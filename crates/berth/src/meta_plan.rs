@@ -19,7 +19,8 @@
 //!     let _b = a.matmul(&a)?;                                          // 4 MiB more
 //! }
 //! assert_eq!(plan.max_memory_allocated(), 8 << 20);
-//! assert_eq!(plan.max_memory_reserved(), 40 << 20); // two 20 MiB large-pool segments
+//! // Both 4 MiB blocks are large-pool blocks carved from one 20 MiB segment.
+//! assert_eq!(plan.max_memory_reserved(), 20 << 20);
 //! # Ok::<(), berth::Error>(())
 //! ```
 

@@ -1,0 +1,147 @@
+//! Fashion-MNIST for `berth train`: where the files are, the loaders, and moving a batch to the
+//! device (pinned host batches, `non_blocking` copies, a device prefetcher on CUDA).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use berth::{Device, Tensor};
+use berth_data::fashion_mnist::{FashionMnist, Split as FmSplit};
+use berth_data::prefetch::DevicePrefetcher;
+use berth_data::{DataLoader, Generator};
+
+use crate::UsageError;
+
+/// Images per evaluation batch.
+pub const EVAL_BATCH: usize = 1000;
+/// Mean of Fashion-MNIST's training pixels scaled to [0, 1].
+pub const PIXEL_MEAN: f64 = 0.2860;
+/// Standard deviation of Fashion-MNIST's training pixels scaled to [0, 1].
+pub const PIXEL_STD: f64 = 0.3530;
+
+/// Which half of the dataset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// 60,000 training images.
+    Train,
+    /// 10,000 test images.
+    Test,
+}
+
+/// One split in memory, shared by the loader's workers.
+pub type FashionSplit = Arc<FashionMnist>;
+
+/// A loader over one split: batches `([B, 784] f32 in [0, 1], [B] i64)`.
+pub type FashionLoader = DataLoader<FashionMnist>;
+
+/// Loads a split.
+///
+/// # Errors
+/// A [`UsageError`] naming the file and the reason (missing, truncated, corrupt).
+pub fn load(dir: &Path, split: Split) -> anyhow::Result<FashionSplit> {
+    let s = match split {
+        Split::Train => FmSplit::Train,
+        Split::Test => FmSplit::Test,
+    };
+    FashionMnist::load(dir, s)
+        .map(Arc::new)
+        .map_err(|e| UsageError(format!("{e}; pass --data-dir DIR with the four Fashion-MNIST IDX files")).into())
+}
+
+/// The data folder: `--data-dir`, else `$BERTH_DATA_DIR`, else `data/fashion-mnist` in the
+/// working directory or an ancestor, else the copy in this source tree, else Debian's
+/// `/usr/share/datasets/fashion-mnist`.
+///
+/// # Errors
+/// A [`UsageError`] when none of them holds the files.
+pub fn resolve_dir(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let has = |d: &Path| d.join("train-labels-idx1-ubyte.gz").exists() || d.join("train-labels-idx1-ubyte").exists();
+    if let Some(d) = explicit {
+        if has(d) {
+            return Ok(d.to_path_buf());
+        }
+        return Err(UsageError(format!(
+            "--data-dir {}: no Fashion-MNIST files there (expected train-images-idx3-ubyte.gz, \
+             train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz); \
+             point it at the repository's data/fashion-mnist",
+            d.display()
+        ))
+        .into());
+    }
+    if let Some(d) = std::env::var_os("BERTH_DATA_DIR").map(PathBuf::from) {
+        return resolve_dir(Some(&d));
+    }
+    let source_tree = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist");
+    FashionMnist::find_dir()
+        .or_else(|| has(&source_tree).then_some(source_tree))
+        .ok_or_else(|| {
+            UsageError(
+                "Fashion-MNIST not found: run from the berth repository (it ships data/fashion-mnist), \
+                 pass --data-dir DIR, or install Debian's dataset-fashion-mnist"
+                    .into(),
+            )
+            .into()
+        })
+}
+
+/// The training loader: shuffled with its own generator seeded by `seed`, `workers` threads,
+/// pinned batches when training on CUDA.
+///
+/// # Errors
+/// DataLoader option errors.
+pub fn train_loader(ds: &FashionSplit, batch_size: usize, workers: usize, seed: u64, device: Device) -> anyhow::Result<FashionLoader> {
+    let mut b = DataLoader::builder(Arc::clone(ds))
+        .batch_size(batch_size)
+        .shuffle(true)
+        .num_workers(workers as isize)
+        .generator(Generator::new(seed))
+        .pin_memory(device.is_cuda());
+    if workers > 0 {
+        b = b.persistent_workers(true);
+    }
+    Ok(b.build()?)
+}
+
+/// The evaluation loader: in order, `batch_size` images per batch.
+///
+/// # Errors
+/// DataLoader option errors.
+pub fn eval_loader(ds: &FashionSplit, batch_size: usize, device: Device) -> anyhow::Result<FashionLoader> {
+    Ok(DataLoader::builder(Arc::clone(ds)).batch_size(batch_size).pin_memory(device.is_cuda()).build()?)
+}
+
+/// Batches of `loader` on `device`: through a [`DevicePrefetcher`] (batch n+1 copied on a side
+/// stream while batch n computes) on CUDA, as they come elsewhere.
+///
+/// # Errors
+/// Stream creation errors.
+pub fn device_batches<'a>(
+    loader: &'a FashionLoader,
+    device: Device,
+) -> anyhow::Result<Box<dyn Iterator<Item = berth_data::Result<(Tensor, Tensor)>> + 'a>> {
+    if device.is_cuda() {
+        Ok(Box::new(DevicePrefetcher::new(loader.iter(), device)?))
+    } else {
+        Ok(Box::new(loader.iter()))
+    }
+}
+
+/// Normalises pixels in [0, 1] with Fashion-MNIST's mean and standard deviation, on whatever
+/// device they are (`[B, 784]` f32 → `[B, 784]` f32).
+///
+/// # Errors
+/// Allocation errors.
+pub fn prepare(pixels: &Tensor) -> berth::Result<Tensor> {
+    pixels.sub_scalar(PIXEL_MEAN)?.div_scalar(PIXEL_STD)
+}
+
+/// A loader batch on `device` (a no-op move when it is already there: the prefetcher did the
+/// copy) and normalised.
+///
+/// # Errors
+/// Transfer or allocation errors.
+pub fn to_device(batch: (Tensor, Tensor), device: Device) -> berth::Result<(Tensor, Tensor)> {
+    let (x, y) = batch;
+    let x = x.to(device, x.dtype(), true, false)?;
+    let y = y.to(device, y.dtype(), true, false)?;
+    Ok((prepare(&x)?, y))
+}

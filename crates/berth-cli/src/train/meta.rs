@@ -1,0 +1,152 @@
+//! `berth train --device meta`: predict the GPU's peak memory without allocating anything.
+//!
+//! The model is built on meta and two training steps (the first creates the momentum buffers,
+//! the second is a steady-state step) plus one evaluation batch run through the very functions
+//! the real run uses ([`super::train_step`], [`super::eval_batch`], [`super::data::prepare`]),
+//! while a [`MetaPlan`] is active: every meta tensor takes its bytes from PyTorch's caching
+//! allocator on a simulated device, so the prediction includes 512-byte rounding, segment
+//! sizes and caching (Note [Meta storage] in `berth::meta_plan`).
+
+use berth::meta_plan::MetaPlan;
+use berth::{DType, Device, Generator, Tensor};
+
+use super::{data, eval_batch, train_step, Mlp, Sgd, TrainArgs};
+
+/// Capacity of the simulated device when no GPU is present: an H200's 139.8 GiB
+/// (150,109,880,320 bytes, from `torch.cuda.mem_get_info` on the GPU machine).
+const DEFAULT_CAPACITY_BYTES: u64 = 150_109_880_320;
+
+/// The prediction of a meta run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MetaPrediction {
+    /// Predicted `max_memory_allocated()` of the GPU run, in bytes.
+    pub peak_allocated: u64,
+    /// Predicted `max_memory_reserved()` of the GPU run, in bytes.
+    pub peak_reserved: u64,
+    /// Sum of the parameter bytes (what `numel × element_size` gives, no rounding).
+    pub parameter_bytes: u64,
+}
+
+/// Runs the meta steps and returns the prediction.
+///
+/// # Errors
+/// Shape errors (a bug) or a malformed `BERTH_ALLOC_CONF`.
+pub fn predict(args: &TrainArgs) -> anyhow::Result<(MetaPrediction, MetaPlan)> {
+    let capacity = match berth::cuda::mem_get_info(0) {
+        Ok((_, total)) => total as u64,
+        Err(_) => DEFAULT_CAPACITY_BYTES,
+    };
+    let plan = MetaPlan::new(capacity)?;
+    let parameter_bytes;
+    {
+        let _active = plan.activate();
+        let mut g = Generator::new(args.seed);
+        let model = Mlp::new(args.hidden, Device::Meta, &mut g)?;
+        parameter_bytes = model.params().iter().map(|p| p.nbytes() as u64).sum();
+        let mut opt = Sgd::new(args.lr, args.momentum);
+        let loss_sum = Tensor::zeros(&[], DType::F32, Device::Meta)?;
+        for _ in 0..2 {
+            let (x, y) = meta_batch(args.batch_size)?;
+            train_step(&model, &mut opt, &x, &y, &loss_sum)?;
+        }
+        let correct = Tensor::zeros(&[], DType::I64, Device::Meta)?;
+        let (x, y) = meta_batch(data::EVAL_BATCH)?;
+        eval_batch(&model, &x, &y, &correct)?;
+    }
+    let p = MetaPrediction {
+        peak_allocated: plan.max_memory_allocated(),
+        peak_reserved: plan.max_memory_reserved(),
+        parameter_bytes,
+    };
+    Ok((p, plan))
+}
+
+/// A batch as it arrives on the device (f32 pixels, i64 labels), prepared as in the real run.
+fn meta_batch(batch: usize) -> berth::Result<(Tensor, Tensor)> {
+    let pixels = Tensor::empty(&[batch, super::mlp::INPUTS], DType::F32, Device::Meta)?;
+    let labels = Tensor::empty(&[batch], DType::I64, Device::Meta)?;
+    Ok((data::prepare(&pixels)?, labels))
+}
+
+/// Runs `berth train --device meta` and prints the prediction.
+///
+/// # Errors
+/// As [`predict`].
+pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
+    let (p, plan) = predict(args)?;
+    if args.json {
+        let obj = serde_json::json!({
+            "device": "meta",
+            "batch_size": args.batch_size,
+            "hidden": args.hidden,
+            "predicted_peak_allocated": p.peak_allocated,
+            "predicted_peak_reserved": p.peak_reserved,
+            "peak_allocated": p.peak_allocated,
+            "peak_reserved": p.peak_reserved,
+            "parameter_bytes": p.parameter_bytes,
+            "allocated_on_any_device": 0,
+        });
+        println!("{}", serde_json::to_string(&obj)?);
+        return Ok(());
+    }
+    println!("{}", plan.memory_summary());
+    println!(
+        "meta: one training step (batch {}, hidden {}) and one evaluation batch ({}) on meta tensors",
+        args.batch_size,
+        args.hidden,
+        data::EVAL_BATCH
+    );
+    println!(
+        "predicted GPU peak allocated {} B ({:.2} MiB), peak reserved {} B ({:.2} MiB); parameters {} B; nothing was allocated",
+        p.peak_allocated,
+        p.peak_allocated as f64 / 1048576.0,
+        p.peak_reserved,
+        p.peak_reserved as f64 / 1048576.0,
+        p.parameter_bytes
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(batch: usize, hidden: usize) -> TrainArgs {
+        TrainArgs {
+            device: "meta".into(),
+            epochs: 1,
+            batch_size: batch,
+            hidden,
+            lr: 0.05,
+            momentum: 0.9,
+            workers: 0,
+            seed: 0,
+            save: None,
+            data_dir: None,
+            json: true,
+        }
+    }
+
+    /// Hidden 256: parameters 784·256 + 256 + 256·10 + 10 floats = 813,640 B. The eval
+    /// batch's `[1000, 784]` f32 input (3,136,000 B) and its normalised copies are large-pool
+    /// blocks (20 MiB segments); everything else is ≤ 1 MiB (2 MiB small segments). Every block
+    /// is rounded to 512 B.
+    #[test]
+    fn meta_prediction_counts_rounded_blocks_and_segments() {
+        let (p, _) = predict(&args(64, 256)).unwrap();
+        assert_eq!(p.parameter_bytes, 813_640);
+        assert!(p.peak_allocated >= 2 * 813_640, "params + momentum: {}", p.peak_allocated);
+        assert_eq!(p.peak_allocated % 512, 0);
+        assert!(p.peak_reserved >= 20 << 20);
+        assert_eq!(p.peak_reserved % (2 << 20), 0, "{}", p.peak_reserved);
+        assert!(p.peak_reserved >= p.peak_allocated);
+    }
+
+    #[test]
+    fn meta_prediction_grows_with_the_model() {
+        let (small, _) = predict(&args(64, 64)).unwrap();
+        let (big, _) = predict(&args(64, 1024)).unwrap();
+        // hidden 1024: fc1.weight alone is 3,211,264 B, a large-pool block.
+        assert!(big.peak_allocated >= small.peak_allocated + 2 * 3_211_264);
+    }
+}

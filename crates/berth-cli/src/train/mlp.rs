@@ -1,0 +1,259 @@
+//! The main job's model: an MLP `784 → hidden → 10` with ReLU, its hand-written backward, and
+//! SGD with momentum (PyTorch's `torch.optim.SGD` update rule).
+//!
+//! No general autograd: the backward of `Linear`, `ReLU` and softmax cross-entropy is written
+//! out, and a test checks it against finite differences.
+
+use berth::nn::{Linear, Module};
+use berth::{DType, Device, Generator, Result, Tensor};
+
+/// Pixels per Fashion-MNIST image (28 × 28), the model's input width.
+pub const INPUTS: usize = 784;
+/// Fashion-MNIST classes, the model's output width.
+pub const CLASSES: usize = 10;
+
+/// `fc2(relu(fc1(x)))`: `x [batch, 784] → logits [batch, 10]`.
+#[derive(Debug)]
+pub struct Mlp {
+    /// `Linear(784, hidden)`.
+    pub fc1: Linear,
+    /// `Linear(hidden, 10)`.
+    pub fc2: Linear,
+}
+
+/// What the forward pass keeps for the backward pass.
+#[derive(Debug)]
+pub struct Activations {
+    /// `fc1(x)`, `[batch, hidden]` (pre-activation; ReLU's backward masks with it).
+    pub hidden_pre: Tensor,
+    /// `relu(hidden_pre)`, `[batch, hidden]`.
+    pub hidden: Tensor,
+    /// `fc2(hidden)`, `[batch, 10]`.
+    pub logits: Tensor,
+}
+
+/// Gradients of the mean cross-entropy loss, in [`Module::named_parameters`] order.
+#[derive(Debug)]
+pub struct Gradients {
+    /// d loss / d `fc1.weight`, `[hidden, 784]`.
+    pub w1: Tensor,
+    /// d loss / d `fc1.bias`, `[hidden]`.
+    pub b1: Tensor,
+    /// d loss / d `fc2.weight`, `[10, hidden]`.
+    pub w2: Tensor,
+    /// d loss / d `fc2.bias`, `[10]`.
+    pub b2: Tensor,
+}
+
+impl Gradients {
+    /// The gradients in the order of [`Mlp::params`].
+    pub fn as_slice(&self) -> [&Tensor; 4] {
+        [&self.w1, &self.b1, &self.w2, &self.b2]
+    }
+}
+
+impl Mlp {
+    /// A model with PyTorch's default `Linear` initialisation drawn from `g`, on `device`.
+    ///
+    /// # Errors
+    /// The device cannot be used, or allocation fails.
+    pub fn new(hidden: usize, device: Device, g: &mut Generator) -> Result<Mlp> {
+        Ok(Mlp {
+            fc1: Linear::new_with(INPUTS, hidden, true, DType::F32, device, g)?,
+            fc2: Linear::new_with(hidden, CLASSES, true, DType::F32, device, g)?,
+        })
+    }
+
+    /// The parameters in a fixed order: `fc1.weight, fc1.bias, fc2.weight, fc2.bias`.
+    pub fn params(&self) -> [&Tensor; 4] {
+        let [w1, b1, w2, b2] = [
+            &self.fc1.weight,
+            self.fc1.bias.as_ref().expect("Mlp::new builds fc1 with a bias"),
+            &self.fc2.weight,
+            self.fc2.bias.as_ref().expect("Mlp::new builds fc2 with a bias"),
+        ];
+        [w1, b1, w2, b2]
+    }
+
+    /// The forward pass, keeping what the backward needs.
+    ///
+    /// # Errors
+    /// `x` is not `[batch, 784]` f32 on the model's device.
+    pub fn forward_train(&self, x: &Tensor) -> Result<Activations> {
+        let hidden_pre = self.fc1.forward(x)?;
+        let hidden = hidden_pre.relu()?;
+        let logits = self.fc2.forward(&hidden)?;
+        Ok(Activations { hidden_pre, hidden, logits })
+    }
+
+    /// The backward pass of `cross_entropy(logits, targets)` (mean over the batch).
+    ///
+    /// With `g = softmax(logits) − onehot(targets)) / batch`:
+    /// `dW2 = gᵀ·h`, `db2 = Σ_batch g`, `dh = g·W2`, `dpre = dh ⊙ [pre > 0]`,
+    /// `dW1 = dpreᵀ·x`, `db1 = Σ_batch dpre`.
+    ///
+    /// # Errors
+    /// Shape or device mismatches between `x`, `acts` and `targets` (i64 class indices, `[batch]`).
+    pub fn backward(&self, x: &Tensor, acts: &Activations, targets: &Tensor) -> Result<Gradients> {
+        let g = acts.logits.cross_entropy_backward(targets)?;
+        let w2 = g.t()?.matmul(&acts.hidden)?;
+        let b2 = g.sum_dim(0, false)?;
+        let dh = g.matmul(&self.fc2.weight)?;
+        let dpre = dh.relu_backward(&acts.hidden_pre)?;
+        let w1 = dpre.t()?.matmul(x)?;
+        let b1 = dpre.sum_dim(0, false)?;
+        Ok(Gradients { w1, b1, w2, b2 })
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.fc2.forward(&self.fc1.forward(x)?.relu()?)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        let mut v: Vec<(String, &Tensor)> = Vec::new();
+        for (prefix, layer) in [("fc1", &self.fc1), ("fc2", &self.fc2)] {
+            for (name, t) in layer.named_parameters() {
+                v.push((format!("{prefix}.{name}"), t));
+            }
+        }
+        v
+    }
+
+    fn named_parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        let mut v: Vec<(String, &mut Tensor)> = Vec::new();
+        for (prefix, layer) in [("fc1", &mut self.fc1), ("fc2", &mut self.fc2)] {
+            for (name, t) in layer.named_parameters_mut() {
+                v.push((format!("{prefix}.{name}"), t));
+            }
+        }
+        v
+    }
+}
+
+/// SGD with momentum, PyTorch's rule (`torch.optim.SGD`, dampening 0, no Nesterov):
+/// `v ← μ·v + g` (the first step sets `v ← g`), `p ← p − lr·v`.
+#[derive(Debug)]
+pub struct Sgd {
+    lr: f64,
+    momentum: f64,
+    velocity: Option<Vec<Tensor>>,
+}
+
+impl Sgd {
+    /// An optimiser with learning rate `lr` and momentum `momentum` (0 disables it).
+    pub fn new(lr: f64, momentum: f64) -> Sgd {
+        Sgd { lr, momentum, velocity: None }
+    }
+
+    /// One update of `params` (in place, through their storage) with `grads`, pairwise.
+    ///
+    /// # Errors
+    /// Shape or device mismatch between a parameter and its gradient.
+    pub fn step(&mut self, params: &[&Tensor], grads: &[&Tensor]) -> Result<()> {
+        if self.momentum == 0.0 {
+            for (p, g) in params.iter().zip(grads) {
+                p.add_scaled_(g, -self.lr)?;
+            }
+            return Ok(());
+        }
+        match &mut self.velocity {
+            None => {
+                let mut vs = Vec::with_capacity(grads.len());
+                for (p, g) in params.iter().zip(grads) {
+                    let v = Tensor::clone(g)?;
+                    p.add_scaled_(&v, -self.lr)?;
+                    vs.push(v);
+                }
+                self.velocity = Some(vs);
+            }
+            Some(vs) => {
+                for ((p, g), v) in params.iter().zip(grads).zip(vs.iter()) {
+                    v.mul_scalar_(self.momentum)?;
+                    v.add_(g)?;
+                    p.add_scaled_(v, -self.lr)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loss_of(model: &Mlp, x: &Tensor, y: &Tensor) -> f64 {
+        let logits = model.forward(x).unwrap();
+        logits.cross_entropy(y).unwrap().to_dtype(DType::F64).unwrap().item::<f64>().unwrap()
+    }
+
+    /// Central differences in f64 against the analytic gradient of every parameter entry
+    /// of a small model.
+    #[test]
+    fn backward_matches_finite_differences() {
+        let mut g = Generator::new(7);
+        let hidden = 5;
+        let model = Mlp::new(hidden, Device::Cpu, &mut g).unwrap();
+        let batch = 3;
+        let x = Tensor::randn_with(&[batch, INPUTS], DType::F32, Device::Cpu, &mut g).unwrap();
+        let y = Tensor::from_vec(vec![1i64, 7, 3], &[batch], Device::Cpu).unwrap();
+        let acts = model.forward_train(&x).unwrap();
+        let grads = model.backward(&x, &acts, &y).unwrap();
+        let eps = 1e-2;
+        for (param, grad) in model.params().into_iter().zip(grads.as_slice()) {
+            let analytic: Vec<f32> = grad.to_vec().unwrap();
+            assert_eq!(analytic.len(), param.numel());
+            // Every entry of the small tensors; a stride through fc1.weight (3920 entries).
+            let step = if param.numel() > 100 { 97 } else { 1 };
+            for i in (0..param.numel()).step_by(step) {
+                let flat = param.reshape(&[param.numel()]).unwrap();
+                let cell = flat.narrow(0, i, 1).unwrap();
+                let orig: f32 = cell.item().unwrap();
+                cell.fill_(f64::from(orig) + eps).unwrap();
+                let up = loss_of(&model, &x, &y);
+                cell.fill_(f64::from(orig) - eps).unwrap();
+                let down = loss_of(&model, &x, &y);
+                cell.fill_(f64::from(orig)).unwrap();
+                let numeric = (up - down) / (2.0 * eps);
+                let a = f64::from(analytic[i]);
+                assert!(
+                    (numeric - a).abs() <= 2e-3 + 2e-2 * a.abs(),
+                    "entry {i}: analytic {a}, numeric {numeric}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sgd_momentum_follows_pytorch_rule() {
+        let p = Tensor::from_vec(vec![1.0f32, 2.0], &[2], Device::Cpu).unwrap();
+        let g = Tensor::from_vec(vec![0.5f32, -1.0], &[2], Device::Cpu).unwrap();
+        let mut opt = Sgd::new(0.1, 0.9);
+        opt.step(&[&p], &[&g]).unwrap();
+        // v = g; p = p - 0.1 g
+        assert_eq!(p.to_vec::<f32>().unwrap(), vec![0.95, 2.1]);
+        opt.step(&[&p], &[&g]).unwrap();
+        // v = 0.9 g + g = 1.9 g; p -= 0.19 g
+        let got = p.to_vec::<f32>().unwrap();
+        assert!((got[0] - 0.855).abs() < 1e-6 && (got[1] - 2.29).abs() < 1e-6, "{got:?}");
+    }
+
+    #[test]
+    fn state_dict_names_and_shapes() {
+        let mut g = Generator::new(1);
+        let model = Mlp::new(16, Device::Cpu, &mut g).unwrap();
+        let sd = model.state_dict().unwrap();
+        let shapes: Vec<(String, Vec<usize>)> = sd.iter().map(|(k, t)| (k.clone(), t.shape().to_vec())).collect();
+        assert_eq!(
+            shapes,
+            vec![
+                ("fc1.bias".to_string(), vec![16]),
+                ("fc1.weight".to_string(), vec![16, 784]),
+                ("fc2.bias".to_string(), vec![10]),
+                ("fc2.weight".to_string(), vec![10, 16]),
+            ]
+        );
+    }
+}

@@ -1,0 +1,257 @@
+//! `berth train` and `berth eval`: the main job. An MLP (784 → hidden → 10, ReLU) trained on
+//! Fashion-MNIST with SGD + momentum on the best device present, data through berth's
+//! DataLoader (worker threads; pinned memory and `non_blocking` copies on CUDA), with a
+//! progress bar, per-epoch timings (CUDA events on the GPU) and a memory report.
+//!
+//! `--device meta` runs one step on meta tensors and predicts the GPU's peak allocated and
+//! reserved bytes without allocating anything (see [`meta`]).
+
+mod data;
+mod meta;
+mod mlp;
+mod report;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use berth::nn::{load_state_dict_file, save_state_dict, Module};
+use berth::{DType, Device, Generator, Tensor};
+
+use crate::UsageError;
+pub use mlp::{Mlp, Sgd};
+use report::{EpochReport, MemoryReport, TrainReport};
+
+/// Arguments of `berth train`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TrainArgs {
+    /// Device: `auto` (cuda:0 when present, else cpu), `cpu`, `cuda`, `cuda:i` or `meta`.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Passes over the 60,000 training images.
+    #[arg(long, default_value_t = 5)]
+    pub epochs: usize,
+    /// Images per step.
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// Width of the hidden layer.
+    #[arg(long, default_value_t = 256)]
+    pub hidden: usize,
+    /// SGD learning rate.
+    #[arg(long, default_value_t = 0.05)]
+    pub lr: f64,
+    /// SGD momentum (PyTorch's rule, dampening 0).
+    #[arg(long, default_value_t = 0.9)]
+    pub momentum: f64,
+    /// DataLoader worker threads.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Seed of the model's initialisation and of the shuffle.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the trained state dict (CPU copies) to this safetensors file.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    /// Folder with the four Fashion-MNIST IDX files (default: `$BERTH_DATA_DIR`, else the
+    /// repository's `data/fashion-mnist`).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Print one final JSON object instead of text (no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `berth eval`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EvalArgs {
+    /// Safetensors file written by `berth train --save`.
+    #[arg(long)]
+    pub load: PathBuf,
+    /// Device: `auto`, `cpu`, `cuda`, `cuda:i`.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Images per evaluation step.
+    #[arg(long, default_value_t = 1000)]
+    pub batch_size: usize,
+    /// Folder with the Fashion-MNIST IDX files (as for `train`).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Resolves `--device`: `auto` → [`Device::best`]; anything else parsed with PyTorch's grammar
+/// and checked against the devices present. Errors are [`UsageError`]s naming the fix.
+pub fn resolve_device(spec: &str) -> anyhow::Result<Device> {
+    let device = if spec == "auto" {
+        Device::best()
+    } else {
+        let d: Device = spec.parse().map_err(|e| {
+            UsageError(format!("--device {spec}: {e} (or `auto`)"))
+        })?;
+        d.canonical().map_err(|e| UsageError(format!("--device {spec}: {e}; use --device cpu or auto")))?
+    };
+    Ok(device)
+}
+
+fn check_train_args(a: &TrainArgs) -> anyhow::Result<()> {
+    if a.batch_size == 0 {
+        return Err(UsageError("--batch-size 0: the batch size must be at least 1 (e.g. --batch-size 64)".into()).into());
+    }
+    if a.hidden == 0 {
+        return Err(UsageError("--hidden 0: the hidden layer needs at least 1 unit (e.g. --hidden 256)".into()).into());
+    }
+    if !(a.lr.is_finite() && a.lr > 0.0) {
+        return Err(UsageError(format!("--lr {}: the learning rate must be a positive number (e.g. --lr 0.05)", a.lr)).into());
+    }
+    if !(0.0..1.0).contains(&a.momentum) {
+        return Err(UsageError(format!("--momentum {}: momentum must be in [0, 1) (e.g. --momentum 0.9)", a.momentum)).into());
+    }
+    Ok(())
+}
+
+/// Runs `berth train`.
+pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
+    check_train_args(&args)?;
+    let device = resolve_device(&args.device)?;
+    if device == Device::Meta {
+        return meta::run(&args);
+    }
+    let dir = data::resolve_dir(args.data_dir.as_deref())?;
+    let train = data::load(&dir, data::Split::Train)?;
+    let test = data::load(&dir, data::Split::Test)?;
+    let report = train_on(&args, device, &train, &test)?;
+    if let Some(path) = &args.save {
+        // state_dict() returns CPU copies.
+        save_state_dict(&report.state_dict, path).with_context(|| format!("saving the state dict to {}", path.display()))?;
+    }
+    report.print(args.json, args.save.as_deref())?;
+    Ok(())
+}
+
+/// Trains on `device` and returns the report (state dict included).
+pub fn train_on(args: &TrainArgs, device: Device, train: &data::FashionSplit, test: &data::FashionSplit) -> anyhow::Result<TrainReport> {
+    let mut g = Generator::new(args.seed);
+    let model = Mlp::new(args.hidden, device, &mut g)?;
+    let mut opt = Sgd::new(args.lr, args.momentum);
+    let loader = data::train_loader(train, args.batch_size, args.workers, args.seed, device)?;
+    let test_loader = data::eval_loader(test, data::EVAL_BATCH, device)?;
+    let steps_per_epoch = loader.len();
+    let timer = report::EpochTimer::new(device)?;
+    let mem = MemoryReport::start(device)?;
+    let waits_before = report::host_waits();
+    let mut epochs = Vec::with_capacity(args.epochs);
+    let mut steps = 0u64;
+    for epoch in 1..=args.epochs {
+        let bar = report::progress_bar(steps_per_epoch as u64, epoch, args.epochs, args.json);
+        let started = Instant::now();
+        timer.start()?;
+        // The loss is summed on the device and read once per epoch (and every `LOG_EVERY`
+        // steps for the progress bar): a read per step would be a host sync per step (BUG-19).
+        let loss_sum = Tensor::zeros(&[], DType::F32, device)?;
+        let mut seen = 0usize;
+        let mut shown_loss = f64::NAN;
+        for (i, batch) in data::device_batches(&loader, device)?.enumerate() {
+            let (x, y) = data::to_device(batch.with_context(|| format!("epoch {epoch}, batch {i}"))?, device)?;
+            train_step(&model, &mut opt, &x, &y, &loss_sum)?;
+            seen += y.numel();
+            steps += 1;
+            if i % report::LOG_EVERY == report::LOG_EVERY - 1 {
+                shown_loss = loss_sum.item::<f32>()? as f64 / seen as f64;
+            }
+            bar.set_message(format!("loss {shown_loss:.4}  {:.0} samples/s", seen as f64 / started.elapsed().as_secs_f64()));
+            bar.inc(1);
+        }
+        let seconds = timer.stop()?;
+        bar.finish_and_clear();
+        let train_loss = loss_sum.item::<f32>()? as f64 / seen.max(1) as f64;
+        let test_accuracy = evaluate(&model, &test_loader, device)?;
+        let e = EpochReport { epoch, train_loss, test_accuracy, seconds, samples_per_second: seen as f64 / seconds };
+        if !args.json {
+            e.print();
+        }
+        epochs.push(e);
+    }
+    let memory = mem.finish(device)?;
+    let waits = report::host_waits() - waits_before;
+    let state_dict = model.state_dict()?;
+    Ok(TrainReport {
+        device,
+        epochs,
+        memory,
+        implicit_syncs_per_step: if steps == 0 { 0.0 } else { waits as f64 / steps as f64 },
+        state_dict,
+    })
+}
+
+/// One SGD step on a prepared batch (`x [batch, 784]` f32, `y [batch]` i64, both on the model's
+/// device); adds the batch's summed loss to `loss_sum` (a device scalar, so nothing syncs).
+///
+/// # Errors
+/// Shape, device or allocation errors.
+pub fn train_step(model: &Mlp, opt: &mut Sgd, x: &Tensor, y: &Tensor, loss_sum: &Tensor) -> berth::Result<()> {
+    let acts = model.forward_train(x)?;
+    let grads = model.backward(x, &acts, y)?;
+    opt.step(&model.params(), &grads.as_slice())?;
+    let loss = acts.logits.cross_entropy(y)?;
+    loss_sum.add_scaled_(&loss, y.numel() as f64)
+}
+
+/// Adds the number of correct predictions of `model` on a prepared batch to `correct` (an i64
+/// device scalar).
+///
+/// # Errors
+/// Shape, device or allocation errors.
+pub fn eval_batch(model: &Mlp, x: &Tensor, y: &Tensor, correct: &Tensor) -> berth::Result<()> {
+    let pred = model.forward(x)?.argmax_dim(1, false)?;
+    let hits = pred.eq(y)?.to_dtype(DType::I64)?.sum()?;
+    correct.add_(&hits)
+}
+
+/// Test accuracy of `model` over every batch of `loader`, in [0, 1]. The count of correct
+/// predictions stays on the device until the end (one read).
+pub fn evaluate(model: &Mlp, loader: &data::FashionLoader, device: Device) -> anyhow::Result<f64> {
+    let correct = Tensor::zeros(&[], DType::I64, device)?;
+    let mut total = 0usize;
+    for batch in data::device_batches(loader, device)? {
+        let (x, y) = data::to_device(batch?, device)?;
+        eval_batch(model, &x, &y, &correct)?;
+        total += y.numel();
+    }
+    Ok(correct.item::<i64>()? as f64 / total.max(1) as f64)
+}
+
+/// Runs `berth eval`.
+pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
+    if args.batch_size == 0 {
+        return Err(UsageError("--batch-size 0: the batch size must be at least 1".into()).into());
+    }
+    let device = resolve_device(&args.device)?;
+    if device == Device::Meta {
+        return Err(UsageError("berth eval --device meta: meta tensors have no data to evaluate; use cpu or cuda".into()).into());
+    }
+    let state = load_state_dict_file(&args.load).map_err(|e| {
+        UsageError(format!("--load {}: {e} (expected a safetensors file written by `berth train --save`)", args.load.display()))
+    })?;
+    let hidden = state
+        .get("fc1.weight")
+        .map(|w| w.shape()[0])
+        .ok_or_else(|| UsageError(format!("--load {}: no `fc1.weight` in the file; it was not written by `berth train --save`", args.load.display())))?;
+    let mut g = Generator::new(0);
+    let mut model = Mlp::new(hidden, Device::Cpu, &mut g)?;
+    model
+        .load_state_dict(&state)
+        .map_err(|e| UsageError(format!("--load {}: {e}", args.load.display())))?;
+    model.to_device(device)?;
+    let dir = data::resolve_dir(args.data_dir.as_deref())?;
+    let test = data::load(&dir, data::Split::Test)?;
+    let loader = data::eval_loader(&test, args.batch_size, device)?;
+    let acc = evaluate(&model, &loader, device)?;
+    if args.json {
+        println!("{}", serde_json::json!({ "device": device.to_string(), "test_accuracy": acc, "load": args.load }));
+    } else {
+        println!("test accuracy {:.2}% on {} ({} images)", acc * 100.0, device, berth_data::Dataset::len(&*test));
+    }
+    Ok(())
+}

@@ -94,7 +94,10 @@ fn memcpy_secs(src: &[u8], dst: &mut [u8]) -> f64 {
 /// Runs the DataLoader benchmark.
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.samples == 0 || args.features == 0 || args.batch_size == 0 || args.epochs == 0 {
-        return Err(crate::UsageError("--samples, --features, --batch-size and --epochs must be positive".into()).into());
+        return Err(crate::UsageError(
+            "--samples, --features, --batch-size and --epochs must be positive".into(),
+        )
+        .into());
     }
     let (n, f) = (args.samples, args.features);
     let x = filled(&[n, f], DType::F32).context("allocating the dataset")?;
@@ -163,7 +166,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     if !berth::cuda::is_available() {
         if !args.json {
-            println!("gpu: skipped ({})", berth::cuda::unavailable_reason().unwrap_or_default());
+            println!(
+                "gpu: skipped ({})",
+                berth::cuda::unavailable_reason().unwrap_or_default()
+            );
         }
         return Ok(());
     }

@@ -245,6 +245,7 @@ pub trait DeviceKernels: Send + Sync {
 }
 
 /// CUDA kernels when none are plugged in: every call is an "unavailable" error.
+#[cfg_attr(feature = "cuda", allow(dead_code))]
 struct NoCudaKernels;
 
 impl DeviceKernels for NoCudaKernels {
@@ -253,8 +254,15 @@ impl DeviceKernels for NoCudaKernels {
     }
 }
 
-/// The CUDA implementation of [`DeviceKernels`]. THE one line to change when the CUDA
-/// kernels land (`&crate::cuda::ops::CudaKernels` or similar).
+/// The CUDA implementation of [`DeviceKernels`]: berth's NVRTC/cuBLAS kernels with the
+/// `cuda` feature, "unavailable" errors without it.
+#[cfg(feature = "cuda")]
+fn cuda_kernels() -> &'static dyn DeviceKernels {
+    &crate::cuda::ops::CudaKernels
+}
+
+/// Without the `cuda` feature every CUDA op is an "unavailable" error.
+#[cfg(not(feature = "cuda"))]
 fn cuda_kernels() -> &'static dyn DeviceKernels {
     &NoCudaKernels
 }

@@ -3,9 +3,10 @@
 //! own NVRTC kernels ([`kernels`](super::kernels)), cuBLAS ([`blas`](super::blas)) and the
 //! device Philox generator ([`rand`](super::rand)).
 //!
-//! Memory comes from the views' storages (`DeviceMemory::device_ptr`); nothing here allocates.
-//! `alloc` and `transfer` belong to the CUDA runtime and keep the interface's defaults here.
-//! Work is enqueued on the device's current stream ([`current_stream`]).
+//! Memory comes from the views' storages (`DeviceMemory::device_ptr`); the kernels never
+//! allocate. `alloc` and `transfer` delegate to the CUDA runtime ([`super::transfer`]): output
+//! storages come from the device's caching allocator, ordered on the current stream. Work is
+//! enqueued on the thread's current stream of the device ([`current_stream`]).
 
 use super::blas::{self, MatrixView};
 use super::kernels::{self, ArgReduce, DeviceView, RawStream, ScalarType};
@@ -32,11 +33,14 @@ pub fn scalar_type(dtype: DType) -> ScalarType {
     }
 }
 
-/// The stream kernels go to: the legacy default stream for now (ordered with every blocking
-/// stream, so correct with any copy the runtime issues); the runtime's per-thread current
-/// stream replaces this single function when it lands.
-pub fn current_stream(_device: usize) -> RawStream {
-    std::ptr::null_mut()
+/// The stream kernels go to: the thread's current stream of `device`
+/// ([`super::current_stream`], set with a `StreamGuard`), the legacy default stream when none
+/// was set or it cannot be read.
+pub fn current_stream(device: usize) -> RawStream {
+    match super::current_stream(device) {
+        Ok(s) => s.as_raw() as usize as RawStream,
+        Err(_) => std::ptr::null_mut(),
+    }
 }
 
 /// A view's device index, strides and first-element address.
@@ -85,6 +89,15 @@ fn not_contiguous(op: &'static str, which: &str) -> Error {
 impl DeviceKernels for CudaKernels {
     fn kind(&self) -> Device {
         Device::CudaCurrent
+    }
+
+    fn alloc(&self, device: Device, nbytes: usize) -> Result<crate::Storage> {
+        let index = device.canonical()?.index().map_or(0, usize::from);
+        super::transfer::alloc_storage(index, nbytes)
+    }
+
+    fn transfer(&self, src: &crate::Tensor, device: Device, non_blocking: bool) -> Result<crate::Tensor> {
+        super::transfer::transfer(src, device, non_blocking)
     }
 
     fn copy(&self, dst: View<'_>, src: View<'_>) -> Result<()> {

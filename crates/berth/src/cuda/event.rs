@@ -113,6 +113,14 @@ impl Event {
         }
     }
 
+    /// [`Event::synchronize`] without counting a host wait (the caller counted one).
+    pub(crate) fn synchronize_uncounted(&self) -> Result<(), CudaError> {
+        match self.recorded() {
+            Some((device, ev)) => raw::event_sync(device, ev),
+            None => Ok(()),
+        }
+    }
+
     /// Milliseconds between this event and `end` (`Event.elapsed_time(end)`).
     ///
     /// # Errors

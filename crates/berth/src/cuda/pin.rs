@@ -56,7 +56,7 @@ impl Tensor {
         {
             let from = src.read_host("pin_memory")?;
             let mut to = dst.write_host("pin_memory")?;
-            to.bytes_mut()[..src.nbytes()].copy_from_slice(from.bytes());
+            super::transfer::parallel_copy(&mut to.bytes_mut()[..src.nbytes()], from.bytes());
         }
         Ok(Tensor::from_storage(
             Arc::new(dst),

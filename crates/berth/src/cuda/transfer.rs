@@ -225,7 +225,7 @@ fn stage_htod(dev: usize, dptr: u64, bytes: &[u8], stream: &Stream) -> Result<()
 }
 
 /// `dst.copy_from_slice(src)` on several threads for large buffers.
-fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+pub(crate) fn parallel_copy(dst: &mut [u8], src: &[u8]) {
     use rayon::prelude::*;
     const PIECE: usize = 1 << 20;
     if src.len() < 4 * PIECE {
@@ -262,12 +262,54 @@ fn dtoh(
     let dst = Storage::host_zeroed(nbytes);
     if nbytes > 0 {
         let mut guard = dst.write_host("to")?;
-        let hptr = guard.bytes_mut().as_mut_ptr();
-        ffi::dtoh_async(dev, hptr, sptr, nbytes, stream.as_raw())?;
-        stream.synchronize_uncounted()?;
-        drop(guard);
+        stage_dtoh(dev, &mut guard.bytes_mut()[..nbytes], sptr, &stream)?;
     }
     Ok(dst)
+}
+
+/// Blocking device→pageable host through two pinned staging blocks: the DMA of chunk i+1
+/// runs while the CPU copies chunk i out (PyTorch copies straight into pageable memory,
+/// which the driver stages far more slowly).
+fn stage_dtoh(dev: usize, out: &mut [u8], sptr: u64, stream: &Stream) -> Result<()> {
+    let host = host_allocator()?;
+    let chunk = STAGING_CHUNK_BYTES.min(out.len());
+    let err = |e: crate::alloc::host::HostAllocError| CudaError::HostAlloc {
+        message: e.to_string(),
+    };
+    let blocks = [
+        host.allocate(chunk).map_err(err)?,
+        host.allocate(chunk).map_err(err)?,
+    ];
+    let events = [Event::new(false), Event::new(false)];
+    let pieces: Vec<(usize, usize)> = (0..out.len())
+        .step_by(chunk)
+        .map(|at| (at, chunk.min(out.len() - at)))
+        .collect();
+    let issue = |i: usize| -> Result<()> {
+        let (at, len) = pieces[i];
+        ffi::dtoh_async(
+            dev,
+            blocks[i % 2].as_ptr(),
+            sptr + at as u64,
+            len,
+            stream.as_raw(),
+        )?;
+        events[i % 2].record_on(stream)?;
+        Ok(())
+    };
+    issue(0)?;
+    for i in 0..pieces.len() {
+        if i + 1 < pieces.len() {
+            issue(i + 1)?;
+        }
+        events[i % 2].synchronize_uncounted()?;
+        let (at, len) = pieces[i];
+        // SAFETY: the block holds `len` bytes that the DMA completed (its event passed), and
+        // no other copy writes it until the next `issue` for this slot, which comes after.
+        let src = unsafe { std::slice::from_raw_parts(blocks[i % 2].as_ptr(), len) };
+        parallel_copy(&mut out[at..at + len], src);
+    }
+    Ok(())
 }
 
 /// Copies `bytes` bytes from device address `src` to `dst` on `device`, ordered on the

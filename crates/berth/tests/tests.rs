@@ -6,6 +6,8 @@ mod util;
 mod bugs;
 mod creation;
 #[cfg(feature = "cuda")]
+mod cuda_ops;
+#[cfg(feature = "cuda")]
 mod cuda_runtime;
 mod device;
 mod meta;

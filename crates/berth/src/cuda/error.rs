@@ -104,6 +104,11 @@ pub enum CudaError {
         tensor_type: String,
     },
 
+    /// A failure of berth's kernels, cuBLAS or the device generator (`cuda::kernels`).
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Kernel(#[from] super::kernels::KernelError),
+
     /// The device's caching allocator refused a request (its message is PyTorch's, e.g. "CUDA
     /// out of memory. Tried to allocate ..."); `out_of_memory` tells whether freeing memory
     /// and retrying may succeed.

@@ -15,14 +15,22 @@
 //! `testing.rs` (the GPU gate for tests, a fake device count).
 
 pub mod backend;
+#[cfg(feature = "cuda")]
+pub mod blas;
 mod context;
 mod device;
 mod driver;
 mod error;
 mod event;
+#[cfg(feature = "cuda")]
+pub mod kernels;
+#[cfg(feature = "cuda")]
+pub mod ops;
 pub mod memory;
 mod pin;
 pub mod pinned;
+#[cfg(feature = "cuda")]
+pub mod rand;
 mod raw;
 mod stream;
 mod sync_debug;

@@ -1,0 +1,78 @@
+//! `berth train` / `berth eval` end to end: the CI version of the main job (one epoch, seeded,
+//! test accuracy ≥ 75%), save → eval reproducing the accuracy, the meta prediction, and the
+//! new-user errors (one line, exit status 2, no panic).
+
+use std::process::{Command, Output};
+
+fn berth(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(args)
+        .env_remove("BERTH_DATA_DIR")
+        .output()
+        .expect("berth runs")
+}
+
+fn json_of(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "berth failed: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().expect("one JSON line");
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("not JSON ({e}): {last}"))
+}
+
+#[test]
+fn one_epoch_on_cpu_reaches_75_percent_and_eval_reproduces_it() {
+    let dir = std::env::temp_dir().join(format!("berth-train-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let save = dir.join("mlp.safetensors");
+    let save_s = save.to_str().unwrap();
+    let out = berth(&["train", "--device", "cpu", "--epochs", "1", "--seed", "0", "--json", "--save", save_s]);
+    let v = json_of(&out);
+    assert_eq!(v["device"], "cpu");
+    assert_eq!(v["epochs"], 1);
+    let acc = v["test_accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.75, "one epoch gave {acc}");
+    let loss = v["train_loss"].as_f64().unwrap();
+    assert!(loss > 0.0 && loss < 1.0, "train loss {loss}");
+    assert_eq!(v["epoch_seconds"].as_array().unwrap().len(), 1);
+    // On the CPU the peaks are the host bytes held by tensors: at least the parameters and
+    // their momentum buffers (2 × 814,120 B).
+    let peak = v["peak_allocated"].as_u64().unwrap();
+    assert!(peak >= 2 * 814_120, "peak {peak}");
+    assert_eq!(v["peak_reserved"].as_u64().unwrap(), peak);
+
+    let ev = json_of(&berth(&["eval", "--load", save_s, "--device", "cpu", "--json"]));
+    assert_eq!(ev["test_accuracy"].as_f64().unwrap(), acc, "eval of the saved state dict");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn meta_predicts_without_data_or_memory() {
+    let v = json_of(&berth(&["train", "--device", "meta", "--json"]));
+    assert_eq!(v["device"], "meta");
+    let alloc = v["predicted_peak_allocated"].as_u64().unwrap();
+    let reserved = v["predicted_peak_reserved"].as_u64().unwrap();
+    assert!(alloc >= 2 * 814_120 && alloc % 512 == 0, "{alloc}");
+    assert!(reserved >= alloc && reserved % (2 << 20) == 0, "{reserved}");
+}
+
+fn assert_usage_error(args: &[&str], needle: &str) {
+    let out = berth(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: status {:?}, stderr {err}", out.status);
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: not one line: {err}");
+    assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
+}
+
+#[test]
+fn new_user_errors_are_one_line_with_status_2() {
+    let missing = std::env::temp_dir().join("berth-no-such-dir");
+    assert_usage_error(&["train", "--data-dir", missing.to_str().unwrap()], "no Fashion-MNIST files there");
+    assert_usage_error(&["train", "--device", "cuda:7"], "--device cuda:7");
+    assert_usage_error(&["train", "--device", "tpu"], "expected one of cpu, cuda");
+    assert_usage_error(&["train", "--batch-size", "0"], "--batch-size 0");
+    let not_st = std::env::temp_dir().join(format!("berth-not-safetensors-{}", std::process::id()));
+    std::fs::write(&not_st, b"this is not a safetensors file").unwrap();
+    assert_usage_error(&["eval", "--load", not_st.to_str().unwrap(), "--device", "cpu"], "expected a safetensors file");
+    std::fs::remove_file(&not_st).ok();
+}

@@ -46,7 +46,14 @@ grep -h "^test result" "$OUT/tests.log" > "$OUT/tests-summary.txt" || true
 for b in transfers alloc overlap sync; do
   timeout 120 .gpu/berth bench "$b" --json 2>>"$OUT/bench.err" | tee -a "$OUT/berth-bench.jsonl"
 done
-if python3 -c 'import torch' 2>/dev/null; then
+# The main job on the GPU (auto picks cuda:0), the meta prediction beside it, and the
+# DataLoader to the GPU.
+timeout 300 .gpu/berth train --device auto --epochs 5 --json > "$OUT/train-cuda.json" 2>"$OUT/train-cuda.err" || status=1
+timeout 60 .gpu/berth train --device meta --json > "$OUT/train-meta.json" 2>>"$OUT/train-cuda.err" || status=1
+cat "$OUT/train-cuda.json" "$OUT/train-meta.json"
+timeout 240 .gpu/berth bench dataloader --json > "$OUT/bench-dataloader.jsonl" 2>"$OUT/bench-dataloader.err" || status=1
+cat "$OUT/bench-dataloader.jsonl"
+if [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
   timeout 240 python3 .gpu/shared/bench/torch_baseline.py > "$OUT/torch-baseline.json" 2>"$OUT/torch-baseline.err"
 fi
 python3 - "$OUT" <<'PY'

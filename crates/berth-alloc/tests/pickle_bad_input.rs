@@ -20,7 +20,10 @@ fn malformed(data: &[u8]) -> (usize, &'static str, String) {
             opcode,
             reason,
         }) => (offset, opcode, reason),
-        other => panic!("expected Malformed for a {}-byte input, got {other:?}", data.len()),
+        other => panic!(
+            "expected Malformed for a {}-byte input, got {other:?}",
+            data.len()
+        ),
     }
 }
 

@@ -10,6 +10,6 @@ mod host;
 mod host_invariants;
 mod invariants;
 mod paged;
-mod policy;
 mod pickle;
 mod pickle_bad_input;
+mod policy;

@@ -13,7 +13,11 @@ fn berth(args: &[&str]) -> Output {
 }
 
 fn json_of(out: &Output) -> serde_json::Value {
-    assert!(out.status.success(), "berth failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "berth failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().expect("one JSON line");
     serde_json::from_str(last).unwrap_or_else(|e| panic!("not JSON ({e}): {last}"))
@@ -25,7 +29,9 @@ fn one_epoch_on_cpu_reaches_75_percent_and_eval_reproduces_it() {
     std::fs::create_dir_all(&dir).unwrap();
     let save = dir.join("mlp.safetensors");
     let save_s = save.to_str().unwrap();
-    let out = berth(&["train", "--device", "cpu", "--epochs", "1", "--seed", "0", "--json", "--save", save_s]);
+    let out = berth(&[
+        "train", "--device", "cpu", "--epochs", "1", "--seed", "0", "--json", "--save", save_s,
+    ]);
     let v = json_of(&out);
     assert_eq!(v["device"], "cpu");
     assert_eq!(v["epochs"], 1);
@@ -40,8 +46,14 @@ fn one_epoch_on_cpu_reaches_75_percent_and_eval_reproduces_it() {
     assert!(peak >= 2 * 814_120, "peak {peak}");
     assert_eq!(v["peak_reserved"].as_u64().unwrap(), peak);
 
-    let ev = json_of(&berth(&["eval", "--load", save_s, "--device", "cpu", "--json"]));
-    assert_eq!(ev["test_accuracy"].as_f64().unwrap(), acc, "eval of the saved state dict");
+    let ev = json_of(&berth(&[
+        "eval", "--load", save_s, "--device", "cpu", "--json",
+    ]));
+    assert_eq!(
+        ev["test_accuracy"].as_f64().unwrap(),
+        acc,
+        "eval of the saved state dict"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -58,21 +70,42 @@ fn meta_predicts_without_data_or_memory() {
 fn assert_usage_error(args: &[&str], needle: &str) {
     let out = berth(args);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: status {:?}, stderr {err}", out.status);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{args:?}: status {:?}, stderr {err}",
+        out.status
+    );
     assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: not one line: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "{args:?}: not one line: {err}"
+    );
     assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
 }
 
 #[test]
 fn new_user_errors_are_one_line_with_status_2() {
     let missing = std::env::temp_dir().join("berth-no-such-dir");
-    assert_usage_error(&["train", "--data-dir", missing.to_str().unwrap()], "no Fashion-MNIST files there");
+    assert_usage_error(
+        &["train", "--data-dir", missing.to_str().unwrap()],
+        "no Fashion-MNIST files there",
+    );
     assert_usage_error(&["train", "--device", "cuda:7"], "--device cuda:7");
     assert_usage_error(&["train", "--device", "tpu"], "expected one of cpu, cuda");
     assert_usage_error(&["train", "--batch-size", "0"], "--batch-size 0");
     let not_st = std::env::temp_dir().join(format!("berth-not-safetensors-{}", std::process::id()));
     std::fs::write(&not_st, b"this is not a safetensors file").unwrap();
-    assert_usage_error(&["eval", "--load", not_st.to_str().unwrap(), "--device", "cpu"], "expected a safetensors file");
+    assert_usage_error(
+        &[
+            "eval",
+            "--load",
+            not_st.to_str().unwrap(),
+            "--device",
+            "cpu",
+        ],
+        "expected a safetensors file",
+    );
     std::fs::remove_file(&not_st).ok();
 }

@@ -3,7 +3,9 @@
 //! unless `BERTH_REQUIRE_GPU=1`.
 
 use berth::cuda::blas::{self, MatrixView};
-use berth::cuda::kernels::{self, contiguous_strides, BinaryOp, CompareOp, DeviceView, Reduction, ScalarType, UnaryOp};
+use berth::cuda::kernels::{
+    self, contiguous_strides, BinaryOp, CompareOp, DeviceView, Reduction, ScalarType, UnaryOp,
+};
 use berth::cuda::rand as crand;
 use cudarc::driver::result as drv;
 
@@ -51,7 +53,10 @@ fn assert_close(got: &[f32], want: &[f32], rtol: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let tol = rtol * w.abs().max(1.0);
-        assert!((g - w).abs() <= tol || (g.is_nan() && w.is_nan()), "{what}[{i}]: got {g}, want {w}");
+        assert!(
+            (g - w).abs() <= tol || (g.is_nan() && w.is_nan()),
+            "{what}[{i}]: got {g}, want {w}"
+        );
     }
 }
 
@@ -126,7 +131,8 @@ fn cuda_ops_elementwise_broadcast_and_inplace_match_cpu() {
     let t_strides = [1isize, c as isize];
     let tv = DeviceView::new(da.0, ScalarType::F32, &t_strides);
     // SAFETY: `tv` covers the r*c elements of `da` exactly once.
-    unsafe { kernels::binary(0, stream(), BinaryOp::AddScaled(0.5), &t_shape, tv, tv, tv) }.unwrap();
+    unsafe { kernels::binary(0, stream(), BinaryOp::AddScaled(0.5), &t_shape, tv, tv, tv) }
+        .unwrap();
     let want: Vec<f32> = a.iter().map(|&x| x + 0.5 * x).collect();
     assert_close(&download(&da, r * c), &want, 1e-5, "add_scaled_");
     // SAFETY: as above.
@@ -196,13 +202,37 @@ fn cuda_ops_copy_casts_strided_to_contiguous() {
         (&dd, ScalarType::F64),
     ] {
         // SAFETY: each output holds r*c elements of its dtype.
-        unsafe { kernels::copy(0, stream(), &t_shape, DeviceView::new(buf.0, dt, &out_strides), src) }.unwrap();
+        unsafe {
+            kernels::copy(
+                0,
+                stream(),
+                &t_shape,
+                DeviceView::new(buf.0, dt, &out_strides),
+                src,
+            )
+        }
+        .unwrap();
     }
-    let bf: Vec<f32> = download::<u16>(&dbf, r * c).iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect();
-    let want_bf: Vec<f32> = transposed.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect();
-    assert_eq!(bf, want_bf, "f32 -> bf16 rounds to nearest even like the half crate");
-    let h: Vec<f32> = download::<u16>(&dh, r * c).iter().map(|&b| half::f16::from_bits(b).to_f32()).collect();
-    let want_h: Vec<f32> = transposed.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+    let bf: Vec<f32> = download::<u16>(&dbf, r * c)
+        .iter()
+        .map(|&b| half::bf16::from_bits(b).to_f32())
+        .collect();
+    let want_bf: Vec<f32> = transposed
+        .iter()
+        .map(|&x| half::bf16::from_f32(x).to_f32())
+        .collect();
+    assert_eq!(
+        bf, want_bf,
+        "f32 -> bf16 rounds to nearest even like the half crate"
+    );
+    let h: Vec<f32> = download::<u16>(&dh, r * c)
+        .iter()
+        .map(|&b| half::f16::from_bits(b).to_f32())
+        .collect();
+    let want_h: Vec<f32> = transposed
+        .iter()
+        .map(|&x| half::f16::from_f32(x).to_f32())
+        .collect();
     assert_eq!(h, want_h);
     let want_i: Vec<i32> = transposed.iter().map(|&x| x as i32).collect();
     assert_eq!(download::<i32>(&di, r * c), want_i);
@@ -237,25 +267,61 @@ fn cuda_ops_reductions_match_cpu() {
     let shape = [r, c];
     let cs = contiguous_strides(&shape);
     let inp = DeviceView::new(da.0, ScalarType::F32, &cs);
-    let row_sums: Vec<f32> = (0..r).map(|i| a[i * c..(i + 1) * c].iter().map(|&x| f64::from(x)).sum::<f64>() as f32).collect();
-    let col_sums: Vec<f32> = (0..c).map(|j| (0..r).map(|i| f64::from(a[i * c + j])).sum::<f64>() as f32).collect();
+    let row_sums: Vec<f32> = (0..r)
+        .map(|i| {
+            a[i * c..(i + 1) * c]
+                .iter()
+                .map(|&x| f64::from(x))
+                .sum::<f64>() as f32
+        })
+        .collect();
+    let col_sums: Vec<f32> = (0..c)
+        .map(|j| (0..r).map(|i| f64::from(a[i * c + j])).sum::<f64>() as f32)
+        .collect();
     let total: f64 = a.iter().map(|&x| f64::from(x)).sum();
     let out_r = zeros::<f32>(r);
     let out_c = zeros::<f32>(c);
     let out_1 = zeros::<f32>(1);
     // SAFETY: outputs hold r, c and 1 f32.
     unsafe {
-        kernels::sum(0, stream(), &shape, inp, &[1], false, DeviceView::new(out_r.0, ScalarType::F32, &[1]))
-            .unwrap();
-        kernels::sum(0, stream(), &shape, inp, &[0], true, DeviceView::new(out_c.0, ScalarType::F32, &[1]))
-            .unwrap();
-        kernels::sum(0, stream(), &shape, inp, &[0, 1], false, DeviceView::new(out_1.0, ScalarType::F32, &[]))
-            .unwrap();
+        kernels::sum(
+            0,
+            stream(),
+            &shape,
+            inp,
+            &[1],
+            false,
+            DeviceView::new(out_r.0, ScalarType::F32, &[1]),
+        )
+        .unwrap();
+        kernels::sum(
+            0,
+            stream(),
+            &shape,
+            inp,
+            &[0],
+            true,
+            DeviceView::new(out_c.0, ScalarType::F32, &[1]),
+        )
+        .unwrap();
+        kernels::sum(
+            0,
+            stream(),
+            &shape,
+            inp,
+            &[0, 1],
+            false,
+            DeviceView::new(out_1.0, ScalarType::F32, &[]),
+        )
+        .unwrap();
     }
     // Sums of signed values: compare with a tolerance relative to the sum of magnitudes.
     let got_r = download::<f32>(&out_r, r);
     for (i, (&g, &w)) in got_r.iter().zip(&row_sums).enumerate() {
-        assert!((g - w).abs() <= 1e-5 * 2.0 * c as f32, "row sum {i}: {g} vs {w}");
+        assert!(
+            (g - w).abs() <= 1e-5 * 2.0 * c as f32,
+            "row sum {i}: {g} vs {w}"
+        );
     }
     let got_c = download::<f32>(&out_c, c);
     for (j, (&g, &w)) in got_c.iter().zip(&col_sums).enumerate() {
@@ -263,19 +329,49 @@ fn cuda_ops_reductions_match_cpu() {
         assert!((g - w).abs() <= 1e-5 * 2.0, "col mean {j}: {g} vs {w}");
     }
     let got_1 = download::<f32>(&out_1, 1)[0];
-    assert!((f64::from(got_1) - total).abs() <= 1e-5 * 2.0 * (r * c) as f64, "{got_1} vs {total}");
+    assert!(
+        (f64::from(got_1) - total).abs() <= 1e-5 * 2.0 * (r * c) as f64,
+        "{got_1} vs {total}"
+    );
     // argmax over dim 1, max over all, argmin over dim 0.
     let idx = zeros::<i64>(r);
     let mx = zeros::<f32>(1);
     let idx0 = zeros::<i64>(c);
     // SAFETY: as above.
     unsafe {
-        kernels::arg_reduce(0, stream(), kernels::ArgReduce::Max, &shape, inp, &[1], None, Some(DeviceView::new(idx.0, ScalarType::I64, &[1])))
-            .unwrap();
-        kernels::arg_reduce(0, stream(), kernels::ArgReduce::Max, &shape, inp, &[0, 1], Some(DeviceView::new(mx.0, ScalarType::F32, &[])), None)
-            .unwrap();
-        kernels::arg_reduce(0, stream(), kernels::ArgReduce::Min, &shape, inp, &[0], None, Some(DeviceView::new(idx0.0, ScalarType::I64, &[1])))
-            .unwrap();
+        kernels::arg_reduce(
+            0,
+            stream(),
+            kernels::ArgReduce::Max,
+            &shape,
+            inp,
+            &[1],
+            None,
+            Some(DeviceView::new(idx.0, ScalarType::I64, &[1])),
+        )
+        .unwrap();
+        kernels::arg_reduce(
+            0,
+            stream(),
+            kernels::ArgReduce::Max,
+            &shape,
+            inp,
+            &[0, 1],
+            Some(DeviceView::new(mx.0, ScalarType::F32, &[])),
+            None,
+        )
+        .unwrap();
+        kernels::arg_reduce(
+            0,
+            stream(),
+            kernels::ArgReduce::Min,
+            &shape,
+            inp,
+            &[0],
+            None,
+            Some(DeviceView::new(idx0.0, ScalarType::I64, &[1])),
+        )
+        .unwrap();
     }
     let first_max = |s: &[f32]| {
         let m = s.iter().copied().fold(f32::MIN, f32::max);
@@ -283,7 +379,10 @@ fn cuda_ops_reductions_match_cpu() {
     };
     let want: Vec<i64> = (0..r).map(|i| first_max(&a[i * c..(i + 1) * c])).collect();
     assert_eq!(download::<i64>(&idx, r), want);
-    assert_eq!(download::<f32>(&mx, 1)[0], a.iter().copied().fold(f32::MIN, f32::max));
+    assert_eq!(
+        download::<f32>(&mx, 1)[0],
+        a.iter().copied().fold(f32::MIN, f32::max)
+    );
     let want0: Vec<i64> = (0..c)
         .map(|j| {
             let col: Vec<f32> = (0..r).map(|i| -a[i * c + j]).collect();
@@ -302,14 +401,41 @@ fn cuda_ops_softmax_and_cross_entropy_match_cpu() {
     let x: Vec<f32> = values(n * k, 5).iter().map(|v| v * 4.0).collect();
     let t: Vec<i64> = (0..n).map(|i| (i * 7 % k) as i64).collect();
     let (dx, dt) = (upload(&x), upload(&t));
-    let (dsm, dlsm, dloss, dgrad) = (zeros::<f32>(n * k), zeros::<f32>(n * k), zeros::<f32>(1), zeros::<f32>(n * k));
+    let (dsm, dlsm, dloss, dgrad) = (
+        zeros::<f32>(n * k),
+        zeros::<f32>(n * k),
+        zeros::<f32>(1),
+        zeros::<f32>(n * k),
+    );
     // SAFETY: contiguous buffers of the stated sizes.
     unsafe {
         kernels::softmax(0, stream(), ScalarType::F32, &[n, k], 1, false, dx.0, dsm.0).unwrap();
         kernels::softmax(0, stream(), ScalarType::F32, &[n, k], 1, true, dx.0, dlsm.0).unwrap();
-        kernels::cross_entropy(0, stream(), ScalarType::F32, n, k, dx.0, dt.0, Reduction::Mean, dloss.0).unwrap();
-        kernels::cross_entropy_backward(0, stream(), ScalarType::F32, n, k, dx.0, dt.0, Reduction::Mean, 0, dgrad.0)
-            .unwrap();
+        kernels::cross_entropy(
+            0,
+            stream(),
+            ScalarType::F32,
+            n,
+            k,
+            dx.0,
+            dt.0,
+            Reduction::Mean,
+            dloss.0,
+        )
+        .unwrap();
+        kernels::cross_entropy_backward(
+            0,
+            stream(),
+            ScalarType::F32,
+            n,
+            k,
+            dx.0,
+            dt.0,
+            Reduction::Mean,
+            0,
+            dgrad.0,
+        )
+        .unwrap();
     }
     let mut sm = vec![0f32; n * k];
     let mut lsm = vec![0f32; n * k];
@@ -328,15 +454,27 @@ fn cuda_ops_softmax_and_cross_entropy_match_cpu() {
     }
     assert_close(&download(&dsm, n * k), &sm, 1e-5, "softmax");
     assert_close(&download(&dlsm, n * k), &lsm, 1e-5, "log_softmax");
-    assert_close(&download(&dloss, 1), &[(loss / n as f64) as f32], 1e-5, "cross_entropy");
-    assert_close(&download(&dgrad, n * k), &grad, 1e-5, "cross_entropy_backward");
+    assert_close(
+        &download(&dloss, 1),
+        &[(loss / n as f64) as f32],
+        1e-5,
+        "cross_entropy",
+    );
+    assert_close(
+        &download(&dgrad, n * k),
+        &grad,
+        1e-5,
+        "cross_entropy_backward",
+    );
 }
 
 fn cpu_matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let mut c = vec![0f32; m * n];
     for i in 0..m {
         for j in 0..n {
-            c[i * n + j] = (0..k).map(|l| f64::from(a[i * k + l]) * f64::from(b[l * n + j])).sum::<f64>() as f32;
+            c[i * n + j] = (0..k)
+                .map(|l| f64::from(a[i * k + l]) * f64::from(b[l * n + j]))
+                .sum::<f64>() as f32;
         }
     }
     c
@@ -344,7 +482,9 @@ fn cpu_matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
 
 #[test]
 fn cuda_ops_matmul_f32_bf16_transposed_and_batched_match_cpu() {
-    if !berth::cuda::testing::require_gpu("cuda_ops_matmul_f32_bf16_transposed_and_batched_match_cpu") {
+    if !berth::cuda::testing::require_gpu(
+        "cuda_ops_matmul_f32_bf16_transposed_and_batched_match_cpu",
+    ) {
         return;
     }
     assert!(!blas::allow_tf32(), "TF32 is off by default");
@@ -354,20 +494,47 @@ fn cuda_ops_matmul_f32_bf16_transposed_and_batched_match_cpu() {
     let wt: Vec<f32> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect();
     let want = cpu_matmul(&a, &wt, m, k, n);
     let (da, dw, dc) = (upload(&a), upload(&w), zeros::<f32>(m * n));
-    let av = MatrixView { ptr: da.0, batch_stride: 0, row_stride: k as i64, col_stride: 1 };
-    let bv = MatrixView { ptr: dw.0, batch_stride: 0, row_stride: 1, col_stride: k as i64 };
-    let cv = MatrixView { ptr: dc.0, batch_stride: 0, row_stride: n as i64, col_stride: 1 };
+    let av = MatrixView {
+        ptr: da.0,
+        batch_stride: 0,
+        row_stride: k as i64,
+        col_stride: 1,
+    };
+    let bv = MatrixView {
+        ptr: dw.0,
+        batch_stride: 0,
+        row_stride: 1,
+        col_stride: k as i64,
+    };
+    let cv = MatrixView {
+        ptr: dc.0,
+        batch_stride: 0,
+        row_stride: n as i64,
+        col_stride: 1,
+    };
     // SAFETY: buffers of m*k, n*k and m*n f32.
     unsafe { blas::matmul(0, stream(), ScalarType::F32, 1, m, n, k, av, bv, cv) }.unwrap();
     let got = download::<f32>(&dc, m * n);
     for (i, (&g, &wv)) in got.iter().zip(&want).enumerate() {
-        assert!((g - wv).abs() <= 1e-5 * 4.0 * k as f32 / 10.0, "f32 matmul [{i}]: {g} vs {wv}");
+        assert!(
+            (g - wv).abs() <= 1e-5 * 4.0 * k as f32 / 10.0,
+            "f32 matmul [{i}]: {g} vs {wv}"
+        );
     }
     // bf16: inputs rounded to bf16, f32 accumulation, output rounded to bf16.
-    let to_bf = |v: &[f32]| v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect::<Vec<u16>>();
+    let to_bf = |v: &[f32]| {
+        v.iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect::<Vec<u16>>()
+    };
     let (ab, wb) = (to_bf(&a), to_bf(&w));
-    let a_r: Vec<f32> = ab.iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect();
-    let wt_r: Vec<f32> = (0..k * n).map(|i| half::bf16::from_bits(wb[(i % n) * k + i / n]).to_f32()).collect();
+    let a_r: Vec<f32> = ab
+        .iter()
+        .map(|&b| half::bf16::from_bits(b).to_f32())
+        .collect();
+    let wt_r: Vec<f32> = (0..k * n)
+        .map(|i| half::bf16::from_bits(wb[(i % n) * k + i / n]).to_f32())
+        .collect();
     let want_b = cpu_matmul(&a_r, &wt_r, m, k, n);
     let (dab, dwb, dcb) = (upload(&ab), upload(&wb), zeros::<u16>(m * n));
     // SAFETY: as above, in bf16.
@@ -386,9 +553,15 @@ fn cuda_ops_matmul_f32_bf16_transposed_and_batched_match_cpu() {
         )
     }
     .unwrap();
-    let got_b: Vec<f32> = download::<u16>(&dcb, m * n).iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect();
+    let got_b: Vec<f32> = download::<u16>(&dcb, m * n)
+        .iter()
+        .map(|&b| half::bf16::from_bits(b).to_f32())
+        .collect();
     for (i, (&g, &wv)) in got_b.iter().zip(&want_b).enumerate() {
-        assert!((g - wv).abs() <= 1e-2 * wv.abs().max(1.0), "bf16 matmul [{i}]: {g} vs {wv}");
+        assert!(
+            (g - wv).abs() <= 1e-2 * wv.abs().max(1.0),
+            "bf16 matmul [{i}]: {g} vs {wv}"
+        );
     }
     // Batched with a broadcast right operand: [3, m, k] @ [k, n].
     let batch = 3;
@@ -405,49 +578,90 @@ fn cuda_ops_matmul_f32_bf16_transposed_and_batched_match_cpu() {
             m,
             n,
             k,
-            MatrixView { ptr: da3.0, batch_stride: (m * k) as i64, row_stride: k as i64, col_stride: 1 },
-            MatrixView { ptr: db2.0, batch_stride: 0, row_stride: n as i64, col_stride: 1 },
-            MatrixView { ptr: dc3.0, batch_stride: (m * n) as i64, row_stride: n as i64, col_stride: 1 },
+            MatrixView {
+                ptr: da3.0,
+                batch_stride: (m * k) as i64,
+                row_stride: k as i64,
+                col_stride: 1,
+            },
+            MatrixView {
+                ptr: db2.0,
+                batch_stride: 0,
+                row_stride: n as i64,
+                col_stride: 1,
+            },
+            MatrixView {
+                ptr: dc3.0,
+                batch_stride: (m * n) as i64,
+                row_stride: n as i64,
+                col_stride: 1,
+            },
         )
     }
     .unwrap();
     let got3 = download::<f32>(&dc3, batch * m * n);
     for bi in 0..batch {
         let want = cpu_matmul(&a3[bi * m * k..(bi + 1) * m * k], &b2, m, k, n);
-        for (i, (&g, &wv)) in got3[bi * m * n..(bi + 1) * m * n].iter().zip(&want).enumerate() {
-            assert!((g - wv).abs() <= 1e-5 * 4.0 * k as f32 / 10.0, "batched [{bi}, {i}]: {g} vs {wv}");
+        for (i, (&g, &wv)) in got3[bi * m * n..(bi + 1) * m * n]
+            .iter()
+            .zip(&want)
+            .enumerate()
+        {
+            assert!(
+                (g - wv).abs() <= 1e-5 * 4.0 * k as f32 / 10.0,
+                "batched [{bi}, {i}]: {g} vs {wv}"
+            );
         }
     }
     // Integer matmul is a typed error, as in PyTorch.
     // SAFETY: rejected before any device access.
-    let e = unsafe { blas::matmul(0, stream(), ScalarType::I64, 1, m, n, k, av, bv, cv) }.unwrap_err();
-    assert!(e.to_string().contains("not implemented on CUDA for dtype i64"), "{e}");
+    let e =
+        unsafe { blas::matmul(0, stream(), ScalarType::I64, 1, m, n, k, av, bv, cv) }.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("not implemented on CUDA for dtype i64"),
+        "{e}"
+    );
 }
 
 #[test]
 fn cuda_ops_philox_rand_matches_cpu_reference_bit_for_bit() {
-    if !berth::cuda::testing::require_gpu("cuda_ops_philox_rand_matches_cpu_reference_bit_for_bit") {
+    if !berth::cuda::testing::require_gpu("cuda_ops_philox_rand_matches_cpu_reference_bit_for_bit")
+    {
         return;
     }
     let n = 100_003;
     let d = zeros::<f32>(n);
-    let dist = crand::Distribution::Uniform { low: -1.0, high: 3.0 };
+    let dist = crand::Distribution::Uniform {
+        low: -1.0,
+        high: 3.0,
+    };
     // SAFETY: `d` holds n f32.
-    unsafe { crand::fill_random_with(0, stream(), ScalarType::F32, n, dist, d.0, 1234, 7) }.unwrap();
+    unsafe { crand::fill_random_with(0, stream(), ScalarType::F32, n, dist, d.0, 1234, 7) }
+        .unwrap();
     let got = download::<f32>(&d, n);
     assert_eq!(got, crand::uniform_f32_reference(1234, 7, n, -1.0, 3.0));
     // Normal: moments of 100k draws, and the generator advances between calls.
     crand::manual_seed(0, 42);
-    let normal = crand::Distribution::Normal { mean: 1.0, std: 2.0 };
+    let normal = crand::Distribution::Normal {
+        mean: 1.0,
+        std: 2.0,
+    };
     // SAFETY: as above.
-    let (s1, o1) = unsafe { crand::fill_random(0, stream(), ScalarType::F32, n, normal, d.0) }.unwrap();
+    let (s1, o1) =
+        unsafe { crand::fill_random(0, stream(), ScalarType::F32, n, normal, d.0) }.unwrap();
     let z = download::<f32>(&d, n);
     let mean = z.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64;
-    let var = z.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n as f64;
+    let var = z
+        .iter()
+        .map(|&v| (f64::from(v) - mean).powi(2))
+        .sum::<f64>()
+        / n as f64;
     assert!((mean - 1.0).abs() < 0.03, "mean {mean}");
     assert!((var.sqrt() - 2.0).abs() < 0.03, "std {}", var.sqrt());
     // SAFETY: as above.
-    let (s2, o2) = unsafe { crand::fill_random(0, stream(), ScalarType::F32, n, normal, d.0) }.unwrap();
+    let (s2, o2) =
+        unsafe { crand::fill_random(0, stream(), ScalarType::F32, n, normal, d.0) }.unwrap();
     assert_eq!((s1, o1, s2, o2), (42, 0, 42, 1));
     assert_ne!(download::<f32>(&d, n), z);
 }

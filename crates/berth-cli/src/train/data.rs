@@ -42,9 +42,12 @@ pub fn load(dir: &Path, split: Split) -> anyhow::Result<FashionSplit> {
         Split::Train => FmSplit::Train,
         Split::Test => FmSplit::Test,
     };
-    FashionMnist::load(dir, s)
-        .map(Arc::new)
-        .map_err(|e| UsageError(format!("{e}; pass --data-dir DIR with the four Fashion-MNIST IDX files")).into())
+    FashionMnist::load(dir, s).map(Arc::new).map_err(|e| {
+        UsageError(format!(
+            "{e}; pass --data-dir DIR with the four Fashion-MNIST IDX files"
+        ))
+        .into()
+    })
 }
 
 /// The data folder: `--data-dir`, else `$BERTH_DATA_DIR`, else `data/fashion-mnist` in the
@@ -54,7 +57,9 @@ pub fn load(dir: &Path, split: Split) -> anyhow::Result<FashionSplit> {
 /// # Errors
 /// A [`UsageError`] when none of them holds the files.
 pub fn resolve_dir(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let has = |d: &Path| d.join("train-labels-idx1-ubyte.gz").exists() || d.join("train-labels-idx1-ubyte").exists();
+    let has = |d: &Path| {
+        d.join("train-labels-idx1-ubyte.gz").exists() || d.join("train-labels-idx1-ubyte").exists()
+    };
     if let Some(d) = explicit {
         if has(d) {
             return Ok(d.to_path_buf());
@@ -88,7 +93,13 @@ pub fn resolve_dir(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
 ///
 /// # Errors
 /// DataLoader option errors.
-pub fn train_loader(ds: &FashionSplit, batch_size: usize, workers: usize, seed: u64, device: Device) -> anyhow::Result<FashionLoader> {
+pub fn train_loader(
+    ds: &FashionSplit,
+    batch_size: usize,
+    workers: usize,
+    seed: u64,
+    device: Device,
+) -> anyhow::Result<FashionLoader> {
     let mut b = DataLoader::builder(Arc::clone(ds))
         .batch_size(batch_size)
         .shuffle(true)
@@ -105,8 +116,15 @@ pub fn train_loader(ds: &FashionSplit, batch_size: usize, workers: usize, seed: 
 ///
 /// # Errors
 /// DataLoader option errors.
-pub fn eval_loader(ds: &FashionSplit, batch_size: usize, device: Device) -> anyhow::Result<FashionLoader> {
-    Ok(DataLoader::builder(Arc::clone(ds)).batch_size(batch_size).pin_memory(device.is_cuda()).build()?)
+pub fn eval_loader(
+    ds: &FashionSplit,
+    batch_size: usize,
+    device: Device,
+) -> anyhow::Result<FashionLoader> {
+    Ok(DataLoader::builder(Arc::clone(ds))
+        .batch_size(batch_size)
+        .pin_memory(device.is_cuda())
+        .build()?)
 }
 
 /// Batches of `loader` on `device`: through a [`DevicePrefetcher`] (batch n+1 copied on a side

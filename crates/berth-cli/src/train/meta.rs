@@ -135,7 +135,11 @@ mod tests {
     fn meta_prediction_counts_rounded_blocks_and_segments() {
         let (p, _) = predict(&args(64, 256)).unwrap();
         assert_eq!(p.parameter_bytes, 814_120);
-        assert!(p.peak_allocated >= 2 * 814_120, "params + momentum: {}", p.peak_allocated);
+        assert!(
+            p.peak_allocated >= 2 * 814_120,
+            "params + momentum: {}",
+            p.peak_allocated
+        );
         assert_eq!(p.peak_allocated % 512, 0);
         assert!(p.peak_reserved >= 20 << 20);
         assert_eq!(p.peak_reserved % (2 << 20), 0, "{}", p.peak_reserved);

@@ -68,9 +68,15 @@ impl Mlp {
     pub fn params(&self) -> [&Tensor; 4] {
         let [w1, b1, w2, b2] = [
             &self.fc1.weight,
-            self.fc1.bias.as_ref().expect("Mlp::new builds fc1 with a bias"),
+            self.fc1
+                .bias
+                .as_ref()
+                .expect("Mlp::new builds fc1 with a bias"),
             &self.fc2.weight,
-            self.fc2.bias.as_ref().expect("Mlp::new builds fc2 with a bias"),
+            self.fc2
+                .bias
+                .as_ref()
+                .expect("Mlp::new builds fc2 with a bias"),
         ];
         [w1, b1, w2, b2]
     }
@@ -83,7 +89,11 @@ impl Mlp {
         let hidden_pre = self.fc1.forward(x)?;
         let hidden = hidden_pre.relu()?;
         let logits = self.fc2.forward(&hidden)?;
-        Ok(Activations { hidden_pre, hidden, logits })
+        Ok(Activations {
+            hidden_pre,
+            hidden,
+            logits,
+        })
     }
 
     /// The backward pass of `cross_entropy(logits, targets)` (mean over the batch).
@@ -144,7 +154,11 @@ pub struct Sgd {
 impl Sgd {
     /// An optimiser with learning rate `lr` and momentum `momentum` (0 disables it).
     pub fn new(lr: f64, momentum: f64) -> Sgd {
-        Sgd { lr, momentum, velocity: None }
+        Sgd {
+            lr,
+            momentum,
+            velocity: None,
+        }
     }
 
     /// One update of `params` (in place, through their storage) with `grads`, pairwise.
@@ -186,7 +200,13 @@ mod tests {
 
     fn loss_of(model: &Mlp, x: &Tensor, y: &Tensor) -> f64 {
         let logits = model.forward(x).unwrap();
-        logits.cross_entropy(y).unwrap().to_dtype(DType::F64).unwrap().item::<f64>().unwrap()
+        logits
+            .cross_entropy(y)
+            .unwrap()
+            .to_dtype(DType::F64)
+            .unwrap()
+            .item::<f64>()
+            .unwrap()
     }
 
     /// Central differences in f64 against the analytic gradient of every parameter entry
@@ -237,7 +257,10 @@ mod tests {
         opt.step(&[&p], &[&g]).unwrap();
         // v = 0.9 g + g = 1.9 g; p -= 0.19 g
         let got = p.to_vec::<f32>().unwrap();
-        assert!((got[0] - 0.855).abs() < 1e-6 && (got[1] - 2.29).abs() < 1e-6, "{got:?}");
+        assert!(
+            (got[0] - 0.855).abs() < 1e-6 && (got[1] - 2.29).abs() < 1e-6,
+            "{got:?}"
+        );
     }
 
     #[test]
@@ -245,7 +268,10 @@ mod tests {
         let mut g = Generator::new(1);
         let model = Mlp::new(16, Device::Cpu, &mut g).unwrap();
         let sd = model.state_dict().unwrap();
-        let shapes: Vec<(String, Vec<usize>)> = sd.iter().map(|(k, t)| (k.clone(), t.shape().to_vec())).collect();
+        let shapes: Vec<(String, Vec<usize>)> = sd
+            .iter()
+            .map(|(k, t)| (k.clone(), t.shape().to_vec()))
+            .collect();
         assert_eq!(
             shapes,
             vec![

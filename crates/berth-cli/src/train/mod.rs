@@ -87,26 +87,41 @@ pub fn resolve_device(spec: &str) -> anyhow::Result<Device> {
     let device = if spec == "auto" {
         Device::best()
     } else {
-        let d: Device = spec.parse().map_err(|e| {
-            UsageError(format!("--device {spec}: {e} (or `auto`)"))
-        })?;
-        d.canonical().map_err(|e| UsageError(format!("--device {spec}: {e}; use --device cpu or auto")))?
+        let d: Device = spec
+            .parse()
+            .map_err(|e| UsageError(format!("--device {spec}: {e} (or `auto`)")))?;
+        d.canonical()
+            .map_err(|e| UsageError(format!("--device {spec}: {e}; use --device cpu or auto")))?
     };
     Ok(device)
 }
 
 fn check_train_args(a: &TrainArgs) -> anyhow::Result<()> {
     if a.batch_size == 0 {
-        return Err(UsageError("--batch-size 0: the batch size must be at least 1 (e.g. --batch-size 64)".into()).into());
+        return Err(UsageError(
+            "--batch-size 0: the batch size must be at least 1 (e.g. --batch-size 64)".into(),
+        )
+        .into());
     }
     if a.hidden == 0 {
-        return Err(UsageError("--hidden 0: the hidden layer needs at least 1 unit (e.g. --hidden 256)".into()).into());
+        return Err(UsageError(
+            "--hidden 0: the hidden layer needs at least 1 unit (e.g. --hidden 256)".into(),
+        )
+        .into());
     }
     if !(a.lr.is_finite() && a.lr > 0.0) {
-        return Err(UsageError(format!("--lr {}: the learning rate must be a positive number (e.g. --lr 0.05)", a.lr)).into());
+        return Err(UsageError(format!(
+            "--lr {}: the learning rate must be a positive number (e.g. --lr 0.05)",
+            a.lr
+        ))
+        .into());
     }
     if !(0.0..1.0).contains(&a.momentum) {
-        return Err(UsageError(format!("--momentum {}: momentum must be in [0, 1) (e.g. --momentum 0.9)", a.momentum)).into());
+        return Err(UsageError(format!(
+            "--momentum {}: momentum must be in [0, 1) (e.g. --momentum 0.9)",
+            a.momentum
+        ))
+        .into());
     }
     Ok(())
 }
@@ -124,14 +139,20 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
     let report = train_on(&args, device, &train, &test)?;
     if let Some(path) = &args.save {
         // state_dict() returns CPU copies.
-        save_state_dict(&report.state_dict, path).with_context(|| format!("saving the state dict to {}", path.display()))?;
+        save_state_dict(&report.state_dict, path)
+            .with_context(|| format!("saving the state dict to {}", path.display()))?;
     }
     report.print(args.json, args.save.as_deref())?;
     Ok(())
 }
 
 /// Trains on `device` and returns the report (state dict included).
-pub fn train_on(args: &TrainArgs, device: Device, train: &data::FashionSplit, test: &data::FashionSplit) -> anyhow::Result<TrainReport> {
+pub fn train_on(
+    args: &TrainArgs,
+    device: Device,
+    train: &data::FashionSplit,
+    test: &data::FashionSplit,
+) -> anyhow::Result<TrainReport> {
     let mut g = Generator::new(args.seed);
     let model = Mlp::new(args.hidden, device, &mut g)?;
     let mut opt = Sgd::new(args.lr, args.momentum);
@@ -153,21 +174,33 @@ pub fn train_on(args: &TrainArgs, device: Device, train: &data::FashionSplit, te
         let mut seen = 0usize;
         let mut shown_loss = f64::NAN;
         for (i, batch) in data::device_batches(&loader, device)?.enumerate() {
-            let (x, y) = data::to_device(batch.with_context(|| format!("epoch {epoch}, batch {i}"))?, device)?;
+            let (x, y) = data::to_device(
+                batch.with_context(|| format!("epoch {epoch}, batch {i}"))?,
+                device,
+            )?;
             train_step(&model, &mut opt, &x, &y, &loss_sum)?;
             seen += y.numel();
             steps += 1;
             if i % report::LOG_EVERY == report::LOG_EVERY - 1 {
                 shown_loss = loss_sum.item::<f32>()? as f64 / seen as f64;
             }
-            bar.set_message(format!("loss {shown_loss:.4}  {:.0} samples/s", seen as f64 / started.elapsed().as_secs_f64()));
+            bar.set_message(format!(
+                "loss {shown_loss:.4}  {:.0} samples/s",
+                seen as f64 / started.elapsed().as_secs_f64()
+            ));
             bar.inc(1);
         }
         let seconds = timer.stop()?;
         bar.finish_and_clear();
         let train_loss = loss_sum.item::<f32>()? as f64 / seen.max(1) as f64;
         let test_accuracy = evaluate(&model, &test_loader, device)?;
-        let e = EpochReport { epoch, train_loss, test_accuracy, seconds, samples_per_second: seen as f64 / seconds };
+        let e = EpochReport {
+            epoch,
+            train_loss,
+            test_accuracy,
+            seconds,
+            samples_per_second: seen as f64 / seconds,
+        };
         if !args.json {
             e.print();
         }
@@ -180,7 +213,11 @@ pub fn train_on(args: &TrainArgs, device: Device, train: &data::FashionSplit, te
         device,
         epochs,
         memory,
-        implicit_syncs_per_step: if steps == 0 { 0.0 } else { waits as f64 / steps as f64 },
+        implicit_syncs_per_step: if steps == 0 {
+            0.0
+        } else {
+            waits as f64 / steps as f64
+        },
         state_dict,
     })
 }
@@ -190,7 +227,13 @@ pub fn train_on(args: &TrainArgs, device: Device, train: &data::FashionSplit, te
 ///
 /// # Errors
 /// Shape, device or allocation errors.
-pub fn train_step(model: &Mlp, opt: &mut Sgd, x: &Tensor, y: &Tensor, loss_sum: &Tensor) -> berth::Result<()> {
+pub fn train_step(
+    model: &Mlp,
+    opt: &mut Sgd,
+    x: &Tensor,
+    y: &Tensor,
+    loss_sum: &Tensor,
+) -> berth::Result<()> {
     let acts = model.forward_train(x)?;
     let grads = model.backward(x, &acts, y)?;
     opt.step(&model.params(), &grads.as_slice())?;
@@ -229,10 +272,17 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
     }
     let device = resolve_device(&args.device)?;
     if device == Device::Meta {
-        return Err(UsageError("berth eval --device meta: meta tensors have no data to evaluate; use cpu or cuda".into()).into());
+        return Err(UsageError(
+            "berth eval --device meta: meta tensors have no data to evaluate; use cpu or cuda"
+                .into(),
+        )
+        .into());
     }
     let state = load_state_dict_file(&args.load).map_err(|e| {
-        UsageError(format!("--load {}: {e} (expected a safetensors file written by `berth train --save`)", args.load.display()))
+        UsageError(format!(
+            "--load {}: {e} (expected a safetensors file written by `berth train --save`)",
+            args.load.display()
+        ))
     })?;
     let hidden = state
         .get("fc1.weight")
@@ -249,9 +299,17 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
     let loader = data::eval_loader(&test, args.batch_size, device)?;
     let acc = evaluate(&model, &loader, device)?;
     if args.json {
-        println!("{}", serde_json::json!({ "device": device.to_string(), "test_accuracy": acc, "load": args.load }));
+        println!(
+            "{}",
+            serde_json::json!({ "device": device.to_string(), "test_accuracy": acc, "load": args.load })
+        );
     } else {
-        println!("test accuracy {:.2}% on {} ({} images)", acc * 100.0, device, berth_data::Dataset::len(&*test));
+        println!(
+            "test accuracy {:.2}% on {} ({} images)",
+            acc * 100.0,
+            device,
+            berth_data::Dataset::len(&*test)
+        );
     }
     Ok(())
 }

@@ -86,7 +86,11 @@ impl MemoryStart {
             },
             None => {
                 let peak = berth::storage::max_host_memory_allocated() as u64;
-                MemoryReport { peak_allocated: peak, peak_reserved: peak, summary: None }
+                MemoryReport {
+                    peak_allocated: peak,
+                    peak_reserved: peak,
+                    summary: None,
+                }
             }
         })
     }
@@ -118,8 +122,12 @@ impl EpochTimer {
     /// # Errors
     /// CUDA errors creating the events.
     pub fn new(device: Device) -> anyhow::Result<EpochTimer> {
-        let cuda = cuda_index(device).map(|_| (berth::cuda::Event::new(true), berth::cuda::Event::new(true)));
-        Ok(EpochTimer { cuda, host: std::cell::Cell::new(None) })
+        let cuda = cuda_index(device)
+            .map(|_| (berth::cuda::Event::new(true), berth::cuda::Event::new(true)));
+        Ok(EpochTimer {
+            cuda,
+            host: std::cell::Cell::new(None),
+        })
     }
 
     /// Marks the start.
@@ -210,7 +218,11 @@ impl TrainReport {
         if let Some(summary) = &self.memory.summary {
             println!("{summary}");
         }
-        let what = if self.device.is_cuda() { "caching allocator" } else { "host bytes held by tensors" };
+        let what = if self.device.is_cuda() {
+            "caching allocator"
+        } else {
+            "host bytes held by tensors"
+        };
         println!(
             "memory on {} ({what}): peak allocated {} B ({:.1} MiB), peak reserved {} B ({:.1} MiB)",
             self.device,

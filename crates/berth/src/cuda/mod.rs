@@ -24,9 +24,9 @@ mod error;
 mod event;
 #[cfg(feature = "cuda")]
 pub mod kernels;
+pub mod memory;
 #[cfg(feature = "cuda")]
 pub mod ops;
-pub mod memory;
 mod pin;
 pub mod pinned;
 #[cfg(feature = "cuda")]

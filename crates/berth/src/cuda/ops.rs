@@ -53,10 +53,13 @@ struct Raw {
 
 impl Raw {
     fn of(op: &'static str, v: &View<'_>) -> Result<Raw> {
-        let mem = v.storage.device_memory().ok_or_else(|| Error::InvalidArgument {
-            op,
-            what: "a CUDA kernel got a view whose storage is not device memory".into(),
-        })?;
+        let mem = v
+            .storage
+            .device_memory()
+            .ok_or_else(|| Error::InvalidArgument {
+                op,
+                what: "a CUDA kernel got a view whose storage is not device memory".into(),
+            })?;
         let device = usize::from(mem.device().index().unwrap_or(0));
         let dtype = scalar_type(v.dtype);
         let ptr = mem.device_ptr() + (v.layout.offset() * dtype.size_bytes()) as u64;
@@ -75,7 +78,10 @@ impl Raw {
 
     fn is_contiguous_for(&self, shape: &[usize]) -> bool {
         let c = kernels::contiguous_strides(shape);
-        shape.iter().zip(self.strides.iter().zip(&c)).all(|(&d, (&s, &cs))| d == 1 || s == cs)
+        shape
+            .iter()
+            .zip(self.strides.iter().zip(&c))
+            .all(|(&d, (&s, &cs))| d == 1 || s == cs)
     }
 }
 
@@ -96,7 +102,12 @@ impl DeviceKernels for CudaKernels {
         super::transfer::alloc_storage(index, nbytes)
     }
 
-    fn transfer(&self, src: &crate::Tensor, device: Device, non_blocking: bool) -> Result<crate::Tensor> {
+    fn transfer(
+        &self,
+        src: &crate::Tensor,
+        device: Device,
+        non_blocking: bool,
+    ) -> Result<crate::Tensor> {
         super::transfer::transfer(src, device, non_blocking)
     }
 
@@ -104,14 +115,30 @@ impl DeviceKernels for CudaKernels {
         let (d, s) = (Raw::of("copy", &dst)?, Raw::of("copy", &src)?);
         // SAFETY: both views come from live storages whose layouts the front-end checked to fit
         // their memory; the stream is the device's.
-        unsafe { kernels::copy(d.device, current_stream(d.device), dst.layout.shape(), d.view(), s.view()) }?;
+        unsafe {
+            kernels::copy(
+                d.device,
+                current_stream(d.device),
+                dst.layout.shape(),
+                d.view(),
+                s.view(),
+            )
+        }?;
         Ok(())
     }
 
     fn fill(&self, dst: View<'_>, value: f64) -> Result<()> {
         let d = Raw::of("fill", &dst)?;
         // SAFETY: as in `copy`.
-        unsafe { kernels::fill(d.device, current_stream(d.device), dst.layout.shape(), d.view(), value) }?;
+        unsafe {
+            kernels::fill(
+                d.device,
+                current_stream(d.device),
+                dst.layout.shape(),
+                d.view(),
+                value,
+            )
+        }?;
         Ok(())
     }
 
@@ -130,11 +157,26 @@ impl DeviceKernels for CudaKernels {
             UnaryOp::Abs => kernels::UnaryOp::Abs,
         };
         // SAFETY: as in `copy`; in place, `dst` is read and written element by element.
-        unsafe { kernels::unary(d.device, current_stream(d.device), k, dst.layout.shape(), d.view(), s.view()) }?;
+        unsafe {
+            kernels::unary(
+                d.device,
+                current_stream(d.device),
+                k,
+                dst.layout.shape(),
+                d.view(),
+                s.view(),
+            )
+        }?;
         Ok(())
     }
 
-    fn binary(&self, op: BinaryOp, dst: View<'_>, lhs: Option<View<'_>>, rhs: View<'_>) -> Result<()> {
+    fn binary(
+        &self,
+        op: BinaryOp,
+        dst: View<'_>,
+        lhs: Option<View<'_>>,
+        rhs: View<'_>,
+    ) -> Result<()> {
         let d = Raw::of(op.name(), &dst)?;
         let a = match lhs {
             Some(v) => Raw::of(op.name(), &v)?,
@@ -152,12 +194,27 @@ impl DeviceKernels for CudaKernels {
         };
         // SAFETY: as in `unary`.
         unsafe {
-            kernels::binary(d.device, current_stream(d.device), k, dst.layout.shape(), d.view(), a.view(), b.view())
+            kernels::binary(
+                d.device,
+                current_stream(d.device),
+                k,
+                dst.layout.shape(),
+                d.view(),
+                a.view(),
+                b.view(),
+            )
         }?;
         Ok(())
     }
 
-    fn scalar(&self, op: BinaryOp, dst: View<'_>, src: Option<View<'_>>, scalar: f64, scalar_first: bool) -> Result<()> {
+    fn scalar(
+        &self,
+        op: BinaryOp,
+        dst: View<'_>,
+        src: Option<View<'_>>,
+        scalar: f64,
+        scalar_first: bool,
+    ) -> Result<()> {
         let d = Raw::of(op.name(), &dst)?;
         let s = match src {
             Some(v) => Raw::of(op.name(), &v)?,
@@ -177,11 +234,27 @@ impl DeviceKernels for CudaKernels {
             (BinaryOp::Minimum, _) => U::MinimumScalar(scalar),
         };
         // SAFETY: as in `unary`.
-        unsafe { kernels::unary(d.device, current_stream(d.device), k, dst.layout.shape(), d.view(), s.view()) }?;
+        unsafe {
+            kernels::unary(
+                d.device,
+                current_stream(d.device),
+                k,
+                dst.layout.shape(),
+                d.view(),
+                s.view(),
+            )
+        }?;
         Ok(())
     }
 
-    fn compare(&self, op: CmpOp, dst: View<'_>, lhs: View<'_>, rhs: Option<View<'_>>, scalar: f64) -> Result<()> {
+    fn compare(
+        &self,
+        op: CmpOp,
+        dst: View<'_>,
+        lhs: View<'_>,
+        rhs: Option<View<'_>>,
+        scalar: f64,
+    ) -> Result<()> {
         let d = Raw::of(op.name(), &dst)?;
         let a = Raw::of(op.name(), &lhs)?;
         let b = match rhs {
@@ -220,22 +293,58 @@ impl DeviceKernels for CudaKernels {
         // SAFETY (every arm): as in `copy`; `dst` has the kept shape.
         match op {
             ReduceOp::Sum | ReduceOp::Mean => unsafe {
-                kernels::sum(s.device, stream, shape, s.view(), dims, op == ReduceOp::Mean, d.view())
+                kernels::sum(
+                    s.device,
+                    stream,
+                    shape,
+                    s.view(),
+                    dims,
+                    op == ReduceOp::Mean,
+                    d.view(),
+                )
             }?,
             ReduceOp::Max | ReduceOp::Min => {
-                let which = if op == ReduceOp::Max { ArgReduce::Max } else { ArgReduce::Min };
+                let which = if op == ReduceOp::Max {
+                    ArgReduce::Max
+                } else {
+                    ArgReduce::Min
+                };
                 // SAFETY: as above.
-                unsafe { kernels::arg_reduce(s.device, stream, which, shape, s.view(), dims, Some(d.view()), None) }?
+                unsafe {
+                    kernels::arg_reduce(
+                        s.device,
+                        stream,
+                        which,
+                        shape,
+                        s.view(),
+                        dims,
+                        Some(d.view()),
+                        None,
+                    )
+                }?
             }
             ReduceOp::ArgMax => unsafe {
-                kernels::arg_reduce(s.device, stream, ArgReduce::Max, shape, s.view(), dims, None, Some(d.view()))
+                kernels::arg_reduce(
+                    s.device,
+                    stream,
+                    ArgReduce::Max,
+                    shape,
+                    s.view(),
+                    dims,
+                    None,
+                    Some(d.view()),
+                )
             }?,
         }
         Ok(())
     }
 
     fn matmul(&self, dst: View<'_>, lhs: View<'_>, rhs: View<'_>) -> Result<()> {
-        let (d, a, b) = (Raw::of("matmul", &dst)?, Raw::of("matmul", &lhs)?, Raw::of("matmul", &rhs)?);
+        let (d, a, b) = (
+            Raw::of("matmul", &dst)?,
+            Raw::of("matmul", &lhs)?,
+            Raw::of("matmul", &rhs)?,
+        );
         let ls = lhs.layout.shape();
         let rs = rhs.layout.shape();
         let nd = ls.len();
@@ -290,7 +399,8 @@ impl DeviceKernels for CudaKernels {
                     off[j] += c * st[j];
                 }
             }
-            let at = |r: &Raw, o: isize| (r.ptr as i64 + o as i64 * r.dtype.size_bytes() as i64) as u64;
+            let at =
+                |r: &Raw, o: isize| (r.ptr as i64 + o as i64 * r.dtype.size_bytes() as i64) as u64;
             // SAFETY: as in `copy`; every batch offset stays inside its view.
             unsafe {
                 blas::matmul(
@@ -315,7 +425,10 @@ impl DeviceKernels for CudaKernels {
         let (d, s) = (Raw::of(op, &dst)?, Raw::of(op, &src)?);
         let shape = src.layout.shape();
         if shape.is_empty() {
-            return Err(Error::InvalidArgument { op, what: "softmax of a 0-d tensor: give it a dimension".into() });
+            return Err(Error::InvalidArgument {
+                op,
+                what: "softmax of a 0-d tensor: give it a dimension".into(),
+            });
         }
         let stream = current_stream(d.device);
         let input = if s.is_contiguous_for(shape) {
@@ -326,7 +439,18 @@ impl DeviceKernels for CudaKernels {
             d.ptr
         };
         // SAFETY: contiguous input and output of `shape`; in place is allowed.
-        unsafe { kernels::softmax(d.device, stream, d.dtype, shape, shape.len() - 1, log, input, d.ptr) }?;
+        unsafe {
+            kernels::softmax(
+                d.device,
+                stream,
+                d.dtype,
+                shape,
+                shape.len() - 1,
+                log,
+                input,
+                d.ptr,
+            )
+        }?;
         Ok(())
     }
 
@@ -346,14 +470,33 @@ impl DeviceKernels for CudaKernels {
         }
         // SAFETY: contiguous logits [n, c], targets [n], a 1-element dst.
         unsafe {
-            kernels::cross_entropy(d.device, current_stream(d.device), x.dtype, n, c, x.ptr, t.ptr, kernels::Reduction::Mean, d.ptr)
+            kernels::cross_entropy(
+                d.device,
+                current_stream(d.device),
+                x.dtype,
+                n,
+                c,
+                x.ptr,
+                t.ptr,
+                kernels::Reduction::Mean,
+                d.ptr,
+            )
         }?;
         Ok(())
     }
 
-    fn cross_entropy_backward(&self, dst: View<'_>, logits: View<'_>, targets: View<'_>) -> Result<()> {
+    fn cross_entropy_backward(
+        &self,
+        dst: View<'_>,
+        logits: View<'_>,
+        targets: View<'_>,
+    ) -> Result<()> {
         let op = "cross_entropy_backward";
-        let (d, x, t) = (Raw::of(op, &dst)?, Raw::of(op, &logits)?, Raw::of(op, &targets)?);
+        let (d, x, t) = (
+            Raw::of(op, &dst)?,
+            Raw::of(op, &logits)?,
+            Raw::of(op, &targets)?,
+        );
         let shape = logits.layout.shape();
         let (n, c) = two_d(op, shape)?;
         if !x.is_contiguous_for(shape) {
@@ -392,7 +535,18 @@ impl DeviceKernels for CudaKernels {
         };
         let n = shape.iter().product();
         // SAFETY: contiguous `dst` of `n` elements.
-        unsafe { fill_random_with(d.device, current_stream(d.device), d.dtype, n, dist, d.ptr, seed, offset) }?;
+        unsafe {
+            fill_random_with(
+                d.device,
+                current_stream(d.device),
+                d.dtype,
+                n,
+                dist,
+                d.ptr,
+                seed,
+                offset,
+            )
+        }?;
         Ok(())
     }
 }
@@ -400,7 +554,9 @@ impl DeviceKernels for CudaKernels {
 fn two_d(op: &'static str, shape: &[usize]) -> Result<(usize, usize)> {
     match shape {
         [n, c] => Ok((*n, *c)),
-        _ => Err(Error::InvalidArgument { op, what: format!("logits must be [N, C], got {shape:?}") }),
+        _ => Err(Error::InvalidArgument {
+            op,
+            what: format!("logits must be [N, C], got {shape:?}"),
+        }),
     }
 }
-

@@ -456,7 +456,18 @@ pub unsafe fn compare(
     let name = format!("{}{suffix}_{}", op.kernel(), a.dtype.suffix());
     // SAFETY: the params match `COMPARE` (whose last parameter is absent and ignored) or
     // `COMPARE_S`; pointers per the caller's contract.
-    unsafe { run(device, stream, "binary", BINARY_SRC, a.dtype, &name, n, &mut params) }
+    unsafe {
+        run(
+            device,
+            stream,
+            "binary",
+            BINARY_SRC,
+            a.dtype,
+            &name,
+            n,
+            &mut params,
+        )
+    }
 }
 
 /// Copies `src` into `out` over `shape`, converting between their dtypes: the strided to

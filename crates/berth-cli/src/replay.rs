@@ -86,7 +86,7 @@ impl Policy {
 struct TorchFigures {
     name: &'static str,
     peak_requested: u64,
-    /// Peak reserved bytes: default, expandable_segments, cudaMallocAsync.
+    /// Peak reserved bytes: default, `expandable_segments`, `cudaMallocAsync`.
     reserved: [u64; 3],
     /// `num_device_alloc` of the live run (default mode).
     segments: u64,

@@ -64,6 +64,12 @@ fn stream() -> kernels::RawStream {
     std::ptr::null_mut()
 }
 
+/// A binary kernel op and its CPU reference.
+type BinaryCase = (BinaryOp, fn(f32, f32) -> f32);
+
+/// A unary kernel op and its CPU reference.
+type UnaryCase = (UnaryOp, fn(f32) -> f32);
+
 #[test]
 fn cuda_ops_elementwise_broadcast_and_inplace_match_cpu() {
     if !berth::cuda::testing::require_gpu("cuda_ops_elementwise_broadcast_and_inplace_match_cpu") {
@@ -78,7 +84,7 @@ fn cuda_ops_elementwise_broadcast_and_inplace_match_cpu() {
     let bs = [0isize, 1];
     let v = |p: &Buf, s: &[isize]| DeviceView::new(p.0, ScalarType::F32, s).strides.to_vec();
     let _ = v;
-    let cases: [(BinaryOp, fn(f32, f32) -> f32); 5] = [
+    let cases: [BinaryCase; 5] = [
         (BinaryOp::Add, |x, y| x + y),
         (BinaryOp::Sub, |x, y| x - y),
         (BinaryOp::Mul, |x, y| x * y),
@@ -102,7 +108,7 @@ fn cuda_ops_elementwise_broadcast_and_inplace_match_cpu() {
         let want: Vec<f32> = (0..r * c).map(|i| f(a[i], b[i % c])).collect();
         assert_close(&download(&dout, r * c), &want, 1e-5, &format!("{op:?}"));
     }
-    let unary: [(UnaryOp, fn(f32) -> f32); 6] = [
+    let unary: [UnaryCase; 6] = [
         (UnaryOp::Neg, |x| -x),
         (UnaryOp::Relu, |x| x.max(0.0)),
         (UnaryOp::Exp, f32::exp),

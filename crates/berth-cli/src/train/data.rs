@@ -33,6 +33,9 @@ pub type FashionSplit = Arc<FashionMnist>;
 /// A loader over one split: batches `([B, 784] f32 in [0, 1], [B] i64)`.
 pub type FashionLoader = DataLoader<FashionMnist>;
 
+/// Batches `(pixels, labels)` of a loader, already on their device.
+pub type DeviceBatches<'a> = Box<dyn Iterator<Item = berth_data::Result<(Tensor, Tensor)>> + 'a>;
+
 /// Loads a split.
 ///
 /// # Errors
@@ -135,7 +138,7 @@ pub fn eval_loader(
 pub fn device_batches<'a>(
     loader: &'a FashionLoader,
     device: Device,
-) -> anyhow::Result<Box<dyn Iterator<Item = berth_data::Result<(Tensor, Tensor)>> + 'a>> {
+) -> anyhow::Result<DeviceBatches<'a>> {
     if device.is_cuda() {
         Ok(Box::new(DevicePrefetcher::new(loader.iter(), device)?))
     } else {

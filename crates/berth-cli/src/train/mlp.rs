@@ -1,4 +1,4 @@
-//! The main job's model: an MLP `784 → hidden → 10` with ReLU, its hand-written backward, and
+//! The main job's model: an MLP `784 → hidden → 10` with `ReLU`, its hand-written backward, and
 //! SGD with momentum (PyTorch's `torch.optim.SGD` update rule).
 //!
 //! No general autograd: the backward of `Linear`, `ReLU` and softmax cross-entropy is written
@@ -24,7 +24,7 @@ pub struct Mlp {
 /// What the forward pass keeps for the backward pass.
 #[derive(Debug)]
 pub struct Activations {
-    /// `fc1(x)`, `[batch, hidden]` (pre-activation; ReLU's backward masks with it).
+    /// `fc1(x)`, `[batch, hidden]` (pre-activation; `ReLU`'s backward masks with it).
     pub hidden_pre: Tensor,
     /// `relu(hidden_pre)`, `[batch, hidden]`.
     pub hidden: Tensor,

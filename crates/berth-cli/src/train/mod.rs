@@ -1,4 +1,4 @@
-//! `berth train` and `berth eval`: the main job. An MLP (784 → hidden → 10, ReLU) trained on
+//! `berth train` and `berth eval`: the main job. An MLP (784 → hidden → 10, `ReLU`) trained on
 //! Fashion-MNIST with SGD + momentum on the best device present, data through berth's
 //! DataLoader (worker threads; pinned memory and `non_blocking` copies on CUDA), with a
 //! progress bar, per-epoch timings (CUDA events on the GPU) and a memory report.

@@ -290,8 +290,10 @@ impl DeviceKernels for CudaKernels {
         let s = Raw::of(op.name(), &src)?;
         let shape = src.layout.shape();
         let stream = current_stream(s.device);
-        // SAFETY (every arm): as in `copy`; `dst` has the kept shape.
         match op {
+            // SAFETY: as in `copy`: both views come from live device storages whose layouts the
+            // front-end checked to fit their memory, and `stream` is the device's; `dst` has the
+            // kept shape of `src` reduced over `dims`.
             ReduceOp::Sum | ReduceOp::Mean => unsafe {
                 kernels::sum(
                     s.device,
@@ -309,7 +311,7 @@ impl DeviceKernels for CudaKernels {
                 } else {
                     ArgReduce::Min
                 };
-                // SAFETY: as above.
+                // SAFETY: as for `Sum` above; `dst` (the values) has the kept shape.
                 unsafe {
                     kernels::arg_reduce(
                         s.device,
@@ -323,6 +325,7 @@ impl DeviceKernels for CudaKernels {
                     )
                 }?
             }
+            // SAFETY: as for `Sum` above; `dst` (the i64 indices) has the kept shape.
             ReduceOp::ArgMax => unsafe {
                 kernels::arg_reduce(
                     s.device,

@@ -258,6 +258,7 @@ fn same_dtype(op: &'static str, want: ScalarType, got: ScalarType) -> Result<(),
 ///
 /// # Safety
 /// As [`launch`]: `params` match the kernel's signature and every pointer is valid.
+#[allow(clippy::too_many_arguments)]
 unsafe fn run(
     device: usize,
     stream: RawStream,

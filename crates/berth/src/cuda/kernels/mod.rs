@@ -9,7 +9,7 @@
 //! Files: `prelude.rs` (shared CUDA C: dtype table, half conversions, index structs, block
 //! reductions), `module.rs` (NVRTC + module cache + launch), `elementwise.rs` (unary, scalar,
 //! binary, comparison, fill, copy/cast), `reduce.rs` (sum, mean, max, min, argmax, argmin),
-//! `softmax.rs` (softmax, log_softmax and their backward, cross-entropy forward/backward).
+//! `softmax.rs` (softmax, `log_softmax` and their backward, cross-entropy forward/backward).
 //!
 //! # Note [Kernel modules]
 //! A module is compiled for one dtype (`"binary.f32"`, `"reduce.bf16"`, ...) so a program that
@@ -218,8 +218,8 @@ impl<const N: usize> Idx<N> {
         };
         for (d, (size, st)) in dims.iter().enumerate() {
             idx.shape[d] = *size;
-            for k in 0..N {
-                idx.strides[k][d] = st[k];
+            for (row, &s) in idx.strides.iter_mut().zip(st.iter()) {
+                row[d] = s;
             }
         }
         Ok(idx)

@@ -263,8 +263,8 @@ pub unsafe fn sum(
 /// their strides describe the kept dimensions as in [`sum`].
 ///
 /// # Errors
-/// [`KernelError::InvalidArgument`] for an empty reduction (PyTorch: "max(): Expected
-/// reduction dim to be specified for input.numel() == 0"), a wrong dtype or dims; as [`sum`].
+/// [`KernelError::InvalidArgument`] for an empty reduction (PyTorch: `"max(): Expected
+/// reduction dim to be specified for input.numel() == 0"`), a wrong dtype or dims; as [`sum`].
 ///
 /// # Safety
 /// As [`sum`].

@@ -1,4 +1,4 @@
-//! Row-wise softmax / log_softmax (+ backward) and cross-entropy (+ backward), float dtypes.
+//! Row-wise softmax / `log_softmax` (+ backward) and cross-entropy (+ backward), float dtypes.
 //!
 //! Inputs are contiguous and seen as `[outer, classes, inner]` with the softmax dimension in
 //! the middle (`inner` = 1 for the last dimension); each row (`outer * inner` of them) gets one
@@ -232,7 +232,7 @@ pub unsafe fn softmax(
     }
 }
 
-/// Gradient of [`softmax`] (or log_softmax when `log`) with respect to its input, given its
+/// Gradient of [`softmax`] (or `log_softmax` when `log`) with respect to its input, given its
 /// output `y` and the incoming gradient `grad`, into `grad_input`; all contiguous with `shape`.
 ///
 /// # Errors

@@ -1,7 +1,8 @@
 //! `berth train --device meta`: predict the GPU's peak memory without allocating anything.
 //!
 //! The model is built on meta and two training steps (the first creates the momentum buffers,
-//! the second is a steady-state step) plus one evaluation batch run through the very functions
+//! the second is a steady-state step) plus two evaluation batches, fed one batch ahead as the
+//! GPU run's device prefetcher does, run through the very functions
 //! the real run uses ([`super::train_step`], [`super::eval_batch`], [`super::data::prepare`]),
 //! while a [`MetaPlan`] is active: every meta tensor takes its bytes from PyTorch's caching
 //! allocator on a simulated device, so the prediction includes 512-byte rounding, segment
@@ -45,13 +46,24 @@ pub fn predict(args: &TrainArgs) -> anyhow::Result<(MetaPrediction, MetaPlan)> {
         parameter_bytes = model.params().iter().map(|p| p.nbytes() as u64).sum();
         let mut opt = Sgd::new(args.lr, args.momentum);
         let loss_sum = Tensor::zeros(&[], DType::F32, Device::Meta)?;
+        // The GPU run feeds batches through a `DevicePrefetcher`: when the loop takes batch n,
+        // the copy of batch n+1 is already allocated, so two raw batches are live during a step.
+        let mut next = raw_batch(args.batch_size)?;
         for _ in 0..2 {
-            let (x, y) = meta_batch(args.batch_size)?;
+            let (pixels, y) = std::mem::replace(&mut next, raw_batch(args.batch_size)?);
+            let x = data::prepare(&pixels)?;
+            drop(pixels);
             train_step(&model, &mut opt, &x, &y, &loss_sum)?;
         }
+        drop(next);
         let correct = Tensor::zeros(&[], DType::I64, Device::Meta)?;
-        let (x, y) = meta_batch(data::EVAL_BATCH)?;
-        eval_batch(&model, &x, &y, &correct)?;
+        let mut next = raw_batch(data::EVAL_BATCH)?;
+        for _ in 0..2 {
+            let (pixels, y) = std::mem::replace(&mut next, raw_batch(data::EVAL_BATCH)?);
+            let x = data::prepare(&pixels)?;
+            drop(pixels);
+            eval_batch(&model, &x, &y, &correct)?;
+        }
     }
     let p = MetaPrediction {
         peak_allocated: plan.max_memory_allocated(),
@@ -61,11 +73,11 @@ pub fn predict(args: &TrainArgs) -> anyhow::Result<(MetaPrediction, MetaPlan)> {
     Ok((p, plan))
 }
 
-/// A batch as it arrives on the device (f32 pixels, i64 labels), prepared as in the real run.
-fn meta_batch(batch: usize) -> berth::Result<(Tensor, Tensor)> {
+/// A batch as it arrives on the device: f32 pixels `[batch, 784]`, i64 labels `[batch]`.
+fn raw_batch(batch: usize) -> berth::Result<(Tensor, Tensor)> {
     let pixels = Tensor::empty(&[batch, super::mlp::INPUTS], DType::F32, Device::Meta)?;
     let labels = Tensor::empty(&[batch], DType::I64, Device::Meta)?;
-    Ok((data::prepare(&pixels)?, labels))
+    Ok((pixels, labels))
 }
 
 /// Runs `berth train --device meta` and prints the prediction.

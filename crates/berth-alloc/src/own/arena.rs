@@ -4,8 +4,9 @@
 //! Both are plain ordered maps; neither calls the backend. See `Note [Paged best fit]` in
 //! [`super`] for the policy that uses them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
+use super::hash::AddrMap;
 use crate::backend::StreamId;
 
 /// How many best-fit candidates are inspected for one that needs no new pages mapped.
@@ -25,9 +26,11 @@ pub(crate) fn page_up(v: u64, page: u64) -> u64 {
 
 /// The free virtual-address extents of one stream, coalesced, whether mapped or not.
 ///
-/// Indexed twice: by start address (for coalescing on free) and by `(size, start)` (for best
-/// fit). Every byte of the stream's reservations is either in exactly one free extent or in a
-/// live block.
+/// Indexed three times: by start and by end address (hash maps: coalescing on free only asks
+/// for the extent ending exactly where a freed block starts and the one starting exactly where
+/// it ends, since free extents never touch) and by `(size, start)` (ordered, for best fit).
+/// Every byte of the stream's reservations is either in exactly one free extent or in a live
+/// block.
 #[derive(Debug)]
 pub(crate) struct Arena {
     /// The stream whose blocks live here.
@@ -35,7 +38,9 @@ pub(crate) struct Arena {
     /// Reserved address ranges `(base, bytes)`.
     pub(crate) reservations: Vec<(u64, u64)>,
     /// Free extents: start → end (exclusive), in bytes.
-    by_addr: BTreeMap<u64, u64>,
+    by_start: AddrMap<u64>,
+    /// Free extents: end (exclusive) → start, in bytes.
+    by_end: AddrMap<u64>,
     /// Free extents as `(size, start)`.
     by_size: BTreeSet<(u64, u64)>,
 }
@@ -46,7 +51,8 @@ impl Arena {
         Arena {
             stream,
             reservations: Vec::new(),
-            by_addr: BTreeMap::new(),
+            by_start: AddrMap::default(),
+            by_end: AddrMap::default(),
             by_size: BTreeSet::new(),
         }
     }
@@ -65,46 +71,54 @@ impl Arena {
     }
 
     /// Returns `[start, end)` to the free extents, merging with free neighbours.
-    pub(crate) fn insert_free(&mut self, mut start: u64, mut end: u64) {
-        if let Some((&ps, &pe)) = self.by_addr.range(..start).next_back() {
-            if pe == start {
-                self.by_addr.remove(&ps);
-                self.by_size.remove(&(pe - ps, ps));
-                start = ps;
-            }
+    #[inline]
+    pub(crate) fn insert_free(&mut self, start: u64, end: u64) {
+        let pred = self.by_end.remove(&start);
+        let succ = self.by_start.remove(&end);
+        if let Some(ps) = pred {
+            self.by_size.remove(&(start - ps, ps));
         }
-        if let Some(ne) = self.by_addr.remove(&end) {
+        if let Some(ne) = succ {
             self.by_size.remove(&(ne - end, end));
-            end = ne;
         }
-        self.by_addr.insert(start, end);
+        let (start, end) = (pred.unwrap_or(start), succ.unwrap_or(end));
+        // Both overwrite the merged neighbour's entry, if any.
+        self.by_start.insert(start, end);
+        self.by_end.insert(end, start);
         self.by_size.insert((end - start, start));
     }
 
-    /// Takes `[at, at + bytes)` out of the free extent starting at `start`.
-    fn carve(&mut self, start: u64, at: u64, bytes: u64) {
-        let end = self.by_addr.remove(&start).expect("carve: extent is free");
+    /// Takes `[at, at + bytes)` out of the free extent `[start, end)`.
+    #[inline]
+    fn carve(&mut self, start: u64, end: u64, at: u64, bytes: u64) {
         self.by_size.remove(&(end - start, start));
         if at > start {
-            self.by_addr.insert(start, at);
+            self.by_start.insert(start, at);
+            self.by_end.insert(at, start);
             self.by_size.insert((at - start, start));
+        } else {
+            self.by_start.remove(&start);
         }
         if at + bytes < end {
-            self.by_addr.insert(at + bytes, end);
+            self.by_start.insert(at + bytes, end);
+            self.by_end.insert(end, at + bytes);
             self.by_size.insert((end - at - bytes, at + bytes));
+        } else {
+            self.by_end.remove(&end);
         }
     }
 
     /// Places a block of `bytes` bytes: best fit by size, preferring among the first
     /// [`SCAN`] candidates the placement (start or end of an extent) that needs the fewest
-    /// unmapped bytes. Returns the block's address, or `None` when no extent is large enough.
-    pub(crate) fn place(&mut self, bytes: u64, pages: &PageMap) -> Option<u64> {
-        let mut best: Option<(u64, u64, u64)> = None; // (cost, extent start, placement)
-        for &(_, start) in self.by_size.range((bytes, 0)..).take(SCAN) {
-            let end = self.by_addr[&start];
+    /// unmapped bytes. Returns the block's address and its unmapped bytes, or `None` when no
+    /// extent is large enough.
+    pub(crate) fn place(&mut self, bytes: u64, pages: &PageMap) -> Option<(u64, u64)> {
+        let mut best: Option<(u64, u64, u64, u64)> = None; // (cost, extent start, end, placement)
+        for &(size, start) in self.by_size.range((bytes, 0)..).take(SCAN) {
+            let end = start + size;
             let head = pages.unmapped_bytes(start, start + bytes);
             if head == 0 {
-                best = Some((0, start, start));
+                best = Some((0, start, end, start));
                 break;
             }
             let tail = pages.unmapped_bytes(end - bytes, end);
@@ -114,36 +128,41 @@ impl Arena {
                 (head, start)
             };
             if best.is_none_or(|b| cost < b.0) {
-                best = Some((cost, start, at));
+                best = Some((cost, start, end, at));
             }
             if cost == 0 {
                 break;
             }
         }
-        let (_, start, at) = best?;
-        self.carve(start, at, bytes);
-        Some(at)
+        let (cost, start, end, at) = best?;
+        self.carve(start, end, at, bytes);
+        Some((at, cost))
     }
 
     /// The free extents `(start, end)` in address order.
-    pub(crate) fn free_extents(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.by_addr.iter().map(|(&s, &e)| (s, e))
+    pub(crate) fn free_extents(&self) -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = self.by_start.iter().map(|(&s, &e)| (s, e)).collect();
+        v.sort_unstable();
+        v
     }
 
     /// Total free bytes (mapped or not).
     #[cfg(test)]
     pub(crate) fn free_bytes(&self) -> u64 {
-        self.by_addr.iter().map(|(s, e)| e - s).sum()
+        self.by_start.iter().map(|(s, e)| e - s).sum()
     }
 }
 
-/// Which address ranges have physical memory mapped: coalesced intervals start → end, in bytes,
-/// all multiples of the page size.
+/// Which address ranges have physical memory mapped: coalesced intervals `(start, end)`, in
+/// bytes, all multiples of the page size, sorted by address.
+///
+/// A sorted vector: there are few intervals (one per mapped segment), lookups happen on every
+/// allocation and changes only with a backend `map` / `unmap` call.
 #[derive(Debug)]
 pub(crate) struct PageMap {
     /// Page size in bytes (a power of two).
     pub(crate) page: u64,
-    intervals: BTreeMap<u64, u64>,
+    intervals: Vec<(u64, u64)>,
     /// Mapped bytes in total.
     pub(crate) mapped: u64,
 }
@@ -153,33 +172,64 @@ impl PageMap {
     pub(crate) fn new(page: u64) -> Self {
         PageMap {
             page,
-            intervals: BTreeMap::new(),
+            intervals: Vec::new(),
             mapped: 0,
         }
     }
 
+    /// Index of the first interval that may touch `[lo, ..)`: the last one starting at or
+    /// before `lo`, or else the first one after it.
+    #[inline]
+    fn first_touching(&self, lo: u64) -> usize {
+        self.intervals
+            .partition_point(|&(s, _)| s <= lo)
+            .saturating_sub(1)
+    }
+
+    /// The intervals that may overlap the page-aligned `[lo, hi)`, in address order.
+    #[inline]
+    fn touching(&self, lo: u64, hi: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.intervals[self.first_touching(lo)..]
+            .iter()
+            .copied()
+            .take_while(move |&(s, _)| s < hi)
+    }
+
     /// Bytes of whole pages touching `[start, end)` that are not mapped.
+    #[inline]
     pub(crate) fn unmapped_bytes(&self, start: u64, end: u64) -> u64 {
         let (lo, hi) = (page_down(start, self.page), page_up(end, self.page));
-        if let Some((_, &e)) = self.intervals.range(..=lo).next_back() {
-            if e >= hi {
+        let i = self.first_touching(lo);
+        if let Some(&(s, e)) = self.intervals.get(i) {
+            if s <= lo && e >= hi {
                 return 0;
             }
         }
-        self.unmapped_runs(lo, hi).iter().map(|(a, b)| b - a).sum()
+        let mut unmapped = 0;
+        let mut x = lo;
+        for (s, e) in self.touching(lo, hi) {
+            if e <= x {
+                continue;
+            }
+            if s > x {
+                unmapped += s.min(hi) - x;
+            }
+            x = x.max(e);
+            if x >= hi {
+                break;
+            }
+        }
+        if x < hi {
+            unmapped += hi - x;
+        }
+        unmapped
     }
 
     /// The unmapped page runs inside the page-aligned range `[lo, hi)`.
     pub(crate) fn unmapped_runs(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
         let mut runs = Vec::new();
         let mut x = lo;
-        let first = self
-            .intervals
-            .range(..=lo)
-            .next_back()
-            .map(|(&s, &e)| (s, e));
-        let rest = self.intervals.range(lo + 1..hi).map(|(&s, &e)| (s, e));
-        for (s, e) in first.into_iter().chain(rest) {
+        for (s, e) in self.touching(lo, hi) {
             if e <= x {
                 continue;
             }
@@ -199,15 +249,7 @@ impl PageMap {
 
     /// The mapped runs inside the page-aligned range `[lo, hi)`.
     pub(crate) fn mapped_runs(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
-        let first = self
-            .intervals
-            .range(..=lo)
-            .next_back()
-            .map(|(&s, &e)| (s, e));
-        let rest = self.intervals.range(lo + 1..hi).map(|(&s, &e)| (s, e));
-        first
-            .into_iter()
-            .chain(rest)
+        self.touching(lo, hi)
             .filter_map(|(s, e)| {
                 let (a, b) = (s.max(lo), e.min(hi));
                 (a < b).then_some((a, b))
@@ -218,42 +260,50 @@ impl PageMap {
     /// The first unmapped page at or after `from` up to `limit`: the end of the mapped run that
     /// would follow a mapping ending at `from`.
     pub(crate) fn next_mapped(&self, from: u64, limit: u64) -> u64 {
-        self.intervals
-            .range(from..limit)
-            .next()
-            .map_or(limit, |(&s, _)| s)
+        let i = self.intervals.partition_point(|&(s, _)| s < from);
+        match self.intervals.get(i) {
+            Some(&(s, _)) if s < limit => s,
+            _ => limit,
+        }
     }
 
-    /// Records `[start, end)` as mapped.
-    pub(crate) fn insert(&mut self, mut start: u64, mut end: u64) {
+    /// Records `[start, end)` (entirely unmapped) as mapped.
+    pub(crate) fn insert(&mut self, start: u64, end: u64) {
         self.mapped += end - start;
-        if let Some((&ps, &pe)) = self.intervals.range(..start).next_back() {
-            if pe == start {
-                self.intervals.remove(&ps);
-                start = ps;
+        let i = self.intervals.partition_point(|&(s, _)| s < start);
+        let pred = i > 0 && self.intervals[i - 1].1 == start;
+        let succ = i < self.intervals.len() && self.intervals[i].0 == end;
+        match (pred, succ) {
+            (true, true) => {
+                self.intervals[i - 1].1 = self.intervals[i].1;
+                self.intervals.remove(i);
             }
+            (true, false) => self.intervals[i - 1].1 = end,
+            (false, true) => self.intervals[i].0 = start,
+            (false, false) => self.intervals.insert(i, (start, end)),
         }
-        if let Some(ne) = self.intervals.remove(&end) {
-            end = ne;
-        }
-        self.intervals.insert(start, end);
     }
 
     /// Records `[start, end)` (entirely mapped) as unmapped.
     pub(crate) fn remove(&mut self, start: u64, end: u64) {
         self.mapped -= end - start;
-        let (&s, &e) = self
+        let i = self
             .intervals
-            .range(..=start)
-            .next_back()
+            .partition_point(|&(s, _)| s <= start)
+            .checked_sub(1)
             .expect("remove: range is mapped");
+        let (s, e) = self.intervals[i];
         debug_assert!(s <= start && end <= e, "remove: range is mapped");
-        self.intervals.remove(&s);
-        if s < start {
-            self.intervals.insert(s, start);
-        }
-        if end < e {
-            self.intervals.insert(end, e);
+        match (s < start, end < e) {
+            (true, true) => {
+                self.intervals[i].1 = start;
+                self.intervals.insert(i + 1, (end, e));
+            }
+            (true, false) => self.intervals[i].1 = start,
+            (false, true) => self.intervals[i].0 = end,
+            (false, false) => {
+                self.intervals.remove(i);
+            }
         }
     }
 
@@ -264,7 +314,7 @@ impl PageMap {
 
     /// The mapped intervals `(start, end)` in address order.
     pub(crate) fn intervals(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.intervals.iter().map(|(&s, &e)| (s, e))
+        self.intervals.iter().copied()
     }
 }
 
@@ -279,14 +329,14 @@ mod tests {
         let mut a = Arena::new(StreamId(0));
         a.add_reservation(0, 10 * P);
         let pages = PageMap::new(P);
-        let x = a.place(P, &pages).unwrap();
-        let y = a.place(P, &pages).unwrap();
-        let z = a.place(P, &pages).unwrap();
+        let x = a.place(P, &pages).unwrap().0;
+        let y = a.place(P, &pages).unwrap().0;
+        let z = a.place(P, &pages).unwrap().0;
         assert_eq!((x, y, z), (0, P, 2 * P));
         a.insert_free(x, x + P);
         a.insert_free(z, z + P);
         a.insert_free(y, y + P);
-        assert_eq!(a.free_extents().collect::<Vec<_>>(), vec![(0, 10 * P)]);
+        assert_eq!(a.free_extents(), vec![(0, 10 * P)]);
         assert_eq!(a.free_bytes(), 10 * P);
     }
 
@@ -300,8 +350,8 @@ mod tests {
         a.insert_free(10 * P, 13 * P);
         a.insert_free(20 * P, 23 * P);
         pages.insert(20 * P, 23 * P);
-        assert_eq!(a.place(3 * P, &pages), Some(20 * P));
-        assert_eq!(a.place(3 * P, &pages), Some(10 * P));
+        assert_eq!(a.place(3 * P, &pages), Some((20 * P, 0)));
+        assert_eq!(a.place(3 * P, &pages), Some((10 * P, 3 * P)));
         assert_eq!(a.place(P, &pages), None);
     }
 

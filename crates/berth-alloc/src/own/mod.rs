@@ -38,6 +38,7 @@
 //! it (as PyTorch's expandable segments do): placement and mapping must agree on the page map.
 
 mod arena;
+mod hash;
 mod state;
 
 use std::collections::BTreeMap;

@@ -1,10 +1,8 @@
 //! The mutable state of [`super::PagedBestFit`]: placement, mapping under the call budget,
 //! deferred cross-stream frees, statistics and history (`Note [Paged best fit]`).
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use super::arena::{page_down, page_up, Arena, PageMap};
+use super::hash::AddrMap;
 use super::CALLS_PER_20MIB;
 use crate::backend::{DevicePtr, MemoryBackend, StreamId, VirtualMemoryBackend};
 use crate::config::AllocatorConfig;
@@ -24,26 +22,6 @@ const MAX_REQUEST: u64 = 1 << 60;
 /// Address space reserved per stream when the device size is unknown, in bytes.
 const DEFAULT_VA: u64 = 1 << 40;
 
-/// A multiplicative hash for device addresses (they are 512-byte aligned; `SipHash` would cost
-/// more than the whole best-fit search).
-#[derive(Default, Clone, Copy)]
-struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517c_c1b7_2722_0a95);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v ^ (v >> 29)).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
-type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 
 /// A live block.
 struct Live {
@@ -174,9 +152,9 @@ impl<E> State<E> {
         }
         let size = bytes.div_ceil(MIN_BLOCK) * MIN_BLOCK;
         let ai = self.arena_for(backend, stream)?;
-        let addr = loop {
-            if let Some(addr) = self.arenas[ai].place(size, &self.pages) {
-                break addr;
+        let (addr, unmapped) = loop {
+            if let Some(placed) = self.arenas[ai].place(size, &self.pages) {
+                break placed;
             }
             // The address space is fragmented: reserve another range for this stream.
             let more = self.va_bytes.max(page_up(size, self.pages.page));
@@ -185,9 +163,12 @@ impl<E> State<E> {
                 .map_err(backend_err(stream))?;
             self.arenas[ai].add_reservation(base.0, more);
         };
-        if let Err(e) = self.ensure_mapped(backend, addr, size, ai, bytes) {
-            self.arenas[ai].insert_free(addr, addr + size);
-            return Err(e);
+        // `place` measured the unmapped pages: most blocks land on mapped memory.
+        if unmapped > 0 {
+            if let Err(e) = self.ensure_mapped(backend, addr, size, ai, bytes) {
+                self.arenas[ai].insert_free(addr, addr + size);
+                return Err(e);
+            }
         }
         self.live.insert(
             addr,

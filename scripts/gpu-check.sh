@@ -53,6 +53,16 @@ timeout 60 .gpu/berth train --device meta --json > "$OUT/train-meta.json" 2>>"$O
 cat "$OUT/train-cuda.json" "$OUT/train-meta.json"
 timeout 240 .gpu/berth bench dataloader --json > "$OUT/bench-dataloader.jsonl" 2>"$OUT/bench-dataloader.err" || status=1
 cat "$OUT/bench-dataloader.jsonl"
+# Real traces through berth's allocators on the GPU (one stream, warm pass timed), and
+# PyTorch's own C++ replay of the same traces in the same run.
+timeout 300 .gpu/berth replay --device cuda:0 --policy all --json .gpu/shared/traces/*.trace.json.gz > "$OUT/replay-cuda.jsonl" 2>>"$OUT/bench.err" || status=1
+cat "$OUT/replay-cuda.jsonl"
+if [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
+  for conf in "" "expandable_segments:True"; do
+    PYTORCH_CUDA_ALLOC_CONF=$conf timeout 300 python3 .gpu/shared/bench/torch_replay.py .gpu/shared/traces/*.trace.json.gz >> "$OUT/torch-replay.jsonl" 2>>"$OUT/torch-baseline.err"
+  done
+  cat "$OUT/torch-replay.jsonl"
+fi
 if [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
   timeout 240 python3 .gpu/shared/bench/torch_baseline.py > "$OUT/torch-baseline.json" 2>"$OUT/torch-baseline.err"
 fi

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod info;
 mod replay;
+mod replay_cuda;
 mod train;
 
 /// berth: where your tensors live, how fast they move, and where your GPU memory went.

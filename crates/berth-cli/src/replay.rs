@@ -14,7 +14,7 @@ use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::caching::CachingAllocator;
 use berth_alloc::replay::{replay, ReplayReport};
 use berth_alloc::trace::{read_trace, Trace};
-use berth_alloc::{AllocatorConfig, DeviceAllocator, PagedBestFit};
+use berth_alloc::{AllocatorConfig, DeviceAllocator, MemoryBackend, PagedBestFit};
 
 use crate::UsageError;
 
@@ -39,18 +39,23 @@ pub struct ReplayArgs {
     /// Print one JSON object per trace and policy instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Where to replay: `sim` (a simulated device, default) or `cuda:N` (the real GPU, through
+    /// berth's CUDA backend; all streams collapsed to the default stream, as PyTorch's C++
+    /// replay `shared/bench/torch_replay.py` does; one cold and one warm pass).
+    #[arg(long, default_value = "sim")]
+    pub device: String,
 }
 
 /// A replay policy of `--policy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Policy {
+pub(crate) enum Policy {
     Pytorch,
     Expandable,
     Paged,
 }
 
 impl Policy {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Policy::Pytorch => "pytorch",
             Policy::Expandable => "expandable",
@@ -70,7 +75,7 @@ impl Policy {
         }
     }
 
-    fn allocator(self, sim: SimBackend) -> anyhow::Result<Box<dyn DeviceAllocator>> {
+    pub(crate) fn allocator<B: MemoryBackend>(self, sim: B) -> anyhow::Result<Box<dyn DeviceAllocator>> {
         Ok(match self {
             Policy::Pytorch => Box::new(CachingAllocator::new(sim)),
             Policy::Expandable => {
@@ -200,6 +205,20 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| Ok((trace_name(p), load(p)?)))
         .collect::<anyhow::Result<_>>()?;
+    if args.device != "sim" {
+        let device: berth::Device = args
+            .device
+            .parse()
+            .map_err(|e| UsageError(format!("--device {}: {e} (or sim)", args.device)))?;
+        let index = match device.canonical() {
+            Ok(d) if d.is_cuda() => usize::from(d.index().unwrap_or(0)),
+            Ok(d) => {
+                return Err(UsageError(format!("--device {d}: replay runs on sim or cuda:N")).into())
+            }
+            Err(e) => return Err(UsageError(format!("--device {}: {e}; use --device sim", args.device)).into()),
+        };
+        return crate::replay_cuda::run(index, &traces, &policies, args.json);
+    }
     let total: u64 = traces
         .iter()
         .map(|(_, t)| t.events.len() as u64)

@@ -4,9 +4,8 @@
 //! Both are plain ordered maps; neither calls the backend. See `Note [Paged best fit]` in
 //! [`super`] for the policy that uses them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::hash::AddrMap;
 use crate::backend::StreamId;
 
 /// How many best-fit candidates are inspected for one that needs no new pages mapped.
@@ -31,21 +30,17 @@ pub(crate) fn page_up(v: u64, page: u64) -> u64 {
 
 /// The free virtual-address extents of one stream, coalesced, whether mapped or not.
 ///
-/// Indexed three times: by start and by end address (hash maps: coalescing on free only asks
-/// for the extent ending exactly where a freed block starts and the one starting exactly where
-/// it ends, since free extents never touch) and by `(size, start)` (ordered, for best fit).
-/// Every byte of the stream's reservations is either in exactly one free extent or in a live
-/// block.
+/// Indexed twice: by start address (for coalescing on free) and by `(size, start)` (for best
+/// fit). Every byte of the stream's reservations is either in exactly one free extent or in a
+/// live block.
 #[derive(Debug)]
 pub(crate) struct Arena {
     /// The stream whose blocks live here.
     pub(crate) stream: StreamId,
     /// Reserved address ranges `(base, bytes)`.
     pub(crate) reservations: Vec<(u64, u64)>,
-    /// Free extents: start → end (exclusive), in bytes.
-    by_start: AddrMap<u64>,
-    /// Free extents: end (exclusive) → start, in bytes.
-    by_end: AddrMap<u64>,
+    /// Free extents by start address.
+    by_addr: AddrIndex,
     /// Free extents as `(size, start)`.
     by_size: SizeIndex,
 }
@@ -56,8 +51,7 @@ impl Arena {
         Arena {
             stream,
             reservations: Vec::new(),
-            by_start: AddrMap::default(),
-            by_end: AddrMap::default(),
+            by_addr: AddrIndex::Sorted(Vec::new()),
             by_size: SizeIndex::Sorted(Vec::new()),
         }
     }
@@ -78,12 +72,8 @@ impl Arena {
     /// Returns `[start, end)` to the free extents, merging with free neighbours.
     #[inline]
     pub(crate) fn insert_free(&mut self, start: u64, end: u64) {
-        let pred = self.by_end.remove(&start);
-        let succ = self.by_start.remove(&end);
+        let (pred, succ) = self.by_addr.free(start, end);
         let (s, e) = (pred.unwrap_or(start), succ.unwrap_or(end));
-        // Both overwrite the merged neighbour's entry, if any.
-        self.by_start.insert(s, e);
-        self.by_end.insert(e, s);
         let merged = (e - s, s);
         match (pred, succ) {
             (None, None) => self.by_size.insert(merged),
@@ -99,21 +89,10 @@ impl Arena {
     /// Takes `[at, at + bytes)` out of the free extent `[start, end)`.
     #[inline]
     fn carve(&mut self, start: u64, end: u64, at: u64, bytes: u64) {
+        self.by_addr.take(start, end, at, at + bytes);
         let old = (end - start, start);
         let head = (at > start).then_some((at - start, start));
         let tail = (at + bytes < end).then_some((end - at - bytes, at + bytes));
-        if head.is_some() {
-            self.by_start.insert(start, at);
-            self.by_end.insert(at, start);
-        } else {
-            self.by_start.remove(&start);
-        }
-        if tail.is_some() {
-            self.by_start.insert(at + bytes, end);
-            self.by_end.insert(end, at + bytes);
-        } else {
-            self.by_end.remove(&end);
-        }
         match (head, tail) {
             (None, None) => self.by_size.remove(old),
             (Some(k), None) | (None, Some(k)) => self.by_size.replace(old, k),
@@ -142,15 +121,16 @@ impl Arena {
 
     /// The free extents `(start, end)` in address order.
     pub(crate) fn free_extents(&self) -> Vec<(u64, u64)> {
-        let mut v: Vec<(u64, u64)> = self.by_start.iter().map(|(&s, &e)| (s, e)).collect();
-        v.sort_unstable();
-        v
+        match &self.by_addr {
+            AddrIndex::Sorted(v) => v.clone(),
+            AddrIndex::Tree(t) => t.iter().map(|(&s, &e)| (s, e)).collect(),
+        }
     }
 
     /// Total free bytes (mapped or not).
     #[cfg(test)]
     pub(crate) fn free_bytes(&self) -> u64 {
-        self.by_start.iter().map(|(s, e)| e - s).sum()
+        self.free_extents().iter().map(|(s, e)| e - s).sum()
     }
 }
 
@@ -184,6 +164,99 @@ fn best_placement<'a>(
         }
     }
     best
+}
+
+/// Free extents `(start, end)` ordered by address: a sorted vector while there are few, a
+/// B-tree map start → end while there are many (as [`SizeIndex`]).
+#[derive(Debug)]
+enum AddrIndex {
+    Sorted(Vec<(u64, u64)>),
+    Tree(BTreeMap<u64, u64>),
+}
+
+impl AddrIndex {
+    /// Adds the free range `[start, end)`, merged with the free extents that end at `start` or
+    /// begin at `end` (free extents never touch). Returns the merged neighbours: the start of
+    /// the one before and the end of the one after.
+    #[inline]
+    fn free(&mut self, start: u64, end: u64) -> (Option<u64>, Option<u64>) {
+        match self {
+            AddrIndex::Sorted(v) => {
+                let i = v.partition_point(|&(s, _)| s < start);
+                let pred = (i > 0 && v[i - 1].1 == start).then(|| v[i - 1].0);
+                let succ = v.get(i).filter(|x| x.0 == end).map(|x| x.1);
+                match (pred, succ) {
+                    (Some(_), Some(ne)) => {
+                        v[i - 1].1 = ne;
+                        v.remove(i);
+                    }
+                    (Some(_), None) => v[i - 1].1 = end,
+                    (None, Some(_)) => v[i].0 = start,
+                    (None, None) => {
+                        v.insert(i, (start, end));
+                        if v.len() > SORTED_MAX {
+                            let tree = v.drain(..).collect();
+                            *self = AddrIndex::Tree(tree);
+                        }
+                    }
+                }
+                (pred, succ)
+            }
+            AddrIndex::Tree(t) => {
+                let pred = t
+                    .range(..start)
+                    .next_back()
+                    .filter(|x| *x.1 == start)
+                    .map(|x| *x.0);
+                let succ = t.remove(&end);
+                t.insert(pred.unwrap_or(start), succ.unwrap_or(end));
+                if t.len() < SORTED_MIN {
+                    let sorted = std::mem::take(t).into_iter().collect();
+                    *self = AddrIndex::Sorted(sorted);
+                }
+                (pred, succ)
+            }
+        }
+    }
+
+    /// Takes `[lo, hi)` out of the free extent `[start, end)`.
+    #[inline]
+    fn take(&mut self, start: u64, end: u64, lo: u64, hi: u64) {
+        match self {
+            AddrIndex::Sorted(v) => {
+                let i = v.partition_point(|&(s, _)| s < start);
+                debug_assert_eq!(v.get(i), Some(&(start, end)), "take: extent is free");
+                match (lo > start, hi < end) {
+                    (false, false) => {
+                        v.remove(i);
+                    }
+                    (true, false) => v[i].1 = lo,
+                    (false, true) => v[i].0 = hi,
+                    (true, true) => {
+                        v[i].1 = lo;
+                        v.insert(i + 1, (hi, end));
+                        if v.len() > SORTED_MAX {
+                            let tree = v.drain(..).collect();
+                            *self = AddrIndex::Tree(tree);
+                        }
+                    }
+                }
+            }
+            AddrIndex::Tree(t) => {
+                t.remove(&start);
+                if lo > start {
+                    t.insert(start, lo);
+                }
+                if hi < end {
+                    t.insert(hi, end);
+                }
+                if t.len() < SORTED_MIN {
+                    let sorted = std::mem::take(t).into_iter().collect();
+                    *self = AddrIndex::Sorted(sorted);
+                }
+            }
+        }
+    }
 }
 
 /// Free extents ordered by `(size, start)`: a sorted vector while there are few (a few dozen
@@ -534,6 +607,98 @@ mod tests {
                 }
             };
             assert_eq!(got, model.iter().copied().collect::<Vec<_>>(), "step {step}");
+        }
+        assert!(went_tree && came_back, "both forms exercised");
+    }
+
+    /// The arena as first written (two B-trees), as a model for the faster indexes.
+    struct ModelArena {
+        by_addr: BTreeMap<u64, u64>,
+        by_size: BTreeSet<(u64, u64)>,
+    }
+
+    impl ModelArena {
+        fn insert_free(&mut self, mut start: u64, mut end: u64) {
+            if let Some((&ps, &pe)) = self.by_addr.range(..start).next_back() {
+                if pe == start {
+                    self.by_addr.remove(&ps);
+                    self.by_size.remove(&(pe - ps, ps));
+                    start = ps;
+                }
+            }
+            if let Some(ne) = self.by_addr.remove(&end) {
+                self.by_size.remove(&(ne - end, end));
+                end = ne;
+            }
+            self.by_addr.insert(start, end);
+            self.by_size.insert((end - start, start));
+        }
+
+        fn place(&mut self, bytes: u64, pages: &PageMap) -> Option<(u64, u64)> {
+            let cands: Vec<(u64, u64)> = self.by_size.range((bytes, 0)..).copied().collect();
+            let (cost, start, end, at) = best_placement(cands.iter(), bytes, pages)?;
+            self.by_addr.remove(&start);
+            self.by_size.remove(&(end - start, start));
+            if at > start {
+                self.by_addr.insert(start, at);
+                self.by_size.insert((at - start, start));
+            }
+            if at + bytes < end {
+                self.by_addr.insert(at + bytes, end);
+                self.by_size.insert((end - at - bytes, at + bytes));
+            }
+            Some((at, cost))
+        }
+    }
+
+    #[test]
+    fn arena_matches_the_b_tree_model_across_both_forms() {
+        let mut a = Arena::new(StreamId(0));
+        let mut m = ModelArena {
+            by_addr: BTreeMap::new(),
+            by_size: BTreeSet::new(),
+        };
+        a.add_reservation(1 << 30, 1 << 30);
+        m.insert_free(1 << 30, 2 << 30);
+        let mut pages = PageMap::new(P);
+        pages.insert((1 << 30) + 4 * P, (1 << 30) + 40 * P);
+        pages.insert((1 << 30) + 64 * P, (1 << 30) + 65 * P);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rand = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut live: Vec<(u64, u64)> = Vec::new();
+        let (mut went_tree, mut came_back) = (false, false);
+        for step in 0..40_000u64 {
+            // Phases of mostly allocating (many holes: B-tree form) and mostly freeing.
+            let alloc_bias = if (step / 10_000) % 2 == 0 { 3 } else { 1 };
+            if live.is_empty() || rand(4) < alloc_bias {
+                let classes = if rand(8) == 0 { 8192 } else { 64 };
+                let bytes = 512 * (1 + rand(classes));
+                let got = a.place(bytes, &pages);
+                assert_eq!(got, m.place(bytes, &pages), "step {step}");
+                if let Some((at, _)) = got {
+                    live.push((at, bytes));
+                }
+            } else {
+                let (at, bytes) = live.swap_remove(rand(live.len() as u64) as usize);
+                a.insert_free(at, at + bytes);
+                m.insert_free(at, at + bytes);
+            }
+            let model: Vec<(u64, u64)> = m.by_addr.iter().map(|(&s, &e)| (s, e)).collect();
+            assert_eq!(a.free_extents(), model, "step {step}");
+            match (&a.by_addr, &a.by_size) {
+                (AddrIndex::Tree(_), SizeIndex::Tree(_)) => went_tree = true,
+                (AddrIndex::Sorted(_), SizeIndex::Sorted(v)) => {
+                    came_back |= went_tree;
+                    let model: Vec<(u64, u64)> = m.by_size.iter().copied().collect();
+                    assert_eq!(*v, model, "step {step}");
+                }
+                _ => panic!("step {step}: both indexes switch form together"),
+            }
         }
         assert!(went_tree && came_back, "both forms exercised");
     }

@@ -175,11 +175,35 @@ impl VirtualMemoryBackend for CudaBackend {
             op: "map",
             message: "this device has no virtual memory management".into(),
         })?;
-        let handle = ffi::create_and_map(self.device, addr.0, bytes)?;
-        vmm.chunks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(addr.0, (bytes, handle));
+        // One physical handle per granularity page, so that a policy may later unmap any
+        // page-aligned sub-range of this mapping (berth's `paged` policy does): the driver only
+        // unmaps whole mappings (`cuMemUnmap` of a handle's full range).
+        let page = vmm.granularity;
+        if bytes % page != 0 || addr.0 % page as u64 != 0 {
+            return Err(BackendError::Other {
+                op: "map",
+                message: format!(
+                    "map of {bytes} bytes at {:#x}: address and size must be multiples of the {page}-byte granularity",
+                    addr.0
+                ),
+            });
+        }
+        let mut done: Vec<(u64, u64)> = Vec::with_capacity(bytes / page);
+        for a in (addr.0..addr.0 + bytes as u64).step_by(page) {
+            match ffi::create_and_map(self.device, a, page) {
+                Ok(h) => done.push((a, h)),
+                Err(e) => {
+                    for &(a, h) in &done {
+                        let _ = ffi::unmap_and_release(self.device, a, page, h);
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        let mut chunks = vmm.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        for (a, h) in done {
+            chunks.insert(a, (page, h));
+        }
         Ok(())
     }
 

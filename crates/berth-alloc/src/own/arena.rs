@@ -77,27 +77,28 @@ impl Arena {
         let merged = (e - s, s);
         match (pred, succ) {
             (None, None) => self.by_size.insert(merged),
-            (Some(ps), None) => self.by_size.replace((start - ps, ps), merged),
-            (None, Some(ne)) => self.by_size.replace((ne - end, end), merged),
+            (Some(ps), None) => self.by_size.replace((start - ps, ps), merged, None),
+            (None, Some(ne)) => self.by_size.replace((ne - end, end), merged, None),
             (Some(ps), Some(ne)) => {
-                self.by_size.remove((start - ps, ps));
-                self.by_size.replace((ne - end, end), merged);
+                self.by_size.remove((start - ps, ps), None);
+                self.by_size.replace((ne - end, end), merged, None);
             }
         }
     }
 
-    /// Takes `[at, at + bytes)` out of the free extent `[start, end)`.
+    /// Takes `[at, at + bytes)` out of the free extent `[start, end)` (in the size index's
+    /// sorted vector at `hint` when given).
     #[inline]
-    fn carve(&mut self, start: u64, end: u64, at: u64, bytes: u64) {
+    fn carve(&mut self, start: u64, end: u64, at: u64, bytes: u64, hint: Option<usize>) {
         self.by_addr.take(start, end, at, at + bytes);
         let old = (end - start, start);
         let head = (at > start).then_some((at - start, start));
         let tail = (at + bytes < end).then_some((end - at - bytes, at + bytes));
         match (head, tail) {
-            (None, None) => self.by_size.remove(old),
-            (Some(k), None) | (None, Some(k)) => self.by_size.replace(old, k),
+            (None, None) => self.by_size.remove(old, hint),
+            (Some(k), None) | (None, Some(k)) => self.by_size.replace(old, k, hint),
             (Some(h), Some(t)) => {
-                self.by_size.replace(old, h);
+                self.by_size.replace(old, h, hint);
                 self.by_size.insert(t);
             }
         }
@@ -108,14 +109,29 @@ impl Arena {
     /// unmapped bytes. Returns the block's address and its unmapped bytes, or `None` when no
     /// extent is large enough.
     pub(crate) fn place(&mut self, bytes: u64, pages: &PageMap) -> Option<(u64, u64)> {
-        let best = match &self.by_size {
-            SizeIndex::Sorted(v) => {
-                best_placement(v[v.partition_point(|&(s, _)| s < bytes)..].iter(), bytes, pages)
+        let mut best: Option<(u64, u64, u64, u64, Option<usize>)> = None;
+        for ((size, start), hint) in self.by_size.at_least(bytes).take(SCAN) {
+            let end = start + size;
+            let head = pages.unmapped_bytes(start, start + bytes);
+            if head == 0 {
+                best = Some((0, start, end, start, hint));
+                break;
             }
-            SizeIndex::Tree(t) => best_placement(t.range((bytes, 0)..), bytes, pages),
-        };
-        let (cost, start, end, at) = best?;
-        self.carve(start, end, at, bytes);
+            let tail = pages.unmapped_bytes(end - bytes, end);
+            let (cost, at) = if tail < head {
+                (tail, end - bytes)
+            } else {
+                (head, start)
+            };
+            if best.is_none_or(|b| cost < b.0) {
+                best = Some((cost, start, end, at, hint));
+            }
+            if cost == 0 {
+                break;
+            }
+        }
+        let (cost, start, end, at, hint) = best?;
+        self.carve(start, end, at, bytes, hint);
         Some((at, cost))
     }
 
@@ -132,38 +148,6 @@ impl Arena {
     pub(crate) fn free_bytes(&self) -> u64 {
         self.free_extents().iter().map(|(s, e)| e - s).sum()
     }
-}
-
-/// The placement [`Arena::place`] picks among `candidates` (free extents as `(size, start)`,
-/// in that order, all of at least `bytes`): `(unmapped bytes, extent start, extent end,
-/// block address)`.
-#[inline]
-fn best_placement<'a>(
-    candidates: impl Iterator<Item = &'a (u64, u64)>,
-    bytes: u64,
-    pages: &PageMap,
-) -> Option<(u64, u64, u64, u64)> {
-    let mut best: Option<(u64, u64, u64, u64)> = None;
-    for &(size, start) in candidates.take(SCAN) {
-        let end = start + size;
-        let head = pages.unmapped_bytes(start, start + bytes);
-        if head == 0 {
-            return Some((0, start, end, start));
-        }
-        let tail = pages.unmapped_bytes(end - bytes, end);
-        let (cost, at) = if tail < head {
-            (tail, end - bytes)
-        } else {
-            (head, start)
-        };
-        if best.is_none_or(|b| cost < b.0) {
-            best = Some((cost, start, end, at));
-        }
-        if cost == 0 {
-            break;
-        }
-    }
-    best
 }
 
 /// Free extents `(start, end)` ordered by address: a sorted vector while there are few, a
@@ -261,17 +245,52 @@ impl AddrIndex {
 
 /// Free extents ordered by `(size, start)`: a sorted vector while there are few (a few dozen
 /// on the real traces, where it beats a B-tree several times over), a B-tree while there are
-/// many (so that one change never moves thousands of entries).
+/// many (so that one change never moves thousands of entries). Keys are packed into one `u128`
+/// (size high, start low: the same order) so that comparisons do not branch.
 #[derive(Debug)]
 enum SizeIndex {
-    Sorted(Vec<(u64, u64)>),
-    Tree(BTreeSet<(u64, u64)>),
+    Sorted(Vec<u128>),
+    Tree(BTreeSet<u128>),
+}
+
+/// `(size, start)` as a [`SizeIndex`] key.
+#[inline]
+fn pack((size, start): (u64, u64)) -> u128 {
+    (u128::from(size) << 64) | u128::from(start)
+}
+
+/// The `(size, start)` of a [`SizeIndex`] key.
+#[inline]
+fn unpack(key: u128) -> (u64, u64) {
+    ((key >> 64) as u64, key as u64)
 }
 
 impl SizeIndex {
+    /// The extents of at least `bytes` bytes in `(size, start)` order, each with its position
+    /// in the sorted vector (for [`SizeIndex::replace`]'s hint).
+    #[inline]
+    fn at_least(&self, bytes: u64) -> SizeIter<'_> {
+        match self {
+            SizeIndex::Sorted(v) => {
+                let from = v.partition_point(|&k| k < pack((bytes, 0)));
+                SizeIter::Sorted(v[from..].iter().enumerate(), from)
+            }
+            SizeIndex::Tree(t) => SizeIter::Tree(t.range(pack((bytes, 0))..)),
+        }
+    }
+
+    /// Position of `key` (present) in the sorted vector `v`; `hint` when given.
+    #[inline]
+    fn position(v: &[u128], key: u128, hint: Option<usize>) -> usize {
+        let i = hint.unwrap_or_else(|| v.partition_point(|&k| k < key));
+        debug_assert_eq!(v.get(i), Some(&key), "SizeIndex: key is present");
+        i
+    }
+
     /// Adds `key` (not present).
     #[inline]
     fn insert(&mut self, key: (u64, u64)) {
+        let key = pack(key);
         match self {
             SizeIndex::Sorted(v) => {
                 let i = v.partition_point(|&k| k < key);
@@ -287,13 +306,13 @@ impl SizeIndex {
         }
     }
 
-    /// Removes `key` (present).
+    /// Removes `key` (present; in the sorted vector at `hint` when given).
     #[inline]
-    fn remove(&mut self, key: (u64, u64)) {
+    fn remove(&mut self, key: (u64, u64), hint: Option<usize>) {
+        let key = pack(key);
         match self {
             SizeIndex::Sorted(v) => {
-                let i = v.partition_point(|&k| k < key);
-                debug_assert_eq!(v.get(i), Some(&key), "SizeIndex::remove: key is present");
+                let i = Self::position(v, key, hint);
                 v.remove(i);
             }
             SizeIndex::Tree(t) => {
@@ -306,20 +325,21 @@ impl SizeIndex {
         }
     }
 
-    /// Replaces `old` (present) by `new` (not present): one shift of the entries between them.
+    /// Replaces `old` (present; in the sorted vector at `hint` when given) by `new` (not
+    /// present): one shift of the entries between them.
     #[inline]
-    fn replace(&mut self, old: (u64, u64), new: (u64, u64)) {
+    fn replace(&mut self, old: (u64, u64), new: (u64, u64), hint: Option<usize>) {
+        let (old, new) = (pack(old), pack(new));
         match self {
             SizeIndex::Sorted(v) => {
-                let i = v.partition_point(|&k| k < old);
-                debug_assert_eq!(v.get(i), Some(&old), "SizeIndex::replace: key is present");
+                let i = Self::position(v, old, hint);
                 if new < old {
                     let j = v[..i].partition_point(|&k| k < new);
-                    v[j..=i].rotate_right(1);
+                    v.copy_within(j..i, j + 1);
                     v[j] = new;
                 } else {
                     let j = i + v[i + 1..].partition_point(|&k| k < new);
-                    v[i..=j].rotate_left(1);
+                    v.copy_within(i + 1..=j, i);
                     v[j] = new;
                 }
             }
@@ -327,6 +347,33 @@ impl SizeIndex {
                 t.remove(&old);
                 t.insert(new);
             }
+        }
+    }
+
+    /// Every key in order (tests).
+    #[cfg(test)]
+    fn to_vec(&self) -> Vec<(u64, u64)> {
+        match self {
+            SizeIndex::Sorted(v) => v.iter().map(|&k| unpack(k)).collect(),
+            SizeIndex::Tree(t) => t.iter().map(|&k| unpack(k)).collect(),
+        }
+    }
+}
+
+/// [`SizeIndex::at_least`]: `((size, start), position in the sorted vector)`.
+enum SizeIter<'a> {
+    Sorted(std::iter::Enumerate<std::slice::Iter<'a, u128>>, usize),
+    Tree(std::collections::btree_set::Range<'a, u128>),
+}
+
+impl Iterator for SizeIter<'_> {
+    type Item = ((u64, u64), Option<usize>);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            SizeIter::Sorted(it, from) => it.next().map(|(i, &k)| (unpack(k), Some(*from + i))),
+            SizeIter::Tree(it) => it.next().map(|&k| (unpack(k), None)),
         }
     }
 }
@@ -583,29 +630,23 @@ mod tests {
                 }
                 0 | 1 => {
                     let k = pick(rand(1 << 30));
-                    idx.remove(k);
+                    idx.remove(k, None);
                     model.remove(&k);
                 }
                 _ if present.is_empty() => {}
                 _ => {
                     let old = pick(rand(1 << 30));
                     let new = (512 * (1 + rand(64)), old.1 + 1);
-                    idx.replace(old, new);
+                    idx.replace(old, new, None);
                     model.remove(&old);
                     model.insert(new);
                 }
             }
-            let got: Vec<(u64, u64)> = match &idx {
-                SizeIndex::Sorted(v) => {
-                    went_tree |= false;
-                    came_back |= went_tree;
-                    v.clone()
-                }
-                SizeIndex::Tree(t) => {
-                    went_tree = true;
-                    t.iter().copied().collect()
-                }
-            };
+            match &idx {
+                SizeIndex::Sorted(_) => came_back |= went_tree,
+                SizeIndex::Tree(_) => went_tree = true,
+            }
+            let got = idx.to_vec();
             assert_eq!(got, model.iter().copied().collect::<Vec<_>>(), "step {step}");
         }
         assert!(went_tree && came_back, "both forms exercised");
@@ -635,8 +676,29 @@ mod tests {
         }
 
         fn place(&mut self, bytes: u64, pages: &PageMap) -> Option<(u64, u64)> {
-            let cands: Vec<(u64, u64)> = self.by_size.range((bytes, 0)..).copied().collect();
-            let (cost, start, end, at) = best_placement(cands.iter(), bytes, pages)?;
+            let mut best: Option<(u64, u64, u64)> = None; // (cost, extent start, placement)
+            for &(_, start) in self.by_size.range((bytes, 0)..).take(SCAN) {
+                let end = self.by_addr[&start];
+                let head = pages.unmapped_bytes(start, start + bytes);
+                if head == 0 {
+                    best = Some((0, start, start));
+                    break;
+                }
+                let tail = pages.unmapped_bytes(end - bytes, end);
+                let (cost, at) = if tail < head {
+                    (tail, end - bytes)
+                } else {
+                    (head, start)
+                };
+                if best.is_none_or(|b| cost < b.0) {
+                    best = Some((cost, start, at));
+                }
+                if cost == 0 {
+                    break;
+                }
+            }
+            let (cost, start, at) = best?;
+            let end = self.by_addr[&start];
             self.by_addr.remove(&start);
             self.by_size.remove(&(end - start, start));
             if at > start {
@@ -690,13 +752,11 @@ mod tests {
             }
             let model: Vec<(u64, u64)> = m.by_addr.iter().map(|(&s, &e)| (s, e)).collect();
             assert_eq!(a.free_extents(), model, "step {step}");
+            let model: Vec<(u64, u64)> = m.by_size.iter().copied().collect();
+            assert_eq!(a.by_size.to_vec(), model, "step {step}");
             match (&a.by_addr, &a.by_size) {
                 (AddrIndex::Tree(_), SizeIndex::Tree(_)) => went_tree = true,
-                (AddrIndex::Sorted(_), SizeIndex::Sorted(v)) => {
-                    came_back |= went_tree;
-                    let model: Vec<(u64, u64)> = m.by_size.iter().copied().collect();
-                    assert_eq!(*v, model, "step {step}");
-                }
+                (AddrIndex::Sorted(_), SizeIndex::Sorted(_)) => came_back |= went_tree,
                 _ => panic!("step {step}: both indexes switch form together"),
             }
         }

@@ -24,6 +24,7 @@ const DEFAULT_VA: u64 = 1 << 40;
 
 
 /// A live block.
+#[derive(Default)]
 struct Live {
     /// Rounded size in bytes.
     size: u64,

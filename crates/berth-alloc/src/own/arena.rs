@@ -647,7 +647,11 @@ mod tests {
                 SizeIndex::Tree(_) => went_tree = true,
             }
             let got = idx.to_vec();
-            assert_eq!(got, model.iter().copied().collect::<Vec<_>>(), "step {step}");
+            assert_eq!(
+                got,
+                model.iter().copied().collect::<Vec<_>>(),
+                "step {step}"
+            );
         }
         assert!(went_tree && came_back, "both forms exercised");
     }

@@ -22,7 +22,6 @@ const MAX_REQUEST: u64 = 1 << 60;
 /// Address space reserved per stream when the device size is unknown, in bytes.
 const DEFAULT_VA: u64 = 1 << 40;
 
-
 /// A live block.
 #[derive(Default)]
 struct Live {

@@ -75,7 +75,10 @@ impl Policy {
         }
     }
 
-    pub(crate) fn allocator<B: MemoryBackend>(self, sim: B) -> anyhow::Result<Box<dyn DeviceAllocator>> {
+    pub(crate) fn allocator<B: MemoryBackend>(
+        self,
+        sim: B,
+    ) -> anyhow::Result<Box<dyn DeviceAllocator>> {
         Ok(match self {
             Policy::Pytorch => Box::new(CachingAllocator::new(sim)),
             Policy::Expandable => {
@@ -213,9 +216,15 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         let index = match device.canonical() {
             Ok(d) if d.is_cuda() => usize::from(d.index().unwrap_or(0)),
             Ok(d) => {
-                return Err(UsageError(format!("--device {d}: replay runs on sim or cuda:N")).into())
+                return Err(
+                    UsageError(format!("--device {d}: replay runs on sim or cuda:N")).into(),
+                )
             }
-            Err(e) => return Err(UsageError(format!("--device {}: {e}; use --device sim", args.device)).into()),
+            Err(e) => {
+                return Err(
+                    UsageError(format!("--device {}: {e}; use --device sim", args.device)).into(),
+                )
+            }
         };
         return crate::replay_cuda::run(index, &traces, &policies, args.json);
     }
@@ -352,6 +361,12 @@ fn table(rows: &[Row]) -> String {
                     t.ns_per_op[i]
                 );
             }
+            let _ = writeln!(
+                out,
+                "(PyTorch's torch-default row is its live run; its expandable and cudaMallocAsync rows \
+                 come from a replay with every stream collapsed to one, so on a multi-stream trace \
+                 compare them with `berth replay --device cuda:N`, which also replays on one stream)"
+            );
         }
     }
     out

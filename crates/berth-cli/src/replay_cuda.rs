@@ -21,18 +21,28 @@ use crate::replay::Policy;
 ///
 /// # Errors
 /// CUDA unavailable, out of memory, or a replay error naming the event.
-pub fn run(index: usize, traces: &[(String, Trace)], policies: &[Policy], json: bool) -> anyhow::Result<()> {
+pub fn run(
+    index: usize,
+    traces: &[(String, Trace)],
+    policies: &[Policy],
+    json: bool,
+) -> anyhow::Result<()> {
     for (name, trace) in traces {
         let events: Vec<TraceEvent> = trace
             .events
             .iter()
-            .map(|e| TraceEvent { stream: StreamId::DEFAULT, ..e.clone() })
+            .map(|e| TraceEvent {
+                stream: StreamId::DEFAULT,
+                ..*e
+            })
             .collect();
         for &policy in policies {
             let alloc = policy.allocator(CudaBackend::new(index)?)?;
             let (free_before, _) = mem_get_info(index)?;
-            let cold = replay(&events, alloc.as_ref()).with_context(|| format!("{name} / {} cold", policy.name()))?;
-            let warm = replay(&events, alloc.as_ref()).with_context(|| format!("{name} / {} warm", policy.name()))?;
+            let cold = replay(&events, alloc.as_ref())
+                .with_context(|| format!("{name} / {} cold", policy.name()))?;
+            let warm = replay(&events, alloc.as_ref())
+                .with_context(|| format!("{name} / {} warm", policy.name()))?;
             let (free_after, _) = mem_get_info(index)?;
             let reserved = alloc.stats().memory_reserved();
             let used_delta = free_before as i64 - free_after as i64;

@@ -112,3 +112,69 @@ fn new_user_errors_are_one_line_with_status_2() {
     );
     std::fs::remove_file(&not_st).ok();
 }
+
+#[test]
+fn meta_reports_a_step_that_does_not_fit() {
+    // hidden 1,000,000 × batch 100,000 f32 activations alone are 400 GB: more than an H200.
+    let out = berth(&[
+        "train",
+        "--device",
+        "meta",
+        "--hidden",
+        "1000000",
+        "--batch-size",
+        "100000",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("does not fit a device of"), "{err}");
+}
+
+#[test]
+fn save_problems_are_caught_before_training() {
+    assert_usage_error(
+        &["train", "--device", "meta", "--save", "/tmp/m.safetensors"],
+        "--save with --device meta",
+    );
+    let started = std::time::Instant::now();
+    assert_usage_error(
+        &[
+            "train",
+            "--device",
+            "cpu",
+            "--save",
+            "/nonexistent-berth-dir/x.safetensors",
+        ],
+        "does not exist",
+    );
+    // Rejected before any epoch runs (an epoch takes seconds).
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+}
+
+#[test]
+fn a_diverging_run_is_an_error_naming_the_learning_rate() {
+    let out = berth(&[
+        "train", "--device", "cpu", "--epochs", "1", "--lr", "1e9", "--json",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("training diverged") && err.contains("--lr"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bad_berth_data_dir_names_the_variable() {
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["train", "--device", "cpu"])
+        .env("BERTH_DATA_DIR", "/nonexistent-berth-data")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("BERTH_DATA_DIR=/nonexistent-berth-data"),
+        "{err}"
+    );
+}

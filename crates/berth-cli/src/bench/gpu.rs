@@ -62,7 +62,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn require_gpu() -> anyhow::Result<()> {
     if let Some(reason) = cuda::unavailable_reason() {
-        anyhow::bail!("CUDA is not available ({reason}); GPU benchmarks need a CUDA device");
+        // Exit status 2, as `train --device cuda` and `replay --device cuda:N` give.
+        return Err(crate::UsageError(format!(
+            "CUDA is not available ({reason}); GPU benchmarks need a CUDA device (try `berth bench dataloader`)"
+        ))
+        .into());
     }
     Ok(())
 }

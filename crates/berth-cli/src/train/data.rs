@@ -75,8 +75,19 @@ pub fn resolve_dir(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
         ))
         .into());
     }
-    if let Some(d) = std::env::var_os("BERTH_DATA_DIR").map(PathBuf::from) {
-        return resolve_dir(Some(&d));
+    if let Some(d) = std::env::var_os("BERTH_DATA_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+    {
+        if has(&d) {
+            return Ok(d);
+        }
+        return Err(UsageError(format!(
+            "BERTH_DATA_DIR={}: no Fashion-MNIST files there; unset it or point it at the \
+             repository's data/fashion-mnist",
+            d.display()
+        ))
+        .into());
     }
     let source_tree = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist");
     FashionMnist::find_dir()

@@ -65,6 +65,15 @@ pub fn predict(args: &TrainArgs) -> anyhow::Result<(MetaPrediction, MetaPlan)> {
             eval_batch(&model, &x, &y, &correct)?;
         }
     }
+    let ooms = plan.stats().num_ooms;
+    if ooms > 0 {
+        anyhow::bail!(
+            "the step does not fit a device of {capacity} bytes: {ooms} of its allocations failed \
+             on the simulated device (at least {} B were allocated when it ran out); lower \
+             --batch-size or --hidden",
+            plan.max_memory_allocated()
+        );
+    }
     let p = MetaPrediction {
         peak_allocated: plan.max_memory_allocated(),
         peak_reserved: plan.max_memory_reserved(),

@@ -131,7 +131,24 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
     check_train_args(&args)?;
     let device = resolve_device(&args.device)?;
     if device == Device::Meta {
+        if args.save.is_some() {
+            return Err(UsageError("--save with --device meta: meta tensors have no values to save; train on cpu or cuda".into()).into());
+        }
         return meta::run(&args);
+    }
+    if let Some(path) = &args.save {
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        if !parent.is_dir() {
+            return Err(UsageError(format!(
+                "--save {}: the folder {} does not exist; create it or save elsewhere",
+                path.display(),
+                parent.display()
+            ))
+            .into());
+        }
     }
     let dir = data::resolve_dir(args.data_dir.as_deref())?;
     let train = data::load(&dir, data::Split::Train)?;
@@ -193,6 +210,14 @@ pub fn train_on(
         let seconds = timer.stop()?;
         bar.finish_and_clear();
         let train_loss = loss_sum.item::<f32>()? as f64 / seen.max(1) as f64;
+        if !train_loss.is_finite() {
+            anyhow::bail!(
+                "training diverged: the mean train loss of epoch {epoch} is {train_loss}; lower --lr \
+                 (now {}) or --momentum (now {})",
+                args.lr,
+                args.momentum
+            );
+        }
         let test_accuracy = evaluate(&model, &test_loader, device)?;
         let e = EpochReport {
             epoch,

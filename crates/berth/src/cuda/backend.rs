@@ -179,7 +179,7 @@ impl VirtualMemoryBackend for CudaBackend {
         // page-aligned sub-range of this mapping (berth's `paged` policy does): the driver only
         // unmaps whole mappings (`cuMemUnmap` of a handle's full range).
         let page = vmm.granularity;
-        if bytes % page != 0 || addr.0 % page as u64 != 0 {
+        if !bytes.is_multiple_of(page) || !addr.0.is_multiple_of(page as u64) {
             return Err(BackendError::Other {
                 op: "map",
                 message: format!(

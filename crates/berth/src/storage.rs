@@ -398,9 +398,16 @@ impl Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        if matches!(self.memory, Memory::Host { .. }) {
-            // Memory must not be released under an in-flight copy (BUG-02).
-            let _ = self.wait_pending();
+        if let Memory::Host { buf, .. } = &self.memory {
+            // Owned (pageable) memory is freed right here, so it must not be released under an
+            // in-flight copy (BUG-02): wait. A pinned block goes back to its host caching
+            // allocator, which the transfer layer told about every stream that used it
+            // (`record_stream`) and which reuses it only after their events complete
+            // (PyTorch's host policy), so dropping it never blocks the host.
+            let pinned = matches!(buf, HostBuf::External(e) if e.is_pinned());
+            if !pinned {
+                let _ = self.wait_pending();
+            }
             HOST_CURRENT.fetch_sub(self.nbytes, Ordering::Relaxed);
         }
     }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use berth_data::{CollateFn, DataError, DataLoader, DataLoaderBuilder, Dataset, Generator};
 
-use crate::util::{collect_batches, gettid, range, seq, thread_alive, Flaky};
+use crate::util::{collect_batches, gettid, range, seq, thread_alive, thread_gone, Flaky};
 
 type Ident = fn(Vec<usize>) -> Result<Vec<usize>, DataError>;
 
@@ -245,7 +245,7 @@ fn drop_mid_epoch_with_four_workers_leaves_no_thread() {
         t0.elapsed()
     );
     assert!(
-        seen.iter().all(|&t| !thread_alive(t)),
+        seen.iter().all(|&t| thread_gone(t)),
         "a worker thread is still running"
     );
 }
@@ -273,7 +273,7 @@ fn persistent_workers_survive_epochs_and_die_with_the_loader() {
     assert_eq!(seen.len(), 2, "the pool was started once");
     assert!(seen.iter().all(|&t| thread_alive(t)));
     drop(dl);
-    assert!(seen.iter().all(|&t| !thread_alive(t)));
+    assert!(seen.iter().all(|&t| thread_gone(t)));
 }
 
 #[test]
@@ -289,7 +289,7 @@ fn non_persistent_workers_restart_every_epoch_and_finish_at_the_end() {
     collect_batches(&dl);
     let first = tids.lock().unwrap().clone();
     assert!(
-        first.iter().all(|&t| !thread_alive(t)),
+        first.iter().all(|&t| thread_gone(t)),
         "workers joined at the end of the epoch"
     );
     collect_batches(&dl);

@@ -25,9 +25,26 @@ pub fn gettid() -> u64 {
     link.file_name().unwrap().to_str().unwrap().parse().unwrap()
 }
 
-/// Whether thread `tid` of this process still exists.
+/// Whether thread `tid` of this process still exists as a loader worker (its name, which
+/// the kernel truncates to 15 bytes, starts with `berth-data-work`; another thread that got the
+/// same id later does not count).
 pub fn thread_alive(tid: u64) -> bool {
-    std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+        .is_ok_and(|name| name.starts_with("berth-data-work"))
+}
+
+/// Whether thread `tid` is gone within two seconds. A joined thread has finished its work, but
+/// the kernel removes its task entry a moment after `join` returns (the joiner is woken while
+/// the thread is still exiting), so a check made at once can race with that.
+pub fn thread_gone(tid: u64) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while thread_alive(tid) {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    true
 }
 
 /// A dataset whose `get` fails for the listed indices and panics for others listed.

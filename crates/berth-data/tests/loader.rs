@@ -234,6 +234,12 @@ fn drop_mid_epoch_with_four_workers_leaves_no_thread() {
     let mut it = dl.iter();
     assert_eq!(it.next().unwrap().unwrap(), vec![0, 1]);
     assert_eq!(it.next().unwrap().unwrap(), vec![2, 3]);
+    // Workers 2 and 3 may still be starting (their `worker_init_fn` not yet run) when the first
+    // two batches arrive: wait until all four have registered.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tids.lock().unwrap().len() < 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let seen = tids.lock().unwrap().clone();
     assert_eq!(seen.len(), 4);
     assert!(seen.iter().all(|&t| thread_alive(t)));

@@ -93,30 +93,7 @@ impl<B: MemoryBackend> MemoryBackend for FaultInject<B> {
         self.inner.record_event(stream)
     }
 
-    fn query_event(&self, event: &Self::Event) -> Result<bool, BackendError> {
-        self.inner.query_event(event)
-    }
-
-    fn sync_event(&self, event: &Self::Event) -> Result<(), BackendError> {
-        self.inner.sync_event(event)
-    }
-
-    fn alignment(&self) -> usize {
-        self.inner.alignment()
-    }
-
-    fn as_virtual(&self) -> Option<&dyn VirtualMemoryBackend> {
-        self.inner
-            .as_virtual()
-            .map(|_| self as &dyn VirtualMemoryBackend)
-    }
-}
-
-fn no_vm() -> BackendError {
-    BackendError::Other {
-        op: "virtual memory",
-        message: "the wrapped backend has no virtual-memory support".into(),
-    }
+    forward_events_to_inner!();
 }
 
 impl<B: MemoryBackend> VirtualMemoryBackend for FaultInject<B> {
@@ -125,11 +102,14 @@ impl<B: MemoryBackend> VirtualMemoryBackend for FaultInject<B> {
     }
 
     fn reserve(&self, bytes: usize) -> Result<DevicePtr, BackendError> {
-        self.inner.as_virtual().ok_or_else(no_vm)?.reserve(bytes)
+        self.inner
+            .as_virtual()
+            .ok_or_else(super::no_vm)?
+            .reserve(bytes)
     }
 
     fn map(&self, addr: DevicePtr, bytes: usize, stream: StreamId) -> Result<(), BackendError> {
-        let vm = self.inner.as_virtual().ok_or_else(no_vm)?;
+        let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
         self.check("map", bytes)?;
         vm.map(addr, bytes, stream)
     }
@@ -140,13 +120,13 @@ impl<B: MemoryBackend> VirtualMemoryBackend for FaultInject<B> {
         bytes: usize,
         stream: StreamId,
     ) -> Result<(), BackendError> {
-        let vm = self.inner.as_virtual().ok_or_else(no_vm)?;
+        let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
         // SAFETY: forwarded unchanged; the caller upholds `unmap`'s contract.
         unsafe { vm.unmap(addr, bytes, stream) }
     }
 
     unsafe fn release(&self, base: DevicePtr, bytes: usize) -> Result<(), BackendError> {
-        let vm = self.inner.as_virtual().ok_or_else(no_vm)?;
+        let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
         // SAFETY: forwarded unchanged; the caller upholds `release`'s contract.
         unsafe { vm.release(base, bytes) }
     }

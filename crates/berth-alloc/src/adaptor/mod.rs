@@ -4,6 +4,39 @@
 //! that fails on the Nth cudaMalloc". Each forwards the virtual-memory capability of the backend
 //! it wraps, applying its own rule to `map` as to `malloc`.
 
+/// The `MemoryBackend` methods every adaptor passes straight to its `inner` backend
+/// (`query_event`, `sync_event`, `alignment`), and `as_virtual`, which exposes the adaptor
+/// itself as the virtual-memory backend when `inner` has one.
+macro_rules! forward_events_to_inner {
+    () => {
+        fn query_event(&self, event: &Self::Event) -> Result<bool, BackendError> {
+            self.inner.query_event(event)
+        }
+
+        fn sync_event(&self, event: &Self::Event) -> Result<(), BackendError> {
+            self.inner.sync_event(event)
+        }
+
+        fn alignment(&self) -> usize {
+            self.inner.alignment()
+        }
+
+        fn as_virtual(&self) -> Option<&dyn VirtualMemoryBackend> {
+            self.inner
+                .as_virtual()
+                .map(|_| self as &dyn VirtualMemoryBackend)
+        }
+    };
+}
+
+/// The error of a virtual-memory call on an adaptor whose inner backend has none.
+fn no_vm() -> crate::error::BackendError {
+    crate::error::BackendError::Other {
+        op: "virtual memory",
+        message: "the wrapped backend has no virtual-memory support".into(),
+    }
+}
+
 mod counting;
 mod fault;
 mod limit;

@@ -35,6 +35,7 @@ pub mod replay;
 pub mod snapshot;
 pub mod stats;
 pub mod summary;
+mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
 #[cfg(feature = "trace")]

@@ -9,6 +9,8 @@ mod faithful;
 mod host;
 mod host_invariants;
 mod invariants;
+#[cfg(loom)]
+mod loom;
 mod paged;
 mod pickle;
 mod pickle_bad_input;

@@ -1,6 +1,6 @@
 //! [`Counting`]: counts the calls made to another backend (RMM's statistics adaptor, calls only).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::{DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend};
 use crate::error::BackendError;

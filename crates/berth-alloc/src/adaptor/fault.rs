@@ -1,6 +1,6 @@
 //! [`FaultInject`]: fails chosen `malloc` / `map` calls of another backend with OOM.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::{DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend};
 use crate::error::BackendError;

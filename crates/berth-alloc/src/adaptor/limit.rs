@@ -1,6 +1,6 @@
 //! [`Limit`]: a byte cap over another backend (RMM's `limiting_resource_adaptor`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::{DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend};
 use crate::error::BackendError;

@@ -6,10 +6,10 @@
 //! fail the Nth `malloc`. No memory is touched: addresses are numbers.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::sync::Mutex;
 
 use super::{DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend};
 use crate::error::BackendError;
+use crate::sync::{Mutex, MutexGuard};
 
 /// The first address the simulator hands out.
 const BASE_ADDR: u64 = 1 << 40;
@@ -161,7 +161,7 @@ impl SimBackend {
         self
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, SimState> {
+    fn lock(&self) -> MutexGuard<'_, SimState> {
         // A panic while holding this lock cannot leave the state half-updated in a way that
         // matters for a simulator; keep going.
         self.state.lock().unwrap_or_else(|e| e.into_inner())

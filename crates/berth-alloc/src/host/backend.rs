@@ -2,11 +2,11 @@
 
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
 
 use crate::backend::sim::{SimBackend, SimEvent};
 use crate::backend::{MemoryBackend, StreamId};
 use crate::error::BackendError;
+use crate::sync::{Arc, Mutex, MutexGuard};
 
 /// Raw page-locked host memory and the stream events that guard its reuse: the four hooks of
 /// PyTorch's `CachingHostAllocatorImpl` (`allocate_host_memory`, `free_block`, `record_stream`,
@@ -179,7 +179,7 @@ impl SimHostBackend {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, SimHostState> {
+    fn lock(&self) -> MutexGuard<'_, SimHostState> {
         // The state stays consistent between statements; a poisoned lock is still usable.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }

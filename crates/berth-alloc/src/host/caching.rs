@@ -2,7 +2,6 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::backend::HostBackend;
@@ -12,6 +11,7 @@ use super::{
     HostAllocator, HostAllocatorConfig,
 };
 use crate::backend::StreamId;
+use crate::sync::{Arc, Mutex, MutexGuard};
 
 /// Number of free lists: one per power of two (PyTorch's `free_list_[64]`).
 const NUM_BUCKETS: usize = 64;

@@ -32,7 +32,6 @@ mod stats;
 
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 pub use backend::{HostBackend, SimHostBackend, SimHostCounts};
 pub use caching::HostCachingAllocator;
@@ -41,6 +40,7 @@ pub use stats::{DurationStat, HostStats};
 use crate::backend::StreamId;
 use crate::config::AllocatorConfig;
 use crate::error::BackendError;
+use crate::sync::Arc;
 
 /// A failure of a pinned host allocator.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

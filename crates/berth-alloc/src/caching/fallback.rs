@@ -2,7 +2,7 @@
 //! `get_free_block`, with `alloc_block`, `release_available_cached_blocks`,
 //! `release_cached_blocks`, `garbage_collect_cached_blocks`), written out in one function.
 
-use std::sync::MutexGuard;
+use crate::sync::MutexGuard;
 
 use super::state::{backend_err, State};
 use super::Shared;

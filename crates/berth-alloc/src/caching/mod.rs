@@ -21,7 +21,7 @@ mod pool;
 mod state;
 mod stream_uses;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::{Arc, Mutex, MutexGuard};
 
 use self::fallback::Request;
 #[cfg(feature = "trace")]

@@ -42,13 +42,13 @@ mod hash;
 mod state;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::allocator::{Allocation, AllocationOwner, DeviceAllocator};
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
 use crate::error::AllocError;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
+use crate::sync::{Arc, Mutex, MutexGuard};
 
 use state::State;
 

@@ -14,6 +14,7 @@ const EMPTY: u64 = u64::MAX;
 const K: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// A map from device address (never `u64::MAX`) to `V`. See the module documentation.
+#[derive(Debug)]
 pub(crate) struct AddrMap<V> {
     /// Key of each slot, [`EMPTY`] when free; the length is a power of two.
     keys: Vec<u64>,

@@ -9,8 +9,10 @@
 //!
 //! 1. Each stream owns one large virtual reservation ([`crate::VirtualMemoryBackend::reserve`])
 //!    managed as coalesced free extents, mapped or not. A request (rounded to 512 bytes, as
-//!    PyTorch's `kMinBlockSize`) takes the best-fitting extent; among the first 16 candidates it
-//!    prefers the placement (start or end of the extent) that needs the fewest unmapped pages.
+//!    PyTorch's `kMinBlockSize`) takes a good fit by size class (exact up to 1 MiB, within 1/64
+//!    above: `Note [Size classes]`); among the first 16 candidates it prefers the placement
+//!    (start or end of the extent) that needs the fewest unmapped pages. Every step costs the
+//!    same however many blocks are live (`Note [Constant-time arena]`).
 //! 2. The pages a block touches are mapped on demand, consecutive pages in one `map` call.
 //!    Freed blocks stay mapped (cached) so the next request usually needs no backend call.
 //! 3. When mapping would raise mapped memory above its high-water mark, entirely free mapped
@@ -38,7 +40,9 @@
 //! it (as PyTorch's expandable segments do): placement and mapping must agree on the page map.
 
 mod arena;
+mod bins;
 mod hash;
+mod pages;
 mod state;
 
 use std::collections::BTreeMap;

@@ -1,8 +1,9 @@
 //! The mutable state of [`super::PagedBestFit`]: placement, mapping under the call budget,
 //! deferred cross-stream frees, statistics and history (`Note [Paged best fit]`).
 
-use super::arena::{page_down, page_up, Arena, PageMap};
+use super::arena::Arena;
 use super::hash::AddrMap;
+use super::pages::{page_down, page_up, PageMap};
 use super::CALLS_PER_20MIB;
 use crate::backend::{DevicePtr, MemoryBackend, StreamId, VirtualMemoryBackend};
 use crate::config::AllocatorConfig;

@@ -10,7 +10,7 @@
 //! nothing costs `log n`; the price is that listing the extents in address order
 //! ([`Arena::free_extents`], used only when unmapping and for snapshots) sorts them.
 
-use super::bins::{class_of, is_exact, SizeBins, NIL};
+use super::bins::{class_of, is_exact, Node, SizeBins, NIL};
 use super::hash::AddrMap;
 use super::pages::PageMap;
 use crate::backend::StreamId;
@@ -76,33 +76,62 @@ impl Arena {
         self.by_end.insert(end, slot);
     }
 
-    /// Returns `[start, end)` to the free extents, merging with free neighbours.
+    /// Returns `[start, end)` to the free extents, merging with free neighbours. A merged
+    /// extent keeps a neighbour's slot, so the neighbour's outer boundary stays in its map.
     #[inline]
-    pub(crate) fn insert_free(&mut self, mut start: u64, mut end: u64) {
-        if let Some(pred) = self.by_end.remove(&start) {
-            let n = self.bins.remove(pred);
-            self.by_start.remove(&n.start);
-            start = n.start;
+    pub(crate) fn insert_free(&mut self, start: u64, end: u64) {
+        let pred = self.by_end.remove(&start);
+        let succ = self.by_start.remove(&end);
+        match (pred, succ) {
+            (None, None) => self.add(start, end),
+            (Some(p), None) => {
+                let s = self.bins.node(p).start;
+                self.bins.set(p, s, end);
+                self.by_end.insert(end, p);
+            }
+            (None, Some(q)) => {
+                let e = self.bins.node(q).end;
+                self.bins.set(q, start, e);
+                self.by_start.insert(start, q);
+            }
+            (Some(p), Some(q)) => {
+                let s = self.bins.node(p).start;
+                let e = self.bins.remove(q).end;
+                self.bins.set(p, s, e);
+                self.by_end.insert(e, p);
+            }
         }
-        if let Some(succ) = self.by_start.remove(&end) {
-            let n = self.bins.remove(succ);
-            self.by_end.remove(&n.end);
-            end = n.end;
-        }
-        self.add(start, end);
     }
 
-    /// Takes `[at, at + bytes)` out of the free extent in `slot`.
+    /// Takes `[at, at + bytes)` out of the free extent in `slot`; what is left on either side
+    /// stays free (the part before it keeps the slot).
     #[inline]
     fn carve(&mut self, slot: u32, at: u64, bytes: u64) {
-        let n = self.bins.remove(slot);
-        self.by_start.remove(&n.start);
-        self.by_end.remove(&n.end);
-        if at > n.start {
-            self.add(n.start, at);
-        }
-        if at + bytes < n.end {
-            self.add(at + bytes, n.end);
+        let Node { start, end, .. } = *self.bins.node(slot);
+        let hi = at + bytes;
+        match (at > start, hi < end) {
+            (false, false) => {
+                self.bins.remove(slot);
+                self.by_start.remove(&start);
+                self.by_end.remove(&end);
+            }
+            (true, false) => {
+                self.bins.set(slot, start, at);
+                self.by_end.remove(&end);
+                self.by_end.insert(at, slot);
+            }
+            (false, true) => {
+                self.bins.set(slot, hi, end);
+                self.by_start.remove(&start);
+                self.by_start.insert(hi, slot);
+            }
+            (true, true) => {
+                self.bins.set(slot, start, at);
+                self.by_end.insert(at, slot);
+                let tail = self.bins.insert(hi, end);
+                self.by_start.insert(hi, tail);
+                self.by_end.insert(end, tail);
+            }
         }
     }
 

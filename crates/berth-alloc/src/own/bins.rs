@@ -151,14 +151,12 @@ impl SizeBins {
     /// front of its class list; returns its slot.
     #[inline]
     pub(crate) fn insert(&mut self, start: u64, end: u64) -> u32 {
-        let class = class_of(end - start);
-        let head = self.heads[class];
         let node = Node {
             start,
             end,
             prev: NIL,
-            next: head,
-            class: class as u16,
+            next: NIL,
+            class: 0,
         };
         let i = match self.vacant.pop() {
             Some(i) => {
@@ -170,13 +168,7 @@ impl SizeBins {
                 u32::try_from(self.nodes.len() - 1).expect("fewer than 2^32 free extents")
             }
         };
-        if head == NIL {
-            self.bits[class / 64] |= 1 << (class % 64);
-            self.summary |= 1 << (class / 64);
-        } else {
-            self.nodes[head as usize].prev = i;
-        }
-        self.heads[class] = i;
+        self.link(i);
         self.len += 1;
         i
     }
@@ -184,6 +176,41 @@ impl SizeBins {
     /// Removes the extent in slot `i` (present) and returns it.
     #[inline]
     pub(crate) fn remove(&mut self, i: u32) -> Node {
+        self.unlink(i);
+        self.vacant.push(i);
+        self.len -= 1;
+        self.nodes[i as usize]
+    }
+
+    /// Changes the extent in slot `i` (present) to `[start, end)` and moves it to the front of
+    /// its (new) class list, as a remove and insert would, keeping its slot.
+    #[inline]
+    pub(crate) fn set(&mut self, i: u32, start: u64, end: u64) {
+        self.unlink(i);
+        let n = &mut self.nodes[i as usize];
+        (n.start, n.end) = (start, end);
+        self.link(i);
+    }
+
+    /// Puts the node in slot `i` at the front of the list of its size's class.
+    #[inline]
+    fn link(&mut self, i: u32) {
+        let n = &mut self.nodes[i as usize];
+        let class = class_of(n.end - n.start);
+        let head = self.heads[class];
+        (n.prev, n.next, n.class) = (NIL, head, class as u16);
+        if head == NIL {
+            self.bits[class / 64] |= 1 << (class % 64);
+            self.summary |= 1 << (class / 64);
+        } else {
+            self.nodes[head as usize].prev = i;
+        }
+        self.heads[class] = i;
+    }
+
+    /// Takes the node in slot `i` out of its class list.
+    #[inline]
+    fn unlink(&mut self, i: u32) {
         let node = self.nodes[i as usize];
         let class = node.class as usize;
         if node.prev == NIL {
@@ -201,9 +228,6 @@ impl SizeBins {
         if node.next != NIL {
             self.nodes[node.next as usize].prev = node.prev;
         }
-        self.vacant.push(i);
-        self.len -= 1;
-        node
     }
 
     /// Every extent `(start, end)`, in no particular order.

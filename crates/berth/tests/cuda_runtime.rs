@@ -479,3 +479,31 @@ fn bug_19_each_blocking_read_is_one_host_wait_and_sync_debug_flags_only_those() 
     let reports = cuda::take_sync_reports();
     assert_eq!(reports, vec!["copy_dtoh"; 6]);
 }
+
+/// berth-alloc's conformance suite (distinct pointers, alignment, zero size, OOM then recovery,
+/// `empty_cache` releasing everything, typed bad frees, several threads) on real device memory:
+/// the PyTorch policy over `cuMemAlloc`, expandable segments and berth's `paged` policy over
+/// `cuMemCreate` / `cuMemMap`, each behind a byte cap (`Limit`) that stands for the device
+/// capacity the suite asks for.
+#[test]
+fn conformance_suite_on_cuda_backend() {
+    use berth::alloc::adaptor::Limit;
+    use berth::alloc::{testing as suite, PagedBestFit};
+    use std::sync::Arc;
+    if !gpu("conformance_suite_on_cuda_backend") {
+        return;
+    }
+    let backend = |cap: u64| Limit::new(CudaBackend::new(0).expect("cuda:0 backend"), cap);
+    suite::conformance(&|cap| {
+        Arc::new(CachingAllocator::new(backend(cap))) as Arc<dyn DeviceAllocator>
+    });
+    suite::conformance(&|cap| {
+        let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
+        Arc::new(CachingAllocator::with_config(backend(cap), config).unwrap())
+            as Arc<dyn DeviceAllocator>
+    });
+    suite::conformance(&|cap| {
+        Arc::new(PagedBestFit::new(backend(cap)).expect("VMM supported"))
+            as Arc<dyn DeviceAllocator>
+    });
+}

@@ -9,6 +9,8 @@ mod creation;
 mod cuda_ops;
 #[cfg(feature = "cuda")]
 mod cuda_runtime;
+#[cfg(feature = "cuda")]
+mod cuda_transfer;
 mod device;
 mod meta;
 mod nn;

@@ -25,7 +25,23 @@ macro_rules! bench_args {
         }
     };
 }
-bench_args!(TransfersArgs, "Arguments of `berth bench transfers`.");
+/// Arguments of `berth bench transfers`.
+#[derive(clap::Args, Debug)]
+pub struct TransfersArgs {
+    /// Print JSON lines.
+    #[arg(long)]
+    pub json: bool,
+    /// Repetitions per figure (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    pub reps: usize,
+    /// Instead of the figures: time one way of making the process's first pinned copy
+    /// (`berth::cuda::pin_probe` variant name, or `pin_memory`), then `reps` more.
+    #[arg(long, hide = true)]
+    pub pin_probe: Option<String>,
+    /// Size of the probe's source in MiB.
+    #[arg(long, hide = true, default_value_t = 256)]
+    pub probe_mib: usize,
+}
 bench_args!(AllocArgs, "Arguments of `berth bench alloc`.");
 bench_args!(OverlapArgs, "Arguments of `berth bench overlap`.");
 bench_args!(SyncArgs, "Arguments of `berth bench sync`.");
@@ -114,12 +130,96 @@ fn gbps(bytes: usize, ms: f64) -> f64 {
     bytes as f64 / (ms * 1e-3) / 1e9
 }
 
+/// `berth bench transfers --pin-probe VARIANT`: the process's first pinned copy of a
+/// `probe_mib` MiB source made with `VARIANT` (context already created, as PyTorch's
+/// `pin_memory()` figure), phase by phase, then the median of `reps` more.
+fn run_pin_probe(a: &TransfersArgs, variant: &str) -> anyhow::Result<()> {
+    let n = a.probe_mib.max(1) * MIB;
+    let _s = Stream::new(0, 0)?;
+    let src = random_host(n, 7)?;
+    let bytes = src.storage().read_host("bench")?.bytes().to_vec();
+    let one = |first: bool| -> anyhow::Result<[f64; 5]> {
+        if variant == "pin_memory" {
+            if !first {
+                cuda::host_empty_cache()?;
+            }
+            let t0 = Instant::now();
+            let p = src.pin_memory()?;
+            let total = t0.elapsed().as_secs_f64() * 1e3;
+            anyhow::ensure!(p.is_pinned(), "pin_memory() result is not pinned");
+            drop(p);
+            let t0 = Instant::now();
+            cuda::host_empty_cache()?;
+            let free = t0.elapsed().as_secs_f64() * 1e3;
+            return Ok([0.0, 0.0, 0.0, total, free]);
+        }
+        let v = cuda::pin_probe::Variant::parse(variant)
+            .with_context(|| format!("unknown pin probe variant {variant:?}"))?;
+        let p = cuda::pin_probe::run(v, &bytes, 0)?;
+        Ok([p.alloc_ms, p.copy_ms, p.register_ms, p.total_ms, p.free_ms])
+    };
+    let first = one(true)?;
+    let mut again: Vec<[f64; 5]> = Vec::new();
+    for _ in 0..a.reps {
+        again.push(one(false)?);
+    }
+    let names = ["alloc", "copy", "register", "total", "free"];
+    for (i, name) in names.iter().enumerate() {
+        emit(
+            a.json,
+            "pin-probe",
+            format!("{variant} {} MiB first {name} (ms)", a.probe_mib),
+            first[i],
+            "ms",
+        );
+        if !again.is_empty() {
+            emit(
+                a.json,
+                "pin-probe",
+                format!("{variant} {} MiB again {name} (ms)", a.probe_mib),
+                median(again.iter().map(|p| p[i]).collect()),
+                "ms",
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Runs `berth bench transfers`.
 pub fn run_transfers(a: TransfersArgs) -> anyhow::Result<()> {
     require_gpu()?;
+    if let Some(v) = &a.pin_probe {
+        return run_pin_probe(&a, v);
+    }
     let s = Stream::new(0, 0)?;
     let n = 256 * MIB;
     let reps = a.reps.max(1);
+    // pin_memory() first, as PyTorch's figure: the process's first pinned allocation, with the
+    // context already created (by the stream above); then again (host cache warm).
+    let fresh = random_host(n, 3)?;
+    let t0 = Instant::now();
+    let p = fresh.pin_memory()?;
+    let first = t0.elapsed().as_secs_f64() * 1e3;
+    drop(p);
+    let t0 = Instant::now();
+    let p = fresh.pin_memory()?;
+    let again = t0.elapsed().as_secs_f64() * 1e3;
+    anyhow::ensure!(p.is_pinned(), "pin_memory() result is not pinned");
+    drop((p, fresh));
+    emit(
+        a.json,
+        "transfers",
+        "pin_memory() 256 MiB first (ms)",
+        first,
+        "ms",
+    );
+    emit(
+        a.json,
+        "transfers",
+        "pin_memory() 256 MiB again (ms)",
+        again,
+        "ms",
+    );
     let pageable = random_host(n, 1)?;
     let pinned = random_host(n, 2)?.pin_memory()?;
     let to = |t: &Tensor, d: Device, nb: bool| cuda::transfer::transfer(t, d, nb);
@@ -156,9 +256,36 @@ pub fn run_transfers(a: TransfersArgs) -> anyhow::Result<()> {
         "GB/s",
     );
     let dev = to(&pageable, Device::Cuda(0), false)?;
+    // Into an existing tensor, as PyTorch's `x.copy_(g)` / `xp.copy_(g, non_blocking=True)`.
+    let pinned_out = random_host(n, 8)?.pin_memory()?;
+    for (name, out) in [
+        ("d2h pageable 256 MiB (GB/s)", &pageable),
+        ("d2h pinned 256 MiB (GB/s)", &pinned_out),
+    ] {
+        let ms = time_events(&s, reps, || Ok(out.copy_(&dev)?))?;
+        emit(a.json, "transfers", name, gbps(n, ms), "GB/s");
+    }
+    {
+        let back = dev.cpu()?;
+        let (x, y) = (
+            pageable.storage().read_host("bench")?,
+            back.storage().read_host("bench")?,
+        );
+        anyhow::ensure!(
+            x.bytes() == y.bytes(),
+            "copy_ from the device changed the bytes"
+        );
+    }
+    drop(pinned_out);
     for (name, nb) in [
-        ("d2h pageable 256 MiB (GB/s)", false),
-        ("d2h pinned 256 MiB (GB/s)", true),
+        (
+            "d2h pageable 256 MiB, .to(cpu) into a new tensor (GB/s)",
+            false,
+        ),
+        (
+            "d2h .to(cpu, non_blocking) into a new pinned tensor (GB/s)",
+            true,
+        ),
     ] {
         let mut out = None;
         let ms = time_events(&s, reps, || {
@@ -182,31 +309,6 @@ pub fn run_transfers(a: TransfersArgs) -> anyhow::Result<()> {
         "GB/s",
     );
     drop((src, dst));
-    // pin_memory(): first (fresh host cache) and again (warm).
-    cuda::host_empty_cache()?;
-    let fresh = random_host(n, 3)?;
-    let t0 = Instant::now();
-    let p = fresh.pin_memory()?;
-    let first = t0.elapsed().as_secs_f64() * 1e3;
-    drop(p);
-    let t0 = Instant::now();
-    let p = fresh.pin_memory()?;
-    let again = t0.elapsed().as_secs_f64() * 1e3;
-    drop(p);
-    emit(
-        a.json,
-        "transfers",
-        "pin_memory() 256 MiB first (ms)",
-        first,
-        "ms",
-    );
-    emit(
-        a.json,
-        "transfers",
-        "pin_memory() 256 MiB again (ms)",
-        again,
-        "ms",
-    );
     Ok(())
 }
 

@@ -9,7 +9,9 @@
 //! Files: `driver.rs` (the gate), `device.rs` (discovery, current device), `context.rs`
 //! (primary contexts, created lazily per named device), `stream.rs`, `event.rs`, `raw.rs` (the
 //! driver calls behind them), `backend.rs` (device memory: `cuMemAlloc` and virtual memory),
-//! `pinned.rs` (pinned host memory), `memory.rs` (one allocator per device, the memory API),
+//! `pinned.rs` (pinned host memory), `hostmem.rs` (huge-page host mappings for first pins and
+//! fresh copy destinations), `pin_probe.rs` (first-pin variants, timed), `memory.rs` (one
+//! allocator per device, the memory API),
 //! `transfer.rs` (`.to()` copies, device and pinned storages), `pin.rs` (`pin_memory`),
 //! `sync_debug.rs` (sync points),
 //! `testing.rs` (the GPU gate for tests, a fake device count).
@@ -22,12 +24,15 @@ mod device;
 mod driver;
 mod error;
 mod event;
+pub mod hostmem;
 #[cfg(feature = "cuda")]
 pub mod kernels;
 pub mod memory;
 #[cfg(feature = "cuda")]
 pub mod ops;
 mod pin;
+#[doc(hidden)]
+pub mod pin_probe;
 pub mod pinned;
 #[cfg(feature = "cuda")]
 pub mod rand;

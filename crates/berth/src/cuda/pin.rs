@@ -4,6 +4,7 @@
 //! `Tensor::is_pinned()` lives with the tensor (it asks the storage, which never touches the
 //! driver: BUG-06's "`is_pinned` creates no context").
 
+use super::pinned::with_fill_source;
 use super::transfer::alloc_pinned_storage;
 use super::CudaError;
 use crate::{DType, Result, Tensor};
@@ -34,6 +35,12 @@ impl Tensor {
     /// storage (BUG-05, PyTorch PR 23484). The first call initialises the pinned allocator (and
     /// the current device's context), so `is_pinned()` is `true` at once (PyTorch #149032).
     ///
+    /// A block of 4 MiB or more that the pinned cache cannot serve is mapped with transparent
+    /// huge pages, filled by a parallel copy of `self` (which faults its pages) and page-locked
+    /// with one `cuMemHostRegister`, instead of `cuMemHostAlloc` + copy (see Note [Filled
+    /// first pins] in `cuda/pinned.rs`); it is cached and reused like any pinned block, and
+    /// unregistered and unmapped when the cache frees it.
+    ///
     /// # Errors
     /// 1. [`CudaError::CannotPin`] for a device or meta tensor: "cannot pin
     ///    'torch.cuda.FloatTensor' only dense CPU tensors can be pinned" (BUG-06).
@@ -52,12 +59,15 @@ impl Tensor {
             return Ok(self.alias());
         }
         let src = self.storage();
-        let dst = alloc_pinned_storage(src.nbytes())?;
-        {
-            let from = src.read_host("pin_memory")?;
+        let from = src.read_host("pin_memory")?;
+        // A block the cache must create is filled as it is made (Note [Filled first pins]).
+        let (dst, filled) = with_fill_source(from.bytes(), || alloc_pinned_storage(src.nbytes()));
+        let dst = dst?;
+        if !filled {
             let mut to = dst.write_host("pin_memory")?;
             super::transfer::parallel_copy(&mut to.bytes_mut()[..src.nbytes()], from.bytes());
         }
+        drop(from);
         Ok(Tensor::from_storage(
             Arc::new(dst),
             self.layout().clone(),

@@ -5,16 +5,61 @@
 //!
 //! Pinned memory is allocated `PORTABLE` in the context of the device current on the calling
 //! thread when the backend is built (BUG-22: never a device the program did not name).
+//!
+//! # Note [Filled first pins]
+//! A `pin_memory()` of [`FILLED_PIN_MIN_BYTES`] or more that the cache cannot serve does not
+//! take `cuMemHostAlloc` + copy: [`with_fill_source`] tells the backend, for the allocation
+//! the caching allocator makes on this thread, what the block will hold; the backend then
+//! maps the block anonymously with transparent huge pages ([`super::hostmem`]), copies the
+//! source in from several threads (the first touch faults the pages), and page-locks it with
+//! one `cuMemHostRegister`. Freeing it unregisters and unmaps. The block is cached and reused
+//! like any other.
 
 use super::backend::CudaEvent;
+use super::hostmem::{Mapping, Pages};
 use super::CudaError;
 use crate::alloc::{BackendError, HostBackend, StreamId};
+use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
+use std::sync::Mutex;
+
+/// Smallest block, in bytes, that a first `pin_memory()` maps, fills and registers instead of
+/// taking from `cuMemHostAlloc` (see Note [Filled first pins]).
+pub const FILLED_PIN_MIN_BYTES: usize = 4 << 20;
+
+thread_local! {
+    /// The source of the block being allocated on this thread (Note [Filled first pins]),
+    /// and whether the backend consumed it.
+    static FILL: Cell<Option<(*const u8, usize)>> = const { Cell::new(None) };
+    static FILLED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `alloc` (an allocation through the pinned caching allocator on this thread) so that a
+/// block of at least [`FILLED_PIN_MIN_BYTES`] that the backend has to create is filled from
+/// `src` as it is made; returns `alloc`'s result and whether the block already holds `src`
+/// (else the caller copies).
+pub(crate) fn with_fill_source<R>(src: &[u8], alloc: impl FnOnce() -> R) -> (R, bool) {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            FILL.with(|f| f.set(None));
+            FILLED.with(|f| f.set(false));
+        }
+    }
+    let _reset = Reset;
+    FILLED.with(|f| f.set(false));
+    FILL.with(|f| f.set(Some((src.as_ptr(), src.len()))));
+    let r = alloc();
+    (r, FILLED.with(Cell::get))
+}
 
 /// Page-locked host memory from the CUDA driver.
 #[derive(Debug)]
 pub struct CudaHostBackend {
     device: usize,
+    /// Blocks mapped and registered by berth (Note [Filled first pins]), by address.
+    mapped: Mutex<BTreeMap<usize, Mapping>>,
 }
 
 impl CudaHostBackend {
@@ -25,7 +70,39 @@ impl CudaHostBackend {
     pub fn new() -> Result<CudaHostBackend, CudaError> {
         let device = super::current_device()?;
         super::bind_context(device)?;
-        Ok(CudaHostBackend { device })
+        Ok(CudaHostBackend {
+            device,
+            mapped: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// A block of `bytes` bytes mapped with huge pages, filled from `src`, and page-locked.
+    fn alloc_filled(&self, bytes: usize, src: &[u8]) -> Result<NonNull<u8>, CudaError> {
+        let mut m = Mapping::new(bytes, Pages::Huge)?;
+        m.fill_from(src);
+        // Only the block's `bytes` are registered (the mapping may be longer).
+        ffi::host_register(self.device, m.as_ptr(), bytes)?;
+        let p = NonNull::new(m.as_ptr()).ok_or_else(|| CudaError::HostAlloc {
+            message: "mapping at a null address".into(),
+        })?;
+        self.mapped_lock().insert(p.as_ptr() as usize, m);
+        Ok(p)
+    }
+
+    fn mapped_lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<usize, Mapping>> {
+        // Each critical section is one map operation: a poisoned lock is still consistent.
+        self.mapped.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Number of blocks currently mapped and registered by berth (Note [Filled first pins]).
+    pub fn mapped_blocks(&self) -> usize {
+        self.mapped_lock().len()
+    }
+
+    /// Whether `ptr` is the start of a block mapped and registered by berth (Note [Filled
+    /// first pins]) and not yet freed.
+    pub fn is_mapped_block(&self, ptr: *const u8) -> bool {
+        self.mapped_lock().contains_key(&(ptr as usize))
     }
 
     /// The device whose context pins the memory.
@@ -38,6 +115,19 @@ impl HostBackend for CudaHostBackend {
     type Event = CudaEvent;
 
     fn alloc_pinned(&self, bytes: usize) -> Result<NonNull<u8>, BackendError> {
+        if bytes >= FILLED_PIN_MIN_BYTES {
+            if let Some((ptr, len)) = FILL.with(Cell::get).filter(|&(_, len)| len <= bytes) {
+                // SAFETY: `with_fill_source` set this from a live `&[u8]` that outlives the
+                // allocation call we are inside (same thread, same scope).
+                let src = unsafe { std::slice::from_raw_parts(ptr, len) };
+                // On failure the source stays set: the caching allocator may retry after
+                // emptying its cache.
+                let p = self.alloc_filled(bytes, src)?;
+                FILL.with(|f| f.set(None));
+                FILLED.with(|f| f.set(true));
+                return Ok(p);
+            }
+        }
         let p = ffi::host_alloc(self.device, bytes)?;
         NonNull::new(p).ok_or(BackendError::Other {
             op: "cuMemHostAlloc",
@@ -46,7 +136,20 @@ impl HostBackend for CudaHostBackend {
     }
 
     unsafe fn free_pinned(&self, ptr: NonNull<u8>, _bytes: usize) -> Result<(), BackendError> {
-        Ok(ffi::host_free(self.device, ptr.as_ptr())?)
+        let addr = ptr.as_ptr() as usize;
+        let mapping = self.mapped_lock().remove(&addr);
+        match mapping {
+            Some(m) => match ffi::host_unregister(self.device, ptr.as_ptr()) {
+                // Dropping the mapping unmaps it.
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    // Still registered as far as we know: keep it mapped (a later free retries).
+                    self.mapped_lock().insert(addr, m);
+                    Err(e.into())
+                }
+            },
+            None => Ok(ffi::host_free(self.device, ptr.as_ptr())?),
+        }
     }
 
     fn register(&self, ptr: NonNull<u8>, bytes: usize) -> Result<(), BackendError> {
@@ -75,7 +178,7 @@ impl HostBackend for CudaHostBackend {
 }
 
 #[cfg(feature = "cuda")]
-mod ffi {
+pub(crate) mod ffi {
     use super::super::context::bind;
     use super::super::CudaError;
     use cudarc::driver::sys;
@@ -91,7 +194,7 @@ mod ffi {
             .map_err(|e| CudaError::from_driver(op, e, device, bytes))
     }
 
-    pub(super) fn host_alloc(device: usize, bytes: usize) -> Result<*mut u8, CudaError> {
+    pub(crate) fn host_alloc(device: usize, bytes: usize) -> Result<*mut u8, CudaError> {
         bind(device)?;
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; a context is current.
@@ -101,7 +204,7 @@ mod ffi {
         Ok(p.cast())
     }
 
-    pub(super) fn host_free(device: usize, p: *mut u8) -> Result<(), CudaError> {
+    pub(crate) fn host_free(device: usize, p: *mut u8) -> Result<(), CudaError> {
         bind(device)?;
         // SAFETY: `p` came from `cuMemHostAlloc` (the caller's contract).
         r("cuMemFreeHost", device, 0, unsafe {
@@ -109,7 +212,7 @@ mod ffi {
         })
     }
 
-    pub(super) fn host_register(device: usize, p: *mut u8, bytes: usize) -> Result<(), CudaError> {
+    pub(crate) fn host_register(device: usize, p: *mut u8, bytes: usize) -> Result<(), CudaError> {
         bind(device)?;
         // SAFETY: `p..p+bytes` is live host memory owned by the caller.
         r("cuMemHostRegister", device, bytes, unsafe {
@@ -117,7 +220,7 @@ mod ffi {
         })
     }
 
-    pub(super) fn host_unregister(device: usize, p: *mut u8) -> Result<(), CudaError> {
+    pub(crate) fn host_unregister(device: usize, p: *mut u8) -> Result<(), CudaError> {
         bind(device)?;
         // SAFETY: `p` was registered (the caller's contract).
         r("cuMemHostUnregister", device, 0, unsafe {
@@ -145,7 +248,7 @@ mod ffi {
 }
 
 #[cfg(not(feature = "cuda"))]
-mod ffi {
+pub(crate) mod ffi {
     use super::super::CudaError;
 
     fn no<T>() -> Result<T, CudaError> {
@@ -153,16 +256,16 @@ mod ffi {
             "berth was built without the `cuda` feature",
         ))
     }
-    pub(super) fn host_alloc(_: usize, _: usize) -> Result<*mut u8, CudaError> {
+    pub(crate) fn host_alloc(_: usize, _: usize) -> Result<*mut u8, CudaError> {
         no()
     }
-    pub(super) fn host_free(_: usize, _: *mut u8) -> Result<(), CudaError> {
+    pub(crate) fn host_free(_: usize, _: *mut u8) -> Result<(), CudaError> {
         no()
     }
-    pub(super) fn host_register(_: usize, _: *mut u8, _: usize) -> Result<(), CudaError> {
+    pub(crate) fn host_register(_: usize, _: *mut u8, _: usize) -> Result<(), CudaError> {
         no()
     }
-    pub(super) fn host_unregister(_: usize, _: *mut u8) -> Result<(), CudaError> {
+    pub(crate) fn host_unregister(_: usize, _: *mut u8) -> Result<(), CudaError> {
         no()
     }
     pub(super) fn is_host_pinned(_: usize, _: *const u8) -> bool {

@@ -11,11 +11,16 @@
 //!   the caller returns once the last chunk was staged, without waiting for the DMA.
 //! - **device→host**: `non_blocking` lands in pinned memory and the result carries a pending
 //!   event, so any host read waits for the copy (BUG-01 design (a): a stale read is
-//!   impossible). Blocking copies are sync points ([`sync_point`](super::sync_point)).
+//!   impossible). Blocking copies are sync points ([`sync_point`](super::sync_point)). A
+//!   blocking copy into pageable memory goes through two pinned staging blocks, the DMA of one
+//!   chunk running while the CPU copies the previous one out from several threads; `.to(cpu)`
+//!   lands in a fresh huge-page mapping (no zero-filling pass), and [`copy_to_host`] into an
+//!   existing tensor (`Tensor::copy_`) allocates nothing.
 //! - **device→device**: `cuMemcpyDtoDAsync` on one device, `cuMemcpyPeerAsync` across devices
 //!   (the driver uses peer access when the devices have it).
 
 use super::event::Event;
+use super::hostmem::{copy_by_huge_pages, Mapping, Pages};
 use super::memory::{allocator, host_allocator};
 use super::stream::{current_stream, Stream};
 use super::CudaError;
@@ -26,6 +31,10 @@ use std::sync::Arc;
 
 /// Size of one staging block for pageable host→device copies, in bytes.
 pub const STAGING_CHUNK_BYTES: usize = 16 << 20;
+
+/// Size of one of the two staging blocks for blocking device→pageable-host copies, in bytes:
+/// 16 huge pages, one per host thread of the copy-out.
+pub const DTOH_STAGING_CHUNK_BYTES: usize = 32 << 20;
 
 /// A device allocation held by a tensor storage; returns to its caching allocator on drop.
 #[derive(Debug)]
@@ -259,7 +268,7 @@ fn dtoh(
         return Ok(dst);
     }
     super::sync_point("copy_dtoh")?;
-    let dst = Storage::host_zeroed(nbytes);
+    let dst = host_destination(nbytes);
     if nbytes > 0 {
         let mut guard = dst.write_host("to")?;
         stage_dtoh(dev, &mut guard.bytes_mut()[..nbytes], sptr, &stream)?;
@@ -267,12 +276,136 @@ fn dtoh(
     Ok(dst)
 }
 
-/// Blocking device→pageable host through two pinned staging blocks: the DMA of chunk i+1
-/// runs while the CPU copies chunk i out (PyTorch copies straight into pageable memory,
-/// which the driver stages far more slowly).
+/// Smallest blocking device→host result, in bytes, that lands in a fresh huge-page mapping
+/// rather than a zero-filled allocation.
+pub const MAPPED_DESTINATION_MIN_BYTES: usize = 16 << 20;
+
+/// Pageable host memory in an anonymous huge-page mapping (see [`super::hostmem`]): the
+/// destination of a large blocking device→host copy, whose pages the parallel copy-out faults
+/// (512× fewer faults than small pages, and no zero-filling pass by berth).
+#[derive(Debug)]
+struct MappedHostMemory {
+    map: Mapping,
+    len: usize,
+}
+
+impl ExternalHostMemory for MappedHostMemory {
+    fn as_ptr(&self) -> *mut u8 {
+        self.map.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn is_pinned(&self) -> bool {
+        false
+    }
+}
+
+/// A host storage of `nbytes` bytes that a copy will overwrite entirely: a huge-page mapping
+/// from [`MAPPED_DESTINATION_MIN_BYTES`] on (zero until written, like every fresh mapping),
+/// else a zeroed allocation (also when the mapping fails).
+fn host_destination(nbytes: usize) -> Storage {
+    if nbytes >= MAPPED_DESTINATION_MIN_BYTES {
+        if let Ok(map) = Mapping::new(nbytes, Pages::Huge) {
+            return Storage::host_external(Box::new(MappedHostMemory { map, len: nbytes }));
+        }
+    }
+    Storage::host_zeroed(nbytes)
+}
+
+/// Blocking copy of CUDA tensor `src` into the existing host tensor `dst` (`dst.copy_(src)`):
+/// same dtype and shape, `dst` contiguous. Pinned `dst` gets one DMA; pageable `dst` is
+/// filled through pinned staging blocks in a pipeline with a parallel copy-out, without
+/// allocating a destination. A sync point (`copy_dtoh`).
+///
+/// # Errors
+/// [`CudaError::InvalidArgument`] when the tensors do not meet the conditions above;
+/// [`CudaError::SyncDebug`] in sync-debug `Error` mode; driver and staging errors.
+pub fn copy_to_host(dst: &Tensor, src: &Tensor) -> Result<()> {
+    check_copy_pair(dst, src)?;
+    let dev = cuda_index(src.device())?;
+    let src = src.contiguous()?;
+    let elem = src.dtype().size_in_bytes();
+    let nbytes = src.numel() * elem;
+    if nbytes == 0 {
+        return Ok(());
+    }
+    super::sync_point("copy_dtoh")?;
+    let stream = current_stream(dev)?;
+    let sptr = src.storage().data_ptr() + (src.storage_offset() * elem) as u64;
+    let at = dst.storage_offset() * elem;
+    let storage = dst.storage();
+    let pinned = storage.is_pinned();
+    let mut guard = storage.write_host("copy_")?;
+    let out = &mut guard.bytes_mut()[at..at + nbytes];
+    if pinned {
+        ffi::dtoh_async(dev, out.as_mut_ptr(), sptr, nbytes, stream.as_raw())?;
+        stream.synchronize_uncounted()?;
+        Ok(())
+    } else {
+        stage_dtoh(dev, out, sptr, &stream)
+    }
+}
+
+/// Blocking copy of host tensor `src` into the existing CUDA tensor `dst` (`dst.copy_(src)`):
+/// same dtype and shape, `dst` contiguous. From pinned memory one DMA, from pageable memory
+/// through the pipelined staging of `.to()`; returns when the data is on the device. A sync
+/// point (`copy_htod`).
+///
+/// # Errors
+/// As [`copy_to_host`].
+pub fn copy_from_host(dst: &Tensor, src: &Tensor) -> Result<()> {
+    check_copy_pair(dst, src)?;
+    let dev = cuda_index(dst.device())?;
+    let src = src.contiguous()?;
+    let elem = src.dtype().size_in_bytes();
+    let nbytes = src.numel() * elem;
+    if nbytes == 0 {
+        return Ok(());
+    }
+    super::sync_point("copy_htod")?;
+    let stream = current_stream(dev)?;
+    let dptr = dst.storage().data_ptr() + (dst.storage_offset() * elem) as u64;
+    let at = src.storage_offset() * elem;
+    let storage = src.storage();
+    let guard = storage.read_host("copy_")?;
+    let bytes = &guard.bytes()[at..at + nbytes];
+    if storage.is_pinned() {
+        ffi::htod_async(dev, dptr, bytes.as_ptr(), nbytes, stream.as_raw())?;
+    } else {
+        stage_htod(dev, dptr, bytes, &stream)?;
+    }
+    // The source stays read-locked until the copies from it ran.
+    stream.synchronize_uncounted()?;
+    drop(guard);
+    Ok(())
+}
+
+fn check_copy_pair(dst: &Tensor, src: &Tensor) -> Result<()> {
+    if dst.dtype() != src.dtype() || dst.shape() != src.shape() || !dst.is_contiguous() {
+        return Err(CudaError::InvalidArgument {
+            op: "copy_",
+            what: format!(
+                "a direct host/device copy needs equal dtypes and shapes and a contiguous \
+                 destination (got {:?} {:?} from {:?} {:?})",
+                dst.dtype(),
+                dst.shape(),
+                src.dtype(),
+                src.shape()
+            ),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Blocking device→pageable host through two pinned staging blocks of
+/// [`DTOH_STAGING_CHUNK_BYTES`]: the DMA of chunk i+1 runs while the CPU copies chunk i out in
+/// huge-page pieces from several threads (PyTorch copies straight into pageable memory, which
+/// the driver stages itself).
 fn stage_dtoh(dev: usize, out: &mut [u8], sptr: u64, stream: &Stream) -> Result<()> {
     let host = host_allocator()?;
-    let chunk = STAGING_CHUNK_BYTES.min(out.len());
+    let chunk = DTOH_STAGING_CHUNK_BYTES.min(out.len());
     let err = |e: crate::alloc::host::HostAllocError| CudaError::HostAlloc {
         message: e.to_string(),
     };
@@ -307,7 +440,7 @@ fn stage_dtoh(dev: usize, out: &mut [u8], sptr: u64, stream: &Stream) -> Result<
         // SAFETY: the block holds `len` bytes that the DMA completed (its event passed), and
         // no other copy writes it until the next `issue` for this slot, which comes after.
         let src = unsafe { std::slice::from_raw_parts(blocks[i % 2].as_ptr(), len) };
-        parallel_copy(&mut out[at..at + len], src);
+        copy_by_huge_pages(&mut out[at..at + len], src);
     }
     Ok(())
 }

@@ -114,14 +114,23 @@ impl Tensor {
     }
 
     /// Copy `src`'s values into `self` (broadcast to `self`'s shape, converted to `self`'s
-    /// dtype), on the same device (`Tensor.copy_`). Use `to` for cross-device copies.
+    /// dtype) (`Tensor.copy_`), also between the CPU and a CUDA device or two CUDA devices.
+    /// A host↔device copy of equal dtype and shape into a contiguous `self` goes straight into
+    /// `self`'s memory ([`crate::cuda::transfer::copy_to_host`] /
+    /// [`copy_from_host`](crate::cuda::transfer::copy_from_host): pipelined through pinned
+    /// staging blocks, nothing allocated); any other cross-device copy moves `src` to `self`'s
+    /// device first. Cross-device copies are blocking, as PyTorch's default
+    /// (`non_blocking=False`).
     ///
     /// # Errors
-    /// Shape that does not broadcast; different devices; reading a meta `src` into a real
-    /// tensor.
+    /// Shape that does not broadcast; the CPU or a CUDA device against meta; reading a meta
+    /// `src` into a real tensor; transfer errors.
     pub fn copy_(&self, src: &Tensor) -> Result<()> {
         if src.device().is_meta() && !self.device().is_meta() {
             return Err(Error::MetaNoData { op: "copy_" });
+        }
+        if self.device() != src.device() && !self.device().is_meta() {
+            return self.copy_across_(src);
         }
         let (r, l) = self.inplace_rhs("copy_", src)?;
         if let Some(k) = self.kernels("copy_")? {
@@ -135,6 +144,37 @@ impl Tensor {
             )?;
         }
         Ok(())
+    }
+
+    /// `copy_` from another device (neither is meta).
+    fn copy_across_(&self, src: &Tensor) -> Result<()> {
+        let shape = broadcast_shapes(self.shape(), src.shape(), "copy_")?;
+        if shape != self.shape() {
+            return Err(Error::Shape {
+                op: "copy_",
+                what: format!(
+                    "output with shape {:?} doesn't match the broadcast shape {:?}",
+                    self.shape(),
+                    shape
+                ),
+            });
+        }
+        let direct = self.dtype() == src.dtype()
+            && self.shape() == src.shape()
+            && self.is_contiguous()
+            && (self.device().is_cpu() || src.device().is_cpu());
+        #[cfg(feature = "cuda")]
+        if direct {
+            return if self.device().is_cpu() {
+                crate::cuda::transfer::copy_to_host(self, src)
+            } else {
+                crate::cuda::transfer::copy_from_host(self, src)
+            };
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = direct;
+        let moved = src.to(self.device(), src.dtype(), false, false)?;
+        self.copy_(&moved)
     }
 
     /// Set every element to `value` (converted to the dtype).

@@ -4,13 +4,22 @@
 //! `stream` and remember the pointer under the row's `addr`; on `free_completed` free the block
 //! remembered under `addr` (skip an unknown `addr`); ignore every other row. Freeing at
 //! `free_completed` honours the trace's streams: the recording already delayed it until the
-//! other streams' events completed.
+//! other streams' events completed. An `alloc` at an address still live (never seen in real
+//! traces) frees the older block right after the new allocation, uncounted.
+//!
+//! # Note [Compiled replay]
+//! Timing follows PyTorch's own C++ replay (`shared/bench/torch_replay.py`): the rows are first
+//! compiled, outside the timing, into a flat list of operations that name their pointer by a
+//! dense slot index (no hash map in the timed loop, no rows that do nothing), and only the loop
+//! of allocator calls is timed. [`CompiledTrace::replay`] runs one pass; callers that want
+//! PyTorch's warm figure run several passes on one allocator and take the minimum of the passes
+//! after the first.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::allocator::DeviceAllocator;
-use crate::backend::DevicePtr;
-use crate::caching::PtrMap;
+use crate::backend::{DevicePtr, StreamId};
 use crate::error::AllocError;
 use crate::snapshot::TraceAction;
 use crate::trace::TraceEvent;
@@ -29,7 +38,8 @@ pub struct ReplayReport {
     /// Backend calls that create, map, unmap or free device memory
     /// (`num_device_alloc + num_device_free`).
     pub device_calls: u64,
-    /// Mean wall time per operation in nanoseconds (bookkeeping of the replay included).
+    /// Wall time of the allocator calls per operation, in nanoseconds (the compiled loop of
+    /// `Note [Compiled replay]`; compiling and the final frees are not timed).
     pub ns_per_op: f64,
 }
 
@@ -59,9 +69,222 @@ pub struct ReplayError {
     pub source: AllocError,
 }
 
+/// What one compiled operation does with its slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Allocate `size` bytes on `stream` into the slot.
+    Alloc,
+    /// Free the slot's block (a `free_completed` row): counted, and an error stops the replay.
+    Free,
+    /// Free the block an `alloc` at a live address replaced: uncounted, errors ignored.
+    Replace,
+}
+
+/// One operation of a [`CompiledTrace`].
+#[derive(Clone, Copy, Debug)]
+struct Op {
+    /// Bytes requested (`Alloc`), or the freed block's requested bytes.
+    size: u64,
+    stream: StreamId,
+    /// Index into the pointer table.
+    slot: u32,
+    /// The trace row it came from (for [`ReplayError::index`]).
+    row: u32,
+    kind: Kind,
+}
+
+/// A trace compiled for replay: its `alloc` and `free_completed` rows as operations on dense
+/// pointer slots (`Note [Compiled replay]`).
+///
+/// ```
+/// use berth_alloc::{backend::{sim::SimBackend, StreamId}, caching::CachingAllocator};
+/// use berth_alloc::replay::CompiledTrace;
+/// use berth_alloc::trace::TraceEvent;
+/// use berth_alloc::TraceAction;
+/// let row = |action, addr, size| TraceEvent { action, addr, size, stream: StreamId::DEFAULT, time_us: 0 };
+/// let events = [row(TraceAction::Alloc, 0x100, 4096), row(TraceAction::FreeCompleted, 0x100, 4096)];
+/// let trace = CompiledTrace::new(&events);
+/// assert_eq!((trace.ops(), trace.peak_requested()), (2, 4096));
+/// let report = trace.replay(&CachingAllocator::new(SimBackend::new(1 << 30))).unwrap();
+/// assert_eq!(report.peak_reserved, 2 << 20); // one small-pool segment
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct CompiledTrace {
+    ops: Vec<Op>,
+    slots: usize,
+    counted: u64,
+    peak_requested: u64,
+}
+
+impl CompiledTrace {
+    /// Compiles `events` by the replay rules of this module. Slots freed by an operation are
+    /// reused by later allocations, so the pointer table stays as small as the most blocks live
+    /// at once.
+    ///
+    /// # Panics
+    /// Never for traces of fewer than 2^32 rows (slot and row indices are `u32`); a longer
+    /// trace panics with a message saying so.
+    pub fn new(events: &[TraceEvent]) -> Self {
+        assert!(
+            events.len() < u32::MAX as usize,
+            "trace of {} rows: at most 2^32 - 1 rows can be replayed",
+            events.len()
+        );
+        let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
+        let mut free_slots: Vec<u32> = Vec::new();
+        let mut t = CompiledTrace::default();
+        let mut requested = 0u64;
+        for (row, e) in events.iter().enumerate() {
+            let row = row as u32;
+            match e.action {
+                TraceAction::Alloc => {
+                    let slot = free_slots.pop().unwrap_or_else(|| {
+                        t.slots += 1;
+                        (t.slots - 1) as u32
+                    });
+                    t.ops.push(Op {
+                        size: e.size,
+                        stream: e.stream,
+                        slot,
+                        row,
+                        kind: Kind::Alloc,
+                    });
+                    t.counted += 1;
+                    requested += e.size;
+                    t.peak_requested = t.peak_requested.max(requested);
+                    if let Some((old, size)) = live.insert(e.addr, (slot, e.size)) {
+                        requested -= size;
+                        t.ops.push(Op {
+                            size,
+                            stream: e.stream,
+                            slot: old,
+                            row,
+                            kind: Kind::Replace,
+                        });
+                        free_slots.push(old);
+                    }
+                }
+                TraceAction::FreeCompleted => {
+                    if let Some((slot, size)) = live.remove(&e.addr) {
+                        requested -= size;
+                        t.ops.push(Op {
+                            size,
+                            stream: e.stream,
+                            slot,
+                            row,
+                            kind: Kind::Free,
+                        });
+                        t.counted += 1;
+                        free_slots.push(slot);
+                    }
+                }
+                _ => {}
+            }
+        }
+        t
+    }
+
+    /// The same operations with every allocation on `stream` (PyTorch's C++ replay puts every
+    /// event on the current stream; `berth replay --device cuda:N` does the same).
+    pub fn on_stream(mut self, stream: StreamId) -> Self {
+        for op in &mut self.ops {
+            op.stream = stream;
+        }
+        self
+    }
+
+    /// Allocations plus counted frees of one pass.
+    pub fn ops(&self) -> u64 {
+        self.counted
+    }
+
+    /// Most requested bytes live at once.
+    pub fn peak_requested(&self) -> u64 {
+        self.peak_requested
+    }
+
+    /// Replays one pass through `alloc`. Peaks and counters are read from its statistics,
+    /// relative to their values at the start, so `alloc` may be warm from an earlier pass
+    /// (`peak_reserved` is its `max_memory_reserved`, which includes earlier passes unless the
+    /// peaks were reset). Blocks still live at the end are freed, outside the timing.
+    ///
+    /// # Errors
+    /// [`ReplayError`] naming the row at which the allocator failed (out of memory, typically).
+    pub fn replay<A: DeviceAllocator + ?Sized>(
+        &self,
+        alloc: &A,
+    ) -> Result<ReplayReport, ReplayError> {
+        let before = alloc.stats();
+        let mut ptrs = vec![DevicePtr::NULL; self.slots];
+        let (elapsed, failure) = self.run(alloc, &mut ptrs);
+        for p in ptrs.into_iter().filter(|p| !p.is_null()) {
+            let _ = alloc.raw_delete(p);
+        }
+        if let Some((op, source)) = failure {
+            return Err(ReplayError {
+                index: op.row as usize,
+                action: match op.kind {
+                    Kind::Alloc => TraceAction::Alloc,
+                    Kind::Free | Kind::Replace => TraceAction::FreeCompleted,
+                },
+                size: op.size,
+                source,
+            });
+        }
+        let after = alloc.stats();
+        let device_allocs = (after.num_device_alloc - before.num_device_alloc).max(0) as u64;
+        let device_frees = (after.num_device_free - before.num_device_free).max(0) as u64;
+        Ok(ReplayReport {
+            ops: self.counted,
+            peak_requested: self.peak_requested,
+            peak_reserved: after.max_memory_reserved(),
+            device_allocs,
+            device_calls: device_allocs + device_frees,
+            ns_per_op: if self.counted == 0 {
+                0.0
+            } else {
+                elapsed.as_nanos() as f64 / self.counted as f64
+            },
+        })
+    }
+
+    /// The timed loop: allocator calls and pointer-table stores only.
+    #[inline(never)]
+    fn run<A: DeviceAllocator + ?Sized>(
+        &self,
+        alloc: &A,
+        ptrs: &mut [DevicePtr],
+    ) -> (std::time::Duration, Option<(Op, AllocError)>) {
+        let start = Instant::now();
+        let mut failure = None;
+        for op in &self.ops {
+            let slot = &mut ptrs[op.slot as usize];
+            match op.kind {
+                Kind::Alloc => match alloc.raw_alloc(op.size as usize, op.stream) {
+                    Ok(p) => *slot = p,
+                    Err(e) => {
+                        failure = Some((*op, e));
+                        break;
+                    }
+                },
+                Kind::Free => {
+                    if let Err(e) = alloc.raw_delete(std::mem::take(slot)) {
+                        failure = Some((*op, e));
+                        break;
+                    }
+                }
+                Kind::Replace => {
+                    let _ = alloc.raw_delete(std::mem::take(slot));
+                }
+            }
+        }
+        (start.elapsed(), failure)
+    }
+}
+
 /// Replays `events` through `alloc`, which should be fresh (peaks and counters are read from
-/// its statistics, relative to their values at the start). Blocks still live at the end are
-/// freed, outside the timing.
+/// its statistics, relative to their values at the start): [`CompiledTrace::new`] then one
+/// [`CompiledTrace::replay`] pass. Blocks still live at the end are freed, outside the timing.
 ///
 /// # Errors
 /// [`ReplayError`] naming the row at which the allocator failed (out of memory, typically).
@@ -69,72 +292,98 @@ pub fn replay(
     events: &[TraceEvent],
     alloc: &dyn DeviceAllocator,
 ) -> Result<ReplayReport, ReplayError> {
-    let before = alloc.stats();
-    let mut live: PtrMap<(DevicePtr, u64)> =
-        PtrMap::with_capacity_and_hasher(1024, Default::default());
-    let (mut ops, mut requested, mut peak_requested) = (0u64, 0u64, 0u64);
-    let start = Instant::now();
-    let mut failure = None;
-    for (index, e) in events.iter().enumerate() {
-        match e.action {
-            TraceAction::Alloc => match alloc.raw_alloc(e.size as usize, e.stream) {
-                Ok(ptr) => {
-                    ops += 1;
-                    requested += e.size;
-                    peak_requested = peak_requested.max(requested);
-                    if let Some((old, size)) = live.insert(e.addr, (ptr, e.size)) {
-                        requested -= size;
-                        let _ = alloc.raw_delete(old);
-                    }
-                }
-                Err(source) => {
-                    failure = Some(ReplayError {
-                        index,
-                        action: e.action,
-                        size: e.size,
-                        source,
-                    });
-                    break;
-                }
-            },
-            TraceAction::FreeCompleted => {
-                if let Some((ptr, size)) = live.remove(&e.addr) {
-                    ops += 1;
-                    requested -= size;
-                    if let Err(source) = alloc.raw_delete(ptr) {
-                        failure = Some(ReplayError {
-                            index,
-                            action: e.action,
-                            size: e.size,
-                            source,
-                        });
-                        break;
-                    }
-                }
-            }
-            _ => {}
+    CompiledTrace::new(events).replay(alloc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sim::SimBackend;
+    use crate::caching::CachingAllocator;
+
+    fn row(action: TraceAction, addr: u64, size: u64, stream: u64) -> TraceEvent {
+        TraceEvent {
+            action,
+            addr,
+            size,
+            stream: StreamId(stream),
+            time_us: 0,
         }
     }
-    let elapsed = start.elapsed();
-    for (_, (ptr, _)) in live.drain() {
-        let _ = alloc.raw_delete(ptr);
+
+    #[test]
+    fn compiles_allocs_and_known_frees_into_reused_slots() {
+        use TraceAction::*;
+        let events = [
+            row(Alloc, 0xa00, 1000, 0),
+            row(FreeRequested, 0xa00, 1000, 0),
+            row(SegmentAlloc, 0xa00, 2 << 20, 0),
+            row(Alloc, 0xb00, 3000, 7),
+            row(FreeCompleted, 0xa00, 1000, 0),
+            row(FreeCompleted, 0xdead, 5, 0), // unknown: skipped
+            row(Alloc, 0xc00, 500, 0),
+            row(Alloc, 0xb00, 200, 7), // replaces the live 0xb00
+        ];
+        let t = CompiledTrace::new(&events);
+        let got: Vec<(Kind, u32, u32, u64)> = t
+            .ops
+            .iter()
+            .map(|o| (o.kind, o.slot, o.row, o.size))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Kind::Alloc, 0, 0, 1000),
+                (Kind::Alloc, 1, 3, 3000),
+                (Kind::Free, 0, 4, 1000),
+                (Kind::Alloc, 0, 6, 500),
+                (Kind::Alloc, 2, 7, 200),
+                (Kind::Replace, 1, 7, 3000),
+            ]
+        );
+        assert_eq!(t.slots, 3);
+        assert_eq!(t.ops(), 5);
+        // 1000 + 3000 live, then 3000 + 500 + 200 (the replaced block still live a moment).
+        assert_eq!(t.peak_requested(), 4000);
+        assert_eq!(t.ops[1].stream, StreamId(7));
+        let one = t.clone().on_stream(StreamId::DEFAULT);
+        assert!(one.ops.iter().all(|o| o.stream == StreamId::DEFAULT));
     }
-    if let Some(f) = failure {
-        return Err(f);
+
+    #[test]
+    fn warm_passes_reuse_the_cache_and_report_their_own_device_calls() {
+        let events = [
+            row(TraceAction::Alloc, 0x1, 5 << 20, 0),
+            row(TraceAction::Alloc, 0x2, 700, 0),
+            row(TraceAction::FreeCompleted, 0x1, 5 << 20, 0),
+        ];
+        let t = CompiledTrace::new(&events);
+        let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+        let cold = t.replay(&alloc).unwrap();
+        assert_eq!((cold.device_allocs, cold.peak_reserved), (2, 22 << 20));
+        let warm = t.replay(&alloc).unwrap();
+        assert_eq!((warm.device_allocs, warm.device_calls), (0, 0));
+        assert_eq!(warm.ops, 3);
+        assert_eq!(alloc.stats().memory_allocated(), 0, "live blocks freed");
     }
-    let after = alloc.stats();
-    let device_allocs = (after.num_device_alloc - before.num_device_alloc).max(0) as u64;
-    let device_frees = (after.num_device_free - before.num_device_free).max(0) as u64;
-    Ok(ReplayReport {
-        ops,
-        peak_requested,
-        peak_reserved: after.max_memory_reserved(),
-        device_allocs,
-        device_calls: device_allocs + device_frees,
-        ns_per_op: if ops == 0 {
-            0.0
-        } else {
-            elapsed.as_nanos() as f64 / ops as f64
-        },
-    })
+
+    #[test]
+    fn an_allocator_error_names_the_row() {
+        let events = [
+            row(TraceAction::Alloc, 0x1, 1 << 20, 0),
+            row(TraceAction::Alloc, 0x2, 2 << 30, 0),
+        ];
+        let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+        let err = replay(&events, &alloc).unwrap_err();
+        assert_eq!(
+            (err.index, err.action, err.size),
+            (1, TraceAction::Alloc, 2 << 30)
+        );
+        assert!(err.source.is_out_of_memory(), "{}", err.source);
+        assert_eq!(
+            alloc.stats().memory_allocated(),
+            0,
+            "the first block was freed"
+        );
+    }
 }

@@ -146,7 +146,7 @@ impl<E> State<E> {
         let target = r.size.max(self.max_split);
         let key = (r.stream.0, target, 0u64, 0u32);
         let pool = r.small as usize;
-        let found = self.pools[pool].blocks.range(key..).next().copied();
+        let found = self.pools[pool].blocks.first_from(&key);
         match found {
             Some(k)
                 if k.0 == r.stream.0
@@ -160,8 +160,7 @@ impl<E> State<E> {
                 let mut released = 0u64;
                 let mut upper = key;
                 while released < target {
-                    let Some(k) = self.pools[pool].blocks.range(..upper).next_back().copied()
-                    else {
+                    let Some(k) = self.pools[pool].blocks.last_before(&upper) else {
                         break;
                     };
                     if k.1 < self.max_split || k.0 != r.stream.0 {
@@ -195,7 +194,7 @@ impl<E> State<E> {
         let age = |b: &super::block::Block| calls - b.gc_base;
         let mut total_age = 0u64;
         let mut count = 0u64;
-        for k in &self.pools[0].blocks {
+        for k in self.pools[0].blocks.iter() {
             let b = &self.blocks[k.3];
             if !b.is_split() {
                 total_age += age(b);
@@ -207,7 +206,7 @@ impl<E> State<E> {
         while reclaimed < target && freed_one && count > 0 {
             let threshold_age = total_age as f64 / count as f64;
             freed_one = false;
-            let keys: Vec<_> = self.pools[0].blocks.iter().copied().collect();
+            let keys: Vec<_> = self.pools[0].blocks.iter().collect();
             for k in keys {
                 let b = &self.blocks[k.3];
                 if !b.is_split() && !b.is_expandable() && age(b) as f64 >= threshold_age {

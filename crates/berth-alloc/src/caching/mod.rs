@@ -18,14 +18,13 @@ mod fallback;
 mod inspect;
 pub mod policy;
 mod pool;
+mod sorted;
 mod state;
 mod stream_uses;
 
 use crate::sync::{Arc, Mutex, MutexGuard};
 
 use self::fallback::Request;
-#[cfg(feature = "trace")]
-pub(crate) use self::state::PtrMap;
 use self::state::State;
 use crate::allocator::{Allocation, AllocationOwner, DeviceAllocator};
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
@@ -67,8 +66,13 @@ impl<B: MemoryBackend> Shared<B> {
         st.process_events(&self.backend)?;
         let size = policy::round_size(requested, &st.cfg);
         let small = policy::is_small(size);
-        if let Some(i) = st.get_free_block(stream, size, small) {
-            return Ok(DevicePtr(st.alloc_found_block(i, size, requested)));
+        if let Some(key) = st.get_free_block(stream, size, small) {
+            return Ok(DevicePtr(st.alloc_found_block(
+                key.3,
+                size,
+                requested,
+                Some(key),
+            )));
         }
         let r = Request {
             stream,
@@ -78,7 +82,7 @@ impl<B: MemoryBackend> Shared<B> {
             small,
         };
         match self.malloc_fallback(st, r) {
-            Ok((mut st, i)) => Ok(DevicePtr(st.alloc_found_block(i, size, requested))),
+            Ok((mut st, i)) => Ok(DevicePtr(st.alloc_found_block(i, size, requested, None))),
             Err(e) => {
                 // The state guard is gone: observers may use the allocator.
                 if e.is_out_of_memory() {

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 
 use super::block::Block;
+use super::sorted::SizeIndex;
 use crate::backend::StreamId;
 
 /// Key of a free mapped block: (stream, size, address, slab index).
@@ -13,13 +14,14 @@ pub(crate) type AddrKey = (u64, u64, u32);
 
 #[derive(Debug, Default)]
 pub(crate) struct BlockPool {
-    pub blocks: BTreeSet<SizeKey>,
+    pub blocks: SizeIndex,
     pub unmapped: BTreeSet<AddrKey>,
     /// Pool searches so far while GC is on (PyTorch's `get_free_blocks_call_count`).
     pub free_calls: u64,
 }
 
 impl BlockPool {
+    #[inline]
     pub fn size_key(b: &Block, i: u32) -> SizeKey {
         (b.stream.0, b.size, b.ptr, i)
     }
@@ -29,6 +31,7 @@ impl BlockPool {
     }
 
     /// Inserts a free block into the set it belongs to (mapped or unmapped).
+    #[inline]
     pub fn insert(&mut self, b: &mut Block, i: u32) {
         if b.mapped {
             b.gc_base = self.free_calls;
@@ -40,7 +43,22 @@ impl BlockPool {
         }
     }
 
+    /// [`BlockPool::insert`] of block `i` in place of the mapped free block keyed `old` (still
+    /// in the pool): the same final state as removing `old` first, with less data moved.
+    #[inline]
+    pub fn insert_replacing(&mut self, old: &SizeKey, b: &mut Block, i: u32) {
+        if b.mapped {
+            b.gc_base = self.free_calls;
+            let fresh = self.blocks.replace(old, Self::size_key(b, i));
+            debug_assert!(fresh, "replaced block was pooled, new one was not");
+        } else {
+            self.blocks.remove(old);
+            self.insert(b, i);
+        }
+    }
+
     /// Removes a free block from its set; returns whether it was there.
+    #[inline]
     pub fn remove(&mut self, b: &Block, i: u32) -> bool {
         if b.mapped {
             self.blocks.remove(&Self::size_key(b, i))
@@ -50,11 +68,10 @@ impl BlockPool {
     }
 
     /// The first mapped free block with key ≥ (stream, size), if it belongs to `stream`.
+    #[inline]
     pub fn lower_bound(&self, stream: StreamId, size: u64) -> Option<SizeKey> {
         self.blocks
-            .range((stream.0, size, 0, 0)..)
-            .next()
-            .copied()
+            .first_from(&(stream.0, size, 0, 0))
             .filter(|k| k.0 == stream.0)
     }
 }

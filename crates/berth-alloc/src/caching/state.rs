@@ -8,7 +8,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use super::block::{Block, Slab, NIL};
 use super::policy::{MIN_BLOCK_SIZE, SMALL_SIZE};
-use super::pool::BlockPool;
+use super::pool::{BlockPool, SizeKey};
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError};
@@ -146,8 +146,9 @@ impl<E> State<E> {
         self.pools[b.small as usize].insert(b, i);
     }
 
-    /// `get_free_block`: best fit by (stream, size, address) with the oversize rules.
-    pub fn get_free_block(&mut self, stream: StreamId, size: u64, small: bool) -> Option<u32> {
+    /// `get_free_block`: best fit by (stream, size, address) with the oversize rules. The
+    /// block stays in its pool: [`State::alloc_found_block`] takes it out, given its key.
+    pub fn get_free_block(&mut self, stream: StreamId, size: u64, small: bool) -> Option<SizeKey> {
         let gc = self.gc_enabled();
         let pool = &mut self.pools[small as usize];
         if gc {
@@ -166,14 +167,15 @@ impl<E> State<E> {
                         0
                     }
             };
-            let mut iter = pool.blocks.range((key.0, key.1, key.2, key.3)..).skip(1);
+            let mut at = key;
             while self.blocks[key.3].is_expandable() {
-                match iter.next() {
-                    Some(&next)
+                match pool.blocks.first_after(&at) {
+                    Some(next)
                         if next.0 == stream.0
                             && reach(&self.blocks, next.3) < reach(&self.blocks, key.3) =>
                     {
-                        key = next
+                        key = next;
+                        at = next;
                     }
                     _ => break,
                 }
@@ -190,8 +192,7 @@ impl<E> State<E> {
         {
             return None;
         }
-        pool.blocks.remove(&key);
-        Some(key.3)
+        Some(key)
     }
 
     fn should_split(&self, i: u32, size: u64) -> bool {
@@ -204,9 +205,16 @@ impl<E> State<E> {
         }
     }
 
-    /// `alloc_found_block`: hands out block `i` (out of its pool) for a rounded `size`, splitting
-    /// off the remainder when PyTorch would.
-    pub fn alloc_found_block(&mut self, mut i: u32, size: u64, requested: u64) -> u64 {
+    /// `alloc_found_block`: hands out block `i` for a rounded `size`, splitting off the
+    /// remainder when PyTorch would. `pooled` is the block's pool key when it is still in its
+    /// pool (found by [`State::get_free_block`]); the remainder then takes its place there.
+    pub fn alloc_found_block(
+        &mut self,
+        mut i: u32,
+        size: u64,
+        requested: u64,
+        pooled: Option<SizeKey>,
+    ) -> u64 {
         let (small, already_split, exp) = {
             let b = &self.blocks[i];
             (b.small, b.is_split(), b.is_expandable())
@@ -231,7 +239,13 @@ impl<E> State<E> {
                 r.ptr += size;
                 r.size -= size;
             }
-            self.pool_insert(rem);
+            match pooled {
+                Some(old) => {
+                    let r = &mut self.blocks[rem];
+                    self.pools[small as usize].insert_replacing(&old, r, rem);
+                }
+                None => self.pool_insert(rem),
+            }
             if !exp {
                 if already_split {
                     self.stats.inactive_split_bytes.decrease(small, size as i64);
@@ -242,10 +256,15 @@ impl<E> State<E> {
                 }
             }
             i = f;
-        } else if already_split && !exp {
-            let bsize = self.blocks[i].size as i64;
-            self.stats.inactive_split_bytes.decrease(small, bsize);
-            self.stats.inactive_split.decrease(small, 1);
+        } else {
+            if let Some(old) = pooled {
+                self.pools[small as usize].blocks.remove(&old);
+            }
+            if already_split && !exp {
+                let bsize = self.blocks[i].size as i64;
+                self.stats.inactive_split_bytes.decrease(small, bsize);
+                self.stats.inactive_split.decrease(small, 1);
+            }
         }
         let b = &mut self.blocks[i];
         b.allocated = true;
@@ -267,16 +286,34 @@ impl<E> State<E> {
 
     /// `try_merge_blocks`: merges free neighbour `src` into `dst`; returns the bytes subsumed.
     pub fn try_merge(&mut self, dst: u32, src: u32) -> u64 {
-        if src == NIL {
-            return 0;
+        let (subsumed, pooled) = self.try_merge_deferred(dst, src);
+        if let Some(key) = pooled {
+            self.pools[self.blocks[dst].small as usize]
+                .blocks
+                .remove(&key);
         }
-        {
+        subsumed
+    }
+
+    /// [`State::try_merge`], except that a merged mapped `src` is left in its pool: its key is
+    /// returned for the caller to remove (or to replace with `dst`'s).
+    #[inline]
+    fn try_merge_deferred(&mut self, dst: u32, src: u32) -> (u64, Option<SizeKey>) {
+        if src == NIL {
+            return (0, None);
+        }
+        let pooled = {
             let s = &self.blocks[src];
             if !s.is_reusable() || s.mapped != self.blocks[dst].mapped {
-                return 0;
+                return (0, None);
             }
-        }
-        self.pool_remove(src);
+            if s.mapped {
+                Some(BlockPool::size_key(s, src))
+            } else {
+                self.pool_remove(src);
+                None
+            }
+        };
         let s = self.blocks.remove(src);
         if self.blocks[dst].prev == src {
             let d = &mut self.blocks[dst];
@@ -292,7 +329,7 @@ impl<E> State<E> {
             }
         }
         self.blocks[dst].size += s.size;
-        s.size
+        (s.size, pooled)
     }
 
     /// `free_block`: the block becomes reusable; merge with free neighbours and return it to its
@@ -315,14 +352,29 @@ impl<E> State<E> {
         self.trace(TraceAction::FreeCompleted, ptr, requested, stream);
         let mut net_blocks = 0i64;
         let mut net_bytes = 0i64;
+        let mut replaced = None;
         for candidate in [prev, next] {
-            let subsumed = self.try_merge(i, candidate);
+            let (subsumed, pooled) = self.try_merge_deferred(i, candidate);
             if subsumed > 0 {
                 net_blocks -= 1;
                 net_bytes -= subsumed as i64;
             }
+            // The merged block takes the first merged neighbour's place in the pool.
+            if let Some(key) = pooled {
+                if replaced.is_none() {
+                    replaced = Some(key);
+                } else {
+                    self.pools[small as usize].blocks.remove(&key);
+                }
+            }
         }
-        self.pool_insert(i);
+        match replaced {
+            Some(old) => {
+                let b = &mut self.blocks[i];
+                self.pools[small as usize].insert_replacing(&old, b, i);
+            }
+            None => self.pool_insert(i),
+        }
         if self.blocks[i].is_split() {
             net_blocks += 1;
             net_bytes += self.blocks[i].size as i64;
@@ -403,7 +455,7 @@ impl<E> State<E> {
         backend: &B,
         small: bool,
     ) -> Result<(), AllocError> {
-        let keys: Vec<_> = self.pools[small as usize].blocks.iter().copied().collect();
+        let keys: Vec<_> = self.pools[small as usize].blocks.iter().collect();
         let mut to_unmap = Vec::new();
         for k in keys {
             let b = &self.blocks[k.3];

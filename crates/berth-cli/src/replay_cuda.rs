@@ -3,18 +3,21 @@
 //! `expandable` and `paged`).
 //!
 //! Like PyTorch's own C++ replay (`shared/bench/torch_replay.py`), every event goes to the
-//! default stream and the trace is replayed twice on one allocator: the first pass is cold
-//! (segments come from the driver), the second warm (from the cache); `ns_per_op` is the warm
-//! pass. After the passes the allocator's reserved bytes are compared with the device-wide
-//! used memory from `cuMemGetInfo`, then `empty_cache` must give them back.
+//! default stream, the trace is compiled outside the timing (`Note [Compiled replay]` in
+//! `berth_alloc::replay`) and replayed [`PASSES`] times on one allocator: the first pass is
+//! cold (segments come from the driver), the others warm (from the cache); `ns_per_op` is the
+//! fastest warm pass. After the passes the allocator's reserved bytes, plus the physical pages
+//! the backend pools after unmapping (`Note [VMM page pool]` in `berth::cuda::backend`), are
+//! compared with the device-wide used memory from `cuMemGetInfo`; then `empty_cache` (and the
+//! backend's trim of its pool) must give them back.
 
 use anyhow::Context;
 use berth::cuda::{mem_get_info, CudaBackend};
-use berth_alloc::replay::replay;
-use berth_alloc::trace::{Trace, TraceEvent};
+use berth_alloc::replay::CompiledTrace;
+use berth_alloc::trace::Trace;
 use berth_alloc::StreamId;
 
-use crate::replay::Policy;
+use crate::replay::{passes, warm_ns, Policy, PASSES};
 
 /// Replays `traces` with each policy on CUDA device `index`, printing one line (JSON or text)
 /// per trace and policy.
@@ -28,52 +31,54 @@ pub fn run(
     json: bool,
 ) -> anyhow::Result<()> {
     for (name, trace) in traces {
-        let events: Vec<TraceEvent> = trace
-            .events
-            .iter()
-            .map(|e| TraceEvent {
-                stream: StreamId::DEFAULT,
-                ..*e
-            })
-            .collect();
+        let compiled = CompiledTrace::new(&trace.events).on_stream(StreamId::DEFAULT);
         for &policy in policies {
-            let alloc = policy.allocator(CudaBackend::new(index)?)?;
+            let backend = CudaBackend::new(index)?;
+            let alloc = policy.allocator(backend.clone())?;
             let (free_before, _) = mem_get_info(index)?;
-            let cold = replay(&events, alloc.as_ref())
-                .with_context(|| format!("{name} / {} cold", policy.name()))?;
-            let warm = replay(&events, alloc.as_ref())
-                .with_context(|| format!("{name} / {} warm", policy.name()))?;
+            let (cold, warm) = passes(&compiled, alloc.as_ref())
+                .with_context(|| format!("{name} / {}", policy.name()))?;
             let (free_after, _) = mem_get_info(index)?;
             let reserved = alloc.stats().memory_reserved();
+            let pooled = backend.pooled_bytes();
             let used_delta = free_before as i64 - free_after as i64;
             alloc.empty_cache()?;
+            let reserved_emptied = alloc.stats().memory_reserved();
+            let pooled_emptied = backend.pooled_bytes();
+            // `paged`'s `empty_cache` does not call the backend's trim yet: do it here.
+            backend.release_pool()?;
             let (free_emptied, _) = mem_get_info(index)?;
             let released = free_emptied as i64 - free_after as i64;
+            let agrees = reserved as i64 + pooled as i64 == used_delta;
+            let warm_ns_per_op = warm_ns(&warm);
+            let warm_calls = warm.iter().map(|r| r.device_calls).max().unwrap_or(0);
             if json {
                 println!(
                     "{}",
                     serde_json::json!({
                         "trace": name, "policy": policy.name(), "device": format!("cuda:{index}"),
-                        "ops": warm.ops, "peak_requested": cold.peak_requested,
+                        "ops": cold.ops, "passes": PASSES, "peak_requested": cold.peak_requested,
                         "peak_reserved": cold.peak_reserved, "device_allocs": cold.device_allocs,
-                        "device_calls": cold.device_calls,
+                        "device_calls": cold.device_calls, "warm_device_calls": warm_calls,
                         "cold_ns_per_op": (cold.ns_per_op * 10.0).round() / 10.0,
-                        "ns_per_op": (warm.ns_per_op * 10.0).round() / 10.0,
-                        "reserved_after": reserved, "cumemgetinfo_used_delta": used_delta,
+                        "warm_ns_per_op": warm.iter().map(|r| (r.ns_per_op * 10.0).round() / 10.0).collect::<Vec<_>>(),
+                        "ns_per_op": (warm_ns_per_op * 10.0).round() / 10.0,
+                        "reserved_after": reserved, "backend_pooled_after": pooled,
+                        "cumemgetinfo_used_delta": used_delta, "reserved_plus_pooled_agrees": agrees,
+                        "reserved_after_empty_cache": reserved_emptied,
+                        "pooled_after_empty_cache": pooled_emptied,
                         "released_by_empty_cache": released,
                     })
                 );
             } else {
                 println!(
-                    "{name:<22} {:<10} cuda:{index}  peak reserved {:>12}  segments {:>4}  cold {:>7.1} ns/op  warm {:>7.1} ns/op  reserved {} vs cuMemGetInfo used +{} (empty_cache gave back {})",
+                    "{name:<22} {:<10} cuda:{index}  peak reserved {:>12}  segments {:>4}  cold {:>7.1} ns/op  warm {:>7.1} ns/op ({warm_calls} device calls)  reserved {reserved} + pooled {pooled} vs cuMemGetInfo used +{used_delta} ({}; empty_cache gave back {released})",
                     policy.name(),
                     cold.peak_reserved,
                     cold.device_allocs,
                     cold.ns_per_op,
-                    warm.ns_per_op,
-                    reserved,
-                    used_delta,
-                    released
+                    warm_ns_per_op,
+                    if agrees { "equal" } else { "DIFFERENT" },
                 );
             }
         }

@@ -187,4 +187,14 @@ pub trait VirtualMemoryBackend: Send + Sync {
     /// # Errors
     /// [`BackendError::Other`] for an unknown reservation.
     unsafe fn release(&self, base: DevicePtr, bytes: usize) -> Result<(), BackendError>;
+
+    /// Gives back to the device any physical memory the backend keeps for reuse after
+    /// [`VirtualMemoryBackend::unmap`] (berth's CUDA backend pools unmapped pages). Policies
+    /// call it at the end of `empty_cache`. Default: nothing is kept, nothing to do.
+    ///
+    /// # Errors
+    /// [`BackendError::Other`] when the driver call fails.
+    fn trim(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
 }

@@ -13,7 +13,8 @@ use crate::alloc::{
     BackendError, DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend,
 };
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 impl From<CudaError> for BackendError {
     fn from(e: CudaError) -> Self {
@@ -39,18 +40,28 @@ impl From<CudaError> for BackendError {
 }
 
 /// A recorded CUDA event (timing disabled); destroyed on drop.
+///
+/// Recorded on a stream with no pending work (`cuStreamQuery` says so), it is complete from the
+/// start and no driver event is made: a policy that records an event only to wait for a stream
+/// before unmapping (berth's `paged`) then pays one `cuStreamQuery` instead of
+/// `cuEventCreate` + `cuEventRecord` + `cuEventSynchronize` + `cuEventDestroy`.
 #[derive(Debug)]
 pub struct CudaEvent {
     device: usize,
+    /// The `CUevent`, or 0 for an event complete when recorded.
     raw: u64,
 }
 
 impl CudaEvent {
-    /// Records a new event on `stream` of `device`.
+    /// Records a new event on `stream` of `device`: complete once the work queued on `stream`
+    /// so far is.
     ///
     /// # Errors
     /// [`CudaError::Driver`] / [`CudaError::Unavailable`].
     pub fn record(device: usize, stream: StreamId) -> Result<CudaEvent, CudaError> {
+        if raw::stream_query(device, stream.0)? {
+            return Ok(CudaEvent { device, raw: 0 });
+        }
         let raw = raw::event_create(device, false)?;
         let ev = CudaEvent { device, raw };
         raw::event_record(device, raw, stream.0)?;
@@ -62,6 +73,9 @@ impl CudaEvent {
     /// # Errors
     /// [`CudaError::Driver`].
     pub fn query(&self) -> Result<bool, CudaError> {
+        if self.raw == 0 {
+            return Ok(true);
+        }
         raw::event_query(self.device, self.raw)
     }
 
@@ -70,29 +84,131 @@ impl CudaEvent {
     /// # Errors
     /// [`CudaError::Driver`].
     pub fn synchronize(&self) -> Result<(), CudaError> {
+        if self.raw == 0 {
+            return Ok(());
+        }
         raw::event_sync(self.device, self.raw)
     }
 }
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
-        let _ = raw::event_destroy(self.device, self.raw);
+        if self.raw != 0 {
+            let _ = raw::event_destroy(self.device, self.raw);
+        }
     }
 }
 
 /// Device memory of one GPU from the driver: `cuMemAlloc` / `cuMemFree` segments, plus virtual
-/// memory (when the device supports it) for expandable segments.
-#[derive(Debug)]
+/// memory (when the device supports it) for expandable segments and berth's `paged` policy.
+///
+/// Cheap to clone: clones share the virtual-memory state (the mapped pages and the pool of
+/// unmapped physical pages of `Note [VMM page pool]`).
+///
+/// # Note [VMM page pool]
+/// Every mapped page of [`VirtualMemoryBackend::granularity`] bytes (2 MiB on current GPUs) has
+/// its own physical handle, so that a policy may later unmap any page-aligned sub-range (the
+/// driver unmaps only whole mappings). Policies map and unmap pages often (`paged` keeps its
+/// mapped memory under its high-water mark by unmapping free pages before mapping new ones), and
+/// each `cuMemCreate` / `cuMemRelease` costs tens of microseconds, so:
+///
+/// 1. `unmap` makes one `cuMemUnmap` per call (the range covers whole mappings; per page only
+///    if the driver refuses the range) and keeps the physical handles in a pool instead of
+///    releasing them;
+/// 2. `map` takes handles from the pool (`cuMemCreate` only when it is empty), makes one
+///    `cuMemMap` per page and one `cuMemSetAccess` for the whole range (PyTorch's
+///    `ExpandableSegment::mapAndSetAccess` does the same);
+/// 3. accounting: a policy counts a page in its reserved bytes only while it is mapped; pooled
+///    pages are this backend's own cache, so `cuMemGetInfo`'s used bytes equal the policies'
+///    reserved bytes plus [`CudaBackend::pooled_bytes`]. [`VirtualMemoryBackend::trim`] (which
+///    `empty_cache` calls) releases the pool, after which reserved and `cuMemGetInfo` agree
+///    again; so do an out-of-memory `cuMemAlloc` (then retried once), a failed `map`, and
+///    dropping the last clone. `map` uses the pool before creating any page, so pooled pages
+///    never make a `map` fail.
+#[derive(Debug, Clone)]
 pub struct CudaBackend {
     device: usize,
-    vmm: Option<Vmm>,
+    vmm: Option<Arc<Vmm>>,
 }
 
-/// Mapped physical chunks: address → (bytes, `CUmemGenericAllocationHandle`).
-#[derive(Debug, Default)]
+/// The virtual-memory state of one device's backend (shared by its clones).
+#[derive(Debug)]
 struct Vmm {
+    device: usize,
     granularity: usize,
-    chunks: Mutex<BTreeMap<u64, (usize, u64)>>,
+    /// Whether `cuMemUnmap` accepted a range of several mappings (cleared at its first refusal).
+    range_unmap: AtomicBool,
+    state: Mutex<VmmState>,
+}
+
+#[derive(Debug, Default)]
+struct VmmState {
+    /// Mapped pages: address → `CUmemGenericAllocationHandle` of `granularity` bytes.
+    mapped: BTreeMap<u64, u64>,
+    /// Physical pages of `granularity` bytes mapped nowhere, reused by the next `map`.
+    pool: Vec<u64>,
+}
+
+impl Vmm {
+    fn lock(&self) -> MutexGuard<'_, VmmState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Releases every pooled handle (`cuMemRelease`); the first failure is returned after
+    /// trying them all.
+    fn release_pool(&self, st: &mut VmmState) -> Result<(), CudaError> {
+        let mut first = Ok(());
+        for h in st.pool.drain(..) {
+            if let Err(e) = ffi::release(self.device, h) {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+
+    /// Unmaps `[addr, addr + pages × granularity)`, every page of which is mapped: one call for
+    /// the range, or one per page when the driver refuses ranges of several mappings.
+    fn unmap_range(&self, addr: u64, pages: usize) -> Result<(), CudaError> {
+        let page = self.granularity;
+        if pages > 1 && self.range_unmap.load(Ordering::Relaxed) {
+            match ffi::unmap(self.device, addr, pages * page) {
+                Ok(()) => return Ok(()),
+                Err(_) => self.range_unmap.store(false, Ordering::Relaxed),
+            }
+        }
+        (0..pages).try_for_each(|k| ffi::unmap(self.device, addr + (k * page) as u64, page))
+    }
+
+    /// Maps `pages` pages at `addr` (unmapped, inside a reservation) with handles from the
+    /// pool or new ones, pushing each mapped handle on `done`, then sets access once.
+    fn map_pages(
+        &self,
+        st: &mut VmmState,
+        addr: u64,
+        pages: usize,
+        done: &mut Vec<u64>,
+    ) -> Result<(), CudaError> {
+        let page = self.granularity;
+        for k in 0..pages {
+            let h = match st.pool.pop() {
+                Some(h) => h,
+                None => ffi::create(self.device, page)?,
+            };
+            if let Err(e) = ffi::map(self.device, addr + (k * page) as u64, page, h) {
+                st.pool.push(h);
+                return Err(e);
+            }
+            done.push(h);
+        }
+        ffi::set_access(self.device, addr, pages * page)
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        let mut st = std::mem::take(&mut *self.lock());
+        let _ = self.release_pool(&mut st);
+    }
 }
 
 impl CudaBackend {
@@ -103,13 +219,14 @@ impl CudaBackend {
     pub fn new(device: usize) -> Result<CudaBackend, CudaError> {
         super::check_device(device)?;
         super::bind_context(device)?;
-        let vmm = ffi::granularity(device)
-            .ok()
-            .flatten()
-            .map(|granularity| Vmm {
+        let vmm = ffi::granularity(device).ok().flatten().map(|granularity| {
+            Arc::new(Vmm {
+                device,
                 granularity,
-                chunks: Mutex::default(),
-            });
+                range_unmap: AtomicBool::new(true),
+                state: Mutex::default(),
+            })
+        });
         Ok(CudaBackend { device, vmm })
     }
 
@@ -117,13 +234,42 @@ impl CudaBackend {
     pub fn device(&self) -> usize {
         self.device
     }
+
+    /// Bytes of physical memory held in the pool of unmapped pages (`Note [VMM page pool]`):
+    /// counted by `cuMemGetInfo`, not in any policy's reserved bytes.
+    pub fn pooled_bytes(&self) -> u64 {
+        self.vmm
+            .as_ref()
+            .map_or(0, |v| (v.lock().pool.len() * v.granularity) as u64)
+    }
+
+    /// Releases the pooled physical pages (`cuMemRelease`), as
+    /// [`VirtualMemoryBackend::trim`] does.
+    ///
+    /// # Errors
+    /// [`CudaError::Driver`] from the first `cuMemRelease` that failed (the others are still
+    /// released).
+    pub fn release_pool(&self) -> Result<(), CudaError> {
+        match &self.vmm {
+            Some(v) => v.release_pool(&mut v.lock()),
+            None => Ok(()),
+        }
+    }
 }
 
 impl MemoryBackend for CudaBackend {
     type Event = CudaEvent;
 
     fn malloc(&self, bytes: usize, _stream: StreamId) -> Result<DevicePtr, BackendError> {
-        Ok(DevicePtr(ffi::mem_alloc(self.device, bytes)?))
+        let ptr = match ffi::mem_alloc(self.device, bytes) {
+            Err(CudaError::OutOfMemory { .. }) if self.pooled_bytes() > 0 => {
+                // Pooled pages are a cache (`Note [VMM page pool]`): give them back, retry once.
+                self.release_pool()?;
+                ffi::mem_alloc(self.device, bytes)?
+            }
+            r => r?,
+        };
+        Ok(DevicePtr(ptr))
     }
 
     unsafe fn free(
@@ -175,9 +321,6 @@ impl VirtualMemoryBackend for CudaBackend {
             op: "map",
             message: "this device has no virtual memory management".into(),
         })?;
-        // One physical handle per granularity page, so that a policy may later unmap any
-        // page-aligned sub-range of this mapping (berth's `paged` policy does): the driver only
-        // unmaps whole mappings (`cuMemUnmap` of a handle's full range).
         let page = vmm.granularity;
         if !bytes.is_multiple_of(page) || !addr.0.is_multiple_of(page as u64) {
             return Err(BackendError::Other {
@@ -188,21 +331,32 @@ impl VirtualMemoryBackend for CudaBackend {
                 ),
             });
         }
-        let mut done: Vec<(u64, u64)> = Vec::with_capacity(bytes / page);
-        for a in (addr.0..addr.0 + bytes as u64).step_by(page) {
-            match ffi::create_and_map(self.device, a, page) {
-                Ok(h) => done.push((a, h)),
-                Err(e) => {
-                    for &(a, h) in &done {
-                        let _ = ffi::unmap_and_release(self.device, a, page, h);
-                    }
-                    return Err(e.into());
-                }
-            }
+        let end = addr.0 + bytes as u64;
+        let mut st = vmm.lock();
+        if let Some((&a, _)) = st.mapped.range(addr.0..end).next() {
+            return Err(BackendError::Other {
+                op: "map",
+                message: format!(
+                    "map of {bytes} bytes at {:#x}: {a:#x} is already mapped",
+                    addr.0
+                ),
+            });
         }
-        let mut chunks = vmm.chunks.lock().unwrap_or_else(|p| p.into_inner());
-        for (a, h) in done {
-            chunks.insert(a, (page, h));
+        let pages = bytes / page;
+        let mut done = Vec::with_capacity(pages);
+        if let Err(e) = vmm.map_pages(&mut st, addr.0, pages, &mut done) {
+            // Nothing stays mapped after a failure: undo this call's mappings and give every
+            // pooled page back to the driver. `map_pages` creates pages only once the pool is
+            // empty, so an out-of-memory failure cannot be cured by releasing the pool.
+            if !done.is_empty() {
+                vmm.unmap_range(addr.0, done.len())?;
+            }
+            st.pool.append(&mut done);
+            vmm.release_pool(&mut st)?;
+            return Err(e.into());
+        }
+        for (k, h) in done.into_iter().enumerate() {
+            st.mapped.insert(addr.0 + (k * page) as u64, h);
         }
         Ok(())
     }
@@ -219,28 +373,33 @@ impl VirtualMemoryBackend for CudaBackend {
                 ptr: addr,
             });
         };
+        let page = vmm.granularity;
         let end = addr.0 + bytes as u64;
-        let mut chunks = vmm.chunks.lock().unwrap_or_else(|p| p.into_inner());
-        let inside: Vec<(u64, usize, u64)> = chunks
-            .range(addr.0..end)
-            .map(|(&a, &(b, h))| (a, b, h))
-            .collect();
-        let covered: usize = inside.iter().map(|c| c.1).sum();
-        if covered != bytes || inside.iter().any(|&(a, b, _)| a + b as u64 > end) {
+        let mut st = vmm.lock();
+        let pages = st.mapped.range(addr.0..end).count();
+        if !addr.0.is_multiple_of(page as u64) || pages * page != bytes {
             return Err(BackendError::InvalidPointer {
                 op: "unmap",
                 ptr: addr,
             });
         }
-        for (a, b, h) in inside {
-            chunks.remove(&a);
-            ffi::unmap_and_release(self.device, a, b, h)?;
+        // SAFETY (of the driver call inside): the caller's contract (1. mapped by `map`,
+        // checked above; 2. no queued work uses it).
+        vmm.unmap_range(addr.0, pages)?;
+        let handles: Vec<u64> = st.mapped.range(addr.0..end).map(|(_, &h)| h).collect();
+        for k in 0..pages {
+            st.mapped.remove(&(addr.0 + (k * page) as u64));
         }
+        st.pool.extend(handles);
         Ok(())
     }
 
     unsafe fn release(&self, base: DevicePtr, bytes: usize) -> Result<(), BackendError> {
         Ok(ffi::address_free(self.device, base.0, bytes)?)
+    }
+
+    fn trim(&self) -> Result<(), BackendError> {
+        Ok(self.release_pool()?)
     }
 }
 
@@ -338,8 +497,8 @@ mod ffi {
         })
     }
 
-    /// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`; on failure nothing stays mapped.
-    pub(super) fn create_and_map(device: usize, addr: u64, bytes: usize) -> Result<u64, CudaError> {
+    /// `cuMemCreate`: `bytes` of physical memory on `device`.
+    pub(super) fn create(device: usize, bytes: usize) -> Result<u64, CudaError> {
         bind(device)?;
         let p = prop(device);
         let mut h = 0u64;
@@ -347,45 +506,48 @@ mod ffi {
         r("cuMemCreate", device, bytes, unsafe {
             sys::cuMemCreate(&mut h, bytes, &p, 0)
         })?;
-        // SAFETY: `addr` is inside a reservation (the caller's contract), `h` is fresh.
-        if let Err(e) = r("cuMemMap", device, bytes, unsafe {
-            sys::cuMemMap(addr, bytes, 0, h, 0)
-        }) {
-            // SAFETY: `h` is unmapped and released once.
-            unsafe { sys::cuMemRelease(h) };
-            return Err(e);
-        }
-        let desc = sys::CUmemAccessDesc {
-            location: p.location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: the range was just mapped.
-        if let Err(e) = r("cuMemSetAccess", device, bytes, unsafe {
-            sys::cuMemSetAccess(addr, bytes, &desc, 1)
-        }) {
-            // SAFETY: undo the mapping made above, once.
-            unsafe {
-                sys::cuMemUnmap(addr, bytes);
-                sys::cuMemRelease(h);
-            }
-            return Err(e);
-        }
         Ok(h)
     }
 
-    pub(super) fn unmap_and_release(
-        device: usize,
-        addr: u64,
-        bytes: usize,
-        h: u64,
-    ) -> Result<(), CudaError> {
+    /// `cuMemMap` of all of handle `h` (`bytes` long) at `addr`.
+    pub(super) fn map(device: usize, addr: u64, bytes: usize, h: u64) -> Result<(), CudaError> {
         bind(device)?;
-        // SAFETY: `addr..addr+bytes` was mapped to `h` by `create_and_map`; no work uses it
-        // (the caller's contract).
+        // SAFETY: `addr..addr+bytes` is inside a reservation and unmapped, `h` is a live
+        // handle of `bytes` bytes mapped nowhere (the caller's contract).
+        r("cuMemMap", device, bytes, unsafe {
+            sys::cuMemMap(addr, bytes, 0, h, 0)
+        })
+    }
+
+    /// `cuMemSetAccess`: read/write for `device` on a fully mapped range (any number of
+    /// mappings).
+    pub(super) fn set_access(device: usize, addr: u64, bytes: usize) -> Result<(), CudaError> {
+        bind(device)?;
+        let desc = sys::CUmemAccessDesc {
+            location: prop(device).location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the range is mapped (the caller's contract); `desc` is one valid entry.
+        r("cuMemSetAccess", device, bytes, unsafe {
+            sys::cuMemSetAccess(addr, bytes, &desc, 1)
+        })
+    }
+
+    /// `cuMemUnmap` of a range made of whole mappings.
+    pub(super) fn unmap(device: usize, addr: u64, bytes: usize) -> Result<(), CudaError> {
+        bind(device)?;
+        // SAFETY: the range consists of whole mappings made by `map` and no work uses it (the
+        // caller's contract).
         r("cuMemUnmap", device, 0, unsafe {
             sys::cuMemUnmap(addr, bytes)
-        })?;
-        // SAFETY: `h` is now unmapped and released once.
+        })
+    }
+
+    /// `cuMemRelease` of a handle mapped nowhere.
+    pub(super) fn release(device: usize, h: u64) -> Result<(), CudaError> {
+        bind(device)?;
+        // SAFETY: `h` came from `create`, is unmapped, and is released once (the caller's
+        // contract).
         r("cuMemRelease", device, 0, unsafe { sys::cuMemRelease(h) })
     }
 }
@@ -414,10 +576,19 @@ mod ffi {
     pub(super) fn address_free(_: usize, _: u64, _: usize) -> Result<(), CudaError> {
         no()
     }
-    pub(super) fn create_and_map(_: usize, _: u64, _: usize) -> Result<u64, CudaError> {
+    pub(super) fn create(_: usize, _: usize) -> Result<u64, CudaError> {
         no()
     }
-    pub(super) fn unmap_and_release(_: usize, _: u64, _: usize, _: u64) -> Result<(), CudaError> {
+    pub(super) fn map(_: usize, _: u64, _: usize, _: u64) -> Result<(), CudaError> {
+        no()
+    }
+    pub(super) fn set_access(_: usize, _: u64, _: usize) -> Result<(), CudaError> {
+        no()
+    }
+    pub(super) fn unmap(_: usize, _: u64, _: usize) -> Result<(), CudaError> {
+        no()
+    }
+    pub(super) fn release(_: usize, _: u64) -> Result<(), CudaError> {
         no()
     }
 }

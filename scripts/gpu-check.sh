@@ -14,20 +14,27 @@ SHARED="${SHARED:-$( [ -d ../shared ] && echo ../shared || echo /work/shared )}"
 
 echo "== building release binaries into $CARGO_TARGET_DIR" >&2
 cargo build --release -p berth-cli >&2
-# Test executables of the berth crate (the GPU tests live there), found through cargo's JSON.
-mapfile -t TESTS < <(cargo test --release -p berth --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
+# Executables found through cargo's JSON: the test binaries of berth (the GPU tests) and
+# berth-data (pinned collate and the device prefetcher), and berth-alloc's criterion bench.
+executables() {
+  python3 -c 'import json,sys
 for l in sys.stdin:
     try: m = json.loads(l)
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] != ["bin"]:
-        print(m["target"]["name"] + "\t" + m["executable"])')
+        print(m["package_id"].split("#")[0].split("/")[-1].split("@")[0] + "-" + m["target"]["name"] + "\t" + m["executable"])'
+}
+mapfile -t TESTS < <(cargo test --release -p berth -p berth-data --no-run --message-format=json 2>/dev/null | executables)
+mapfile -t BENCHES < <(cargo bench -p berth-alloc --bench replay --no-run --message-format=json 2>/dev/null | executables)
 
 rm -rf .gpu && mkdir -p .gpu/shared
 cp "$CARGO_TARGET_DIR/release/berth" .gpu/berth
 for t in "${TESTS[@]}"; do
   name="${t%%$'\t'*}"; exe="${t#*$'\t'}"
-  cp "$exe" ".gpu/test-berth-$name"
+  cp "$exe" ".gpu/test-$name"
+done
+for b in "${BENCHES[@]}"; do
+  cp "${b#*$'\t'}" .gpu/bench-alloc-replay
 done
 cp -r "$SHARED/bench" "$SHARED/traces" .gpu/shared/
 
@@ -37,24 +44,38 @@ cat > .gpu/run.sh <<'EOF'
 set -u
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# PARTS picks what runs (all by default), so the work can be split over several calls of at
+# most 10 minutes each: tests bench train replay alloc torch.
+PARTS=" ${PARTS:-tests bench train replay alloc torch} "
+want() { [[ "$PARTS" == *" $1 "* ]]; }
 .gpu/berth info | tee "$OUT/info.txt"
 status=0
-for t in .gpu/test-berth-*; do
-  BERTH_REQUIRE_GPU=1 "$t" --test-threads=1 2>&1 | tee -a "$OUT/tests.log" | tail -3 || status=1
-done
-grep -h "^test result" "$OUT/tests.log" > "$OUT/tests-summary.txt" || true
-for b in transfers alloc overlap sync; do
-  timeout 120 .gpu/berth bench "$b" --json 2>>"$OUT/bench.err" | tee -a "$OUT/berth-bench.jsonl"
-done
+touch "$OUT/tests.log" "$OUT/berth-bench.jsonl"
+if want tests; then
+  for t in .gpu/test-*; do
+    echo "== $t" >> "$OUT/tests.log"
+    BERTH_REQUIRE_GPU=1 "$t" --test-threads=1 >> "$OUT/tests.log" 2>&1 || status=1
+    tail -1 "$OUT/tests.log"
+  done
+  grep -h -E "^== |^test result|FAILED|panicked" "$OUT/tests.log" > "$OUT/tests-summary.txt" || true
+fi
+if want bench; then
+  for b in transfers alloc overlap sync; do
+    timeout 120 .gpu/berth bench "$b" --json 2>>"$OUT/bench.err" | tee -a "$OUT/berth-bench.jsonl"
+  done
+fi
 # The main job on the GPU (auto picks cuda:0), the meta prediction beside it, and the
 # DataLoader to the GPU.
+if want train; then
 timeout 300 .gpu/berth train --device auto --epochs 5 --json > "$OUT/train-cuda.json" 2>"$OUT/train-cuda.err" || status=1
 timeout 60 .gpu/berth train --device meta --json > "$OUT/train-meta.json" 2>>"$OUT/train-cuda.err" || status=1
 cat "$OUT/train-cuda.json" "$OUT/train-meta.json"
 timeout 240 .gpu/berth bench dataloader --json > "$OUT/bench-dataloader.jsonl" 2>"$OUT/bench-dataloader.err" || status=1
 cat "$OUT/bench-dataloader.jsonl"
+fi
 # Real traces through berth's allocators on the GPU (one stream, warm pass timed), and
 # PyTorch's own C++ replay of the same traces in the same run.
+if want replay; then
 timeout 300 .gpu/berth replay --device cuda:0 --policy all --json .gpu/shared/traces/*.trace.json.gz > "$OUT/replay-cuda.jsonl" 2>>"$OUT/bench.err" || status=1
 cat "$OUT/replay-cuda.jsonl"
 if [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
@@ -63,7 +84,14 @@ if [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
   done
   cat "$OUT/torch-replay.jsonl"
 fi
-if [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
+fi
+# berth-alloc's criterion bench on this idle many-core host: the five traces (warm cache)
+# and the live-blocks sweep (100 / 10k / 100k live blocks). Medians land in criterion's JSON.
+if want alloc && [ -x .gpu/bench-alloc-replay ]; then
+  BERTH_TRACE_DIR=.gpu/shared/traces timeout 400 .gpu/bench-alloc-replay --bench > "$OUT/bench-alloc.txt" 2>&1 || status=1
+  grep -E -B1 "time:" "$OUT/bench-alloc.txt" | grep -v '^--'
+fi
+if want torch && [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
   timeout 240 python3 .gpu/shared/bench/torch_baseline.py > "$OUT/torch-baseline.json" 2>"$OUT/torch-baseline.err"
 fi
 python3 - "$OUT" <<'PY'
@@ -98,11 +126,12 @@ table = "\n".join(lines)
 open(os.path.join(out, "table.md"), "w").write(table + "\n")
 print(table)
 PY
-cat "$OUT/tests-summary.txt"
+cat "$OUT/tests-summary.txt" 2>/dev/null
 exit $status
 EOF
 chmod +x .gpu/run.sh
 du -sh .gpu >&2
 echo
 echo "Run on the GPU machine (run tool, carry [\".gpu\"]):"
-echo "  bash .gpu/run.sh"
+echo "  bash .gpu/run.sh                      (everything; over 10 minutes on one call, so split:)"
+echo "  PARTS='tests alloc' bash .gpu/run.sh;  PARTS='bench train replay torch' bash .gpu/run.sh"

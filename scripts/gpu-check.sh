@@ -45,8 +45,8 @@ set -u
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # PARTS picks what runs (all by default), so the work can be split over several calls of at
-# most 10 minutes each: tests bench train replay alloc torch.
-PARTS=" ${PARTS:-tests bench train replay alloc torch} "
+# most 10 minutes each: tests bench train replay alloc torch seeds.
+PARTS=" ${PARTS:-tests bench train replay alloc torch seeds} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 .gpu/berth info | tee "$OUT/info.txt"
 status=0
@@ -75,6 +75,17 @@ cat "$OUT/bench-dataloader.jsonl"
 fi
 # Real traces through berth's allocators on the GPU (one stream, warm pass timed), and
 # PyTorch's own C++ replay of the same traces in the same run.
+# Accuracy on the GPU against the CPU over several seeds (the two differ in summation order
+# only, so single runs differ by a few tenths of a point either way).
+if want seeds; then
+  for seed in 1 2 3; do
+    for dev in cpu cuda:0; do
+      timeout 200 .gpu/berth train --device $dev --seed $seed --epochs 5 --json 2>/dev/null \
+        | python3 -c "import json,sys; d=json.load(sys.stdin); print(json.dumps({'seed': $seed, 'device': '$dev', 'test_accuracy': d.get('test_accuracy'), 'epoch_seconds': d.get('epoch_seconds')}))" \
+        | tee -a "$OUT/train-seeds.jsonl" || status=1
+    done
+  done
+fi
 if want replay; then
 timeout 300 .gpu/berth replay --device cuda:0 --policy all --json .gpu/shared/traces/*.trace.json.gz > "$OUT/replay-cuda.jsonl" 2>>"$OUT/bench.err" || status=1
 cat "$OUT/replay-cuda.jsonl"

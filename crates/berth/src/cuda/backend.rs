@@ -617,6 +617,54 @@ mod tests {
         assert!(!other.is_out_of_memory());
     }
 
+    /// `Note [VMM page pool]` on a real GPU: unmapped pages wait in the pool, the next map
+    /// reuses them, `cuMemGetInfo` counts mapped plus pooled pages, and `trim` gives the pool
+    /// back.
+    #[test]
+    fn unmapped_pages_are_pooled_reused_and_trimmed() {
+        if !crate::cuda::testing::require_gpu("vmm_page_pool") {
+            return;
+        }
+        let s = StreamId::DEFAULT;
+        let b = CudaBackend::new(0).unwrap();
+        let v = b.as_virtual().expect("VMM supported");
+        let g = v.granularity();
+        let used = || {
+            let (free, total) = super::super::mem_get_info(0).unwrap();
+            (total - free) as i64
+        };
+        let base = v.reserve(8 * g).unwrap();
+        let at = |k: usize| DevicePtr(base.0 + (k * g) as u64);
+        let used0 = used();
+        v.map(at(0), 3 * g, s).unwrap();
+        v.map(at(3), g, s).unwrap();
+        assert_eq!(used() - used0, 4 * g as i64, "four pages mapped");
+        // SAFETY: mapped above (in two calls), no work uses them.
+        unsafe { v.unmap(at(0), 4 * g, s).unwrap() };
+        assert_eq!(b.pooled_bytes(), 4 * g as u64);
+        assert_eq!(used() - used0, 4 * g as i64, "pooled pages stay allocated");
+        v.map(at(5), 2 * g, s).unwrap();
+        assert_eq!(b.pooled_bytes(), 2 * g as u64, "two pooled pages reused");
+        assert_eq!(used() - used0, 4 * g as i64, "no new physical memory");
+        assert!(
+            v.map(at(6), g, s).is_err(),
+            "a mapped page cannot be mapped again"
+        );
+        assert_eq!(
+            b.pooled_bytes(),
+            2 * g as u64,
+            "a refused map touches nothing"
+        );
+        // SAFETY: mapped above, no work uses them; then nothing is mapped in the reservation.
+        unsafe {
+            assert!(v.unmap(at(4), 2 * g, s).is_err(), "page 4 is not mapped");
+            v.unmap(at(5), 2 * g, s).unwrap();
+            v.trim().unwrap();
+            assert_eq!(used() - used0, 0, "trim gave every page back");
+            v.release(base, 8 * g).unwrap();
+        }
+    }
+
     #[test]
     fn backend_without_a_gpu_is_unavailable_not_a_panic() {
         if crate::cuda::is_available() {

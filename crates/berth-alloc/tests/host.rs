@@ -399,8 +399,11 @@ fn host_register_mode_prefaults_and_registers() {
     let mut a = host.allocate(3 * MIB).unwrap();
     assert_eq!((sim.counts().register, sim.counts().alloc_pinned), (1, 0));
     assert!(host.is_pinned(a.as_ptr()) && sim.is_pinned(a.as_ptr()));
-    // SAFETY: register mode zeroes memory; no stream uses the block.
-    assert!(unsafe { a.as_mut_slice() }.iter().all(|&b| b == 0));
+    // The whole block is usable. SAFETY: `len` bytes are written before they are read (a
+    // pinned block's contents are unspecified, as `cudaHostAlloc`'s are); no stream uses it.
+    unsafe { std::ptr::write_bytes(a.as_ptr(), 0xa5, a.len()) };
+    // SAFETY: initialised just above; no stream uses the block.
+    assert!(unsafe { a.as_mut_slice() }.iter().all(|&b| b == 0xa5));
     drop(a);
     host.empty_cache().unwrap();
     assert_eq!((sim.counts().unregister, sim.used_bytes()), (1, 0));

@@ -148,4 +148,8 @@ impl<B: MemoryBackend> VirtualMemoryBackend for Counting<B> {
         // SAFETY: forwarded unchanged; the caller upholds `release`'s contract.
         unsafe { vm.release(base, bytes) }
     }
+
+    fn trim(&self) -> Result<(), BackendError> {
+        self.inner.as_virtual().map_or(Ok(()), |v| v.trim())
+    }
 }

@@ -499,6 +499,8 @@ impl<E> State<E> {
             self.complete_free(p.addr, p.size, p.arena);
         }
         self.reclaim(backend, u64::MAX, (0, 0))?;
+        // The backend may keep unmapped pages for reuse (the CUDA backend's pool): give them back.
+        vm(backend).trim().map_err(backend_err(StreamId::DEFAULT))?;
         Ok(())
     }
 

@@ -19,18 +19,9 @@ use crate::{DType, Device, Error, Result};
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CudaKernels;
 
-/// The kernel dtype of a tensor dtype.
+/// The kernel dtype of a tensor dtype ([`ScalarType::of`]).
 pub fn scalar_type(dtype: DType) -> ScalarType {
-    match dtype {
-        DType::F32 => ScalarType::F32,
-        DType::F64 => ScalarType::F64,
-        DType::F16 => ScalarType::F16,
-        DType::BF16 => ScalarType::BF16,
-        DType::I64 => ScalarType::I64,
-        DType::I32 => ScalarType::I32,
-        DType::U8 => ScalarType::U8,
-        DType::Bool => ScalarType::Bool,
-    }
+    ScalarType::of(dtype)
 }
 
 /// The stream kernels go to: the thread's current stream of `device`
@@ -76,6 +67,11 @@ impl Raw {
         DeviceView::new(self.ptr, self.dtype, &self.strides)
     }
 
+    /// The stream kernels on this operand's device go to ([`current_stream`]).
+    fn stream(&self) -> RawStream {
+        current_stream(self.device)
+    }
+
     fn is_contiguous_for(&self, shape: &[usize]) -> bool {
         let c = kernels::contiguous_strides(shape);
         shape
@@ -115,39 +111,18 @@ impl DeviceKernels for CudaKernels {
         let (d, s) = (Raw::of("copy", &dst)?, Raw::of("copy", &src)?);
         // SAFETY: both views come from live storages whose layouts the front-end checked to fit
         // their memory; the stream is the device's.
-        unsafe {
-            kernels::copy(
-                d.device,
-                current_stream(d.device),
-                dst.layout.shape(),
-                d.view(),
-                s.view(),
-            )
-        }?;
+        unsafe { kernels::copy(d.device, d.stream(), dst.layout.shape(), d.view(), s.view()) }?;
         Ok(())
     }
 
     fn fill(&self, dst: View<'_>, value: f64) -> Result<()> {
         let d = Raw::of("fill", &dst)?;
         // SAFETY: as in `copy`.
-        unsafe {
-            kernels::fill(
-                d.device,
-                current_stream(d.device),
-                dst.layout.shape(),
-                d.view(),
-                value,
-            )
-        }?;
+        unsafe { kernels::fill(d.device, d.stream(), dst.layout.shape(), d.view(), value) }?;
         Ok(())
     }
 
     fn unary(&self, op: UnaryOp, dst: View<'_>, src: Option<View<'_>>) -> Result<()> {
-        let d = Raw::of(op.name(), &dst)?;
-        let s = match src {
-            Some(v) => Raw::of(op.name(), &v)?,
-            None => Raw::of(op.name(), &dst)?,
-        };
         let k = match op {
             UnaryOp::Neg => kernels::UnaryOp::Neg,
             UnaryOp::Relu => kernels::UnaryOp::Relu,
@@ -156,18 +131,7 @@ impl DeviceKernels for CudaKernels {
             UnaryOp::Sqrt => kernels::UnaryOp::Sqrt,
             UnaryOp::Abs => kernels::UnaryOp::Abs,
         };
-        // SAFETY: as in `copy`; in place, `dst` is read and written element by element.
-        unsafe {
-            kernels::unary(
-                d.device,
-                current_stream(d.device),
-                k,
-                dst.layout.shape(),
-                d.view(),
-                s.view(),
-            )
-        }?;
-        Ok(())
+        unary_kernel(op.name(), k, dst, src)
     }
 
     fn binary(
@@ -178,10 +142,7 @@ impl DeviceKernels for CudaKernels {
         rhs: View<'_>,
     ) -> Result<()> {
         let d = Raw::of(op.name(), &dst)?;
-        let a = match lhs {
-            Some(v) => Raw::of(op.name(), &v)?,
-            None => Raw::of(op.name(), &dst)?,
-        };
+        let a = Raw::of(op.name(), lhs.as_ref().unwrap_or(&dst))?;
         let b = Raw::of(op.name(), &rhs)?;
         let k = match op {
             BinaryOp::Add => kernels::BinaryOp::Add,
@@ -196,7 +157,7 @@ impl DeviceKernels for CudaKernels {
         unsafe {
             kernels::binary(
                 d.device,
-                current_stream(d.device),
+                d.stream(),
                 k,
                 dst.layout.shape(),
                 d.view(),
@@ -215,11 +176,6 @@ impl DeviceKernels for CudaKernels {
         scalar: f64,
         scalar_first: bool,
     ) -> Result<()> {
-        let d = Raw::of(op.name(), &dst)?;
-        let s = match src {
-            Some(v) => Raw::of(op.name(), &v)?,
-            None => Raw::of(op.name(), &dst)?,
-        };
         use kernels::UnaryOp as U;
         let k = match (op, scalar_first) {
             (BinaryOp::Add, _) => U::AddScalar(scalar),
@@ -233,18 +189,7 @@ impl DeviceKernels for CudaKernels {
             (BinaryOp::Maximum, _) => U::MaximumScalar(scalar),
             (BinaryOp::Minimum, _) => U::MinimumScalar(scalar),
         };
-        // SAFETY: as in `unary`.
-        unsafe {
-            kernels::unary(
-                d.device,
-                current_stream(d.device),
-                k,
-                dst.layout.shape(),
-                d.view(),
-                s.view(),
-            )
-        }?;
-        Ok(())
+        unary_kernel(op.name(), k, dst, src)
     }
 
     fn compare(
@@ -257,10 +202,7 @@ impl DeviceKernels for CudaKernels {
     ) -> Result<()> {
         let d = Raw::of(op.name(), &dst)?;
         let a = Raw::of(op.name(), &lhs)?;
-        let b = match rhs {
-            Some(v) => Some(Raw::of(op.name(), &v)?),
-            None => None,
-        };
+        let b = rhs.map(|v| Raw::of(op.name(), &v)).transpose()?;
         let k = match op {
             CmpOp::Eq => kernels::CompareOp::Eq,
             CmpOp::Ne => kernels::CompareOp::Ne,
@@ -273,7 +215,7 @@ impl DeviceKernels for CudaKernels {
         unsafe {
             kernels::compare(
                 d.device,
-                current_stream(d.device),
+                d.stream(),
                 k,
                 dst.layout.shape(),
                 d.view(),
@@ -289,7 +231,7 @@ impl DeviceKernels for CudaKernels {
         let d = Raw::of(op.name(), &dst)?;
         let s = Raw::of(op.name(), &src)?;
         let shape = src.layout.shape();
-        let stream = current_stream(s.device);
+        let stream = s.stream();
         match op {
             // SAFETY: as in `copy`: both views come from live device storages whose layouts the
             // front-end checked to fit their memory, and `stream` is the device's; `dst` has the
@@ -392,7 +334,7 @@ impl DeviceKernels for CudaKernels {
             None => ((1, [0, 0, 0]), vec![]),
         };
         let count: usize = loops.iter().map(|l| l.0).product();
-        let stream = current_stream(d.device);
+        let stream = d.stream();
         for flat in 0..count {
             let (mut rem, mut off) = (flat, [0isize; 3]);
             for (size, st) in loops.iter().rev() {
@@ -433,7 +375,7 @@ impl DeviceKernels for CudaKernels {
                 what: "softmax of a 0-d tensor: give it a dimension".into(),
             });
         }
-        let stream = current_stream(d.device);
+        let stream = d.stream();
         let input = if s.is_contiguous_for(shape) {
             s.ptr
         } else {
@@ -458,33 +400,10 @@ impl DeviceKernels for CudaKernels {
     }
 
     fn cross_entropy(&self, dst: View<'_>, logits: View<'_>, targets: View<'_>) -> Result<()> {
-        let (d, x, t) = (
-            Raw::of("cross_entropy", &dst)?,
-            Raw::of("cross_entropy", &logits)?,
-            Raw::of("cross_entropy", &targets)?,
-        );
-        let shape = logits.layout.shape();
-        let (n, c) = two_d("cross_entropy", shape)?;
-        if !x.is_contiguous_for(shape) {
-            return Err(not_contiguous("cross_entropy", "logits tensor"));
-        }
-        if !t.is_contiguous_for(targets.layout.shape()) {
-            return Err(not_contiguous("cross_entropy", "targets tensor"));
-        }
+        let a = CeArgs::of("cross_entropy", dst, logits, targets)?;
+        let mean = kernels::Reduction::Mean;
         // SAFETY: contiguous logits [n, c], targets [n], a 1-element dst.
-        unsafe {
-            kernels::cross_entropy(
-                d.device,
-                current_stream(d.device),
-                x.dtype,
-                n,
-                c,
-                x.ptr,
-                t.ptr,
-                kernels::Reduction::Mean,
-                d.ptr,
-            )
-        }?;
+        unsafe { kernels::cross_entropy(a.dev, a.stream, a.dt, a.n, a.c, a.x, a.t, mean, a.out) }?;
         Ok(())
     }
 
@@ -495,32 +414,12 @@ impl DeviceKernels for CudaKernels {
         targets: View<'_>,
     ) -> Result<()> {
         let op = "cross_entropy_backward";
-        let (d, x, t) = (
-            Raw::of(op, &dst)?,
-            Raw::of(op, &logits)?,
-            Raw::of(op, &targets)?,
-        );
-        let shape = logits.layout.shape();
-        let (n, c) = two_d(op, shape)?;
-        if !x.is_contiguous_for(shape) {
-            return Err(not_contiguous(op, "logits tensor"));
-        }
-        if !t.is_contiguous_for(targets.layout.shape()) {
-            return Err(not_contiguous(op, "targets tensor"));
-        }
+        let a = CeArgs::of(op, dst, logits, targets)?;
+        let mean = kernels::Reduction::Mean;
         // SAFETY: contiguous buffers; grad_out 0 means an incoming gradient of 1.
         unsafe {
             kernels::cross_entropy_backward(
-                d.device,
-                current_stream(d.device),
-                x.dtype,
-                n,
-                c,
-                x.ptr,
-                t.ptr,
-                kernels::Reduction::Mean,
-                0,
-                d.ptr,
+                a.dev, a.stream, a.dt, a.n, a.c, a.x, a.t, mean, 0, a.out,
             )
         }?;
         Ok(())
@@ -538,19 +437,80 @@ impl DeviceKernels for CudaKernels {
         };
         let n = shape.iter().product();
         // SAFETY: contiguous `dst` of `n` elements.
-        unsafe {
-            fill_random_with(
-                d.device,
-                current_stream(d.device),
-                d.dtype,
-                n,
-                dist,
-                d.ptr,
-                seed,
-                offset,
-            )
-        }?;
+        unsafe { fill_random_with(d.device, d.stream(), d.dtype, n, dist, d.ptr, seed, offset) }?;
         Ok(())
+    }
+}
+
+/// `dst = k(src)` with the kernel's unary op `k` (in place on `dst` when `src` is `None`):
+/// the launch behind [`DeviceKernels::unary`] and [`DeviceKernels::scalar`], errors naming `op`.
+fn unary_kernel(
+    op: &'static str,
+    k: kernels::UnaryOp,
+    dst: View<'_>,
+    src: Option<View<'_>>,
+) -> Result<()> {
+    let d = Raw::of(op, &dst)?;
+    let s = Raw::of(op, src.as_ref().unwrap_or(&dst))?;
+    // SAFETY: as in `CudaKernels::copy`: both views come from live storages whose layouts the
+    // front-end checked to fit their memory; the stream is the device's. In place, `dst` is
+    // read and written element by element.
+    unsafe {
+        kernels::unary(
+            d.device,
+            d.stream(),
+            k,
+            dst.layout.shape(),
+            d.view(),
+            s.view(),
+        )
+    }?;
+    Ok(())
+}
+
+/// The arguments the cross-entropy kernels share, checked: the device and its current
+/// stream, the logits' dtype, `n` rows of `c` classes, and the addresses of the contiguous
+/// logits `[n, c]`, the contiguous targets `[n]` and the output.
+struct CeArgs {
+    dev: usize,
+    stream: RawStream,
+    dt: ScalarType,
+    n: usize,
+    c: usize,
+    /// The logits' address.
+    x: u64,
+    /// The targets' address.
+    t: u64,
+    out: u64,
+}
+
+impl CeArgs {
+    /// Errors, naming `op`: [`Error::InvalidArgument`] for a view that is not device memory,
+    /// logits that are not `[N, C]`, or non-contiguous logits or targets (in that order).
+    fn of(op: &'static str, dst: View<'_>, logits: View<'_>, targets: View<'_>) -> Result<Self> {
+        let (d, x, t) = (
+            Raw::of(op, &dst)?,
+            Raw::of(op, &logits)?,
+            Raw::of(op, &targets)?,
+        );
+        let shape = logits.layout.shape();
+        let (n, c) = two_d(op, shape)?;
+        if !x.is_contiguous_for(shape) {
+            return Err(not_contiguous(op, "logits tensor"));
+        }
+        if !t.is_contiguous_for(targets.layout.shape()) {
+            return Err(not_contiguous(op, "targets tensor"));
+        }
+        Ok(Self {
+            dev: d.device,
+            stream: d.stream(),
+            dt: x.dtype,
+            n,
+            c,
+            x: x.ptr,
+            t: t.ptr,
+            out: d.ptr,
+        })
     }
 }
 

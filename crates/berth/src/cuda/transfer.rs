@@ -322,28 +322,21 @@ fn host_destination(nbytes: usize) -> Storage {
 /// [`CudaError::InvalidArgument`] when the tensors do not meet the conditions above;
 /// [`CudaError::SyncDebug`] in sync-debug `Error` mode; driver and staging errors.
 pub fn copy_to_host(dst: &Tensor, src: &Tensor) -> Result<()> {
-    check_copy_pair(dst, src)?;
-    let dev = cuda_index(src.device())?;
-    let src = src.contiguous()?;
-    let elem = src.dtype().size_in_bytes();
-    let nbytes = src.numel() * elem;
-    if nbytes == 0 {
+    let Some(c) = direct_copy(dst, src, src.device(), "copy_dtoh")? else {
         return Ok(());
-    }
-    super::sync_point("copy_dtoh")?;
-    let stream = current_stream(dev)?;
-    let sptr = src.storage().data_ptr() + (src.storage_offset() * elem) as u64;
-    let at = dst.storage_offset() * elem;
+    };
+    let sptr = c.src.storage().data_ptr() + (c.src.storage_offset() * c.elem) as u64;
+    let at = dst.storage_offset() * c.elem;
     let storage = dst.storage();
     let pinned = storage.is_pinned();
     let mut guard = storage.write_host("copy_")?;
-    let out = &mut guard.bytes_mut()[at..at + nbytes];
+    let out = &mut guard.bytes_mut()[at..at + c.nbytes];
     if pinned {
-        ffi::dtoh_async(dev, out.as_mut_ptr(), sptr, nbytes, stream.as_raw())?;
-        stream.synchronize_uncounted()?;
+        ffi::dtoh_async(c.dev, out.as_mut_ptr(), sptr, c.nbytes, c.stream.as_raw())?;
+        c.stream.synchronize_uncounted()?;
         Ok(())
     } else {
-        stage_dtoh(dev, out, sptr, &stream)
+        stage_dtoh(c.dev, out, sptr, &c.stream)
     }
 }
 
@@ -355,30 +348,63 @@ pub fn copy_to_host(dst: &Tensor, src: &Tensor) -> Result<()> {
 /// # Errors
 /// As [`copy_to_host`].
 pub fn copy_from_host(dst: &Tensor, src: &Tensor) -> Result<()> {
+    let Some(c) = direct_copy(dst, src, dst.device(), "copy_htod")? else {
+        return Ok(());
+    };
+    let dptr = dst.storage().data_ptr() + (dst.storage_offset() * c.elem) as u64;
+    let at = c.src.storage_offset() * c.elem;
+    let storage = c.src.storage();
+    let guard = storage.read_host("copy_")?;
+    let bytes = &guard.bytes()[at..at + c.nbytes];
+    if storage.is_pinned() {
+        ffi::htod_async(c.dev, dptr, bytes.as_ptr(), c.nbytes, c.stream.as_raw())?;
+    } else {
+        stage_htod(c.dev, dptr, bytes, &c.stream)?;
+    }
+    // The source stays read-locked until the copies from it ran.
+    c.stream.synchronize_uncounted()?;
+    drop(guard);
+    Ok(())
+}
+
+/// The common start of [`copy_to_host`] and [`copy_from_host`], after their checks: the CUDA
+/// device of the pair, the device's current stream, the contiguous source, its element size
+/// (in bytes) and its size in bytes.
+struct DirectCopy {
+    dev: usize,
+    // Declared before `src` so that it drops first, as the locals it replaces did.
+    stream: Stream,
+    src: Tensor,
+    elem: usize,
+    nbytes: usize,
+}
+
+/// Checks the pair ([`check_copy_pair`]) and the CUDA side's device `cuda`, makes `src`
+/// contiguous; `None` when there are no bytes to copy, else passes the sync point `sync`
+/// (`copy_dtoh` / `copy_htod`) and takes the device's current stream.
+fn direct_copy(
+    dst: &Tensor,
+    src: &Tensor,
+    cuda: Device,
+    sync: &'static str,
+) -> Result<Option<DirectCopy>> {
     check_copy_pair(dst, src)?;
-    let dev = cuda_index(dst.device())?;
+    let dev = cuda_index(cuda)?;
     let src = src.contiguous()?;
     let elem = src.dtype().size_in_bytes();
     let nbytes = src.numel() * elem;
     if nbytes == 0 {
-        return Ok(());
+        return Ok(None);
     }
-    super::sync_point("copy_htod")?;
+    super::sync_point(sync)?;
     let stream = current_stream(dev)?;
-    let dptr = dst.storage().data_ptr() + (dst.storage_offset() * elem) as u64;
-    let at = src.storage_offset() * elem;
-    let storage = src.storage();
-    let guard = storage.read_host("copy_")?;
-    let bytes = &guard.bytes()[at..at + nbytes];
-    if storage.is_pinned() {
-        ffi::htod_async(dev, dptr, bytes.as_ptr(), nbytes, stream.as_raw())?;
-    } else {
-        stage_htod(dev, dptr, bytes, &stream)?;
-    }
-    // The source stays read-locked until the copies from it ran.
-    stream.synchronize_uncounted()?;
-    drop(guard);
-    Ok(())
+    Ok(Some(DirectCopy {
+        dev,
+        src,
+        elem,
+        nbytes,
+        stream,
+    }))
 }
 
 fn check_copy_pair(dst: &Tensor, src: &Tensor) -> Result<()> {

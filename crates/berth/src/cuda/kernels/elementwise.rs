@@ -6,9 +6,7 @@
 //! the same view as output and input: each element is read before it is written by the same
 //! thread, so that is safe as long as the output has no internal overlap.
 
-use super::{
-    bind, function, grid_for, launch, module_source, numel, DeviceView, Idx, RawStream, ScalarType,
-};
+use super::{grid_for, kernel_params, numel, DeviceView, Family, Idx, RawStream, ScalarType};
 use crate::cuda::CudaError;
 use std::ffi::c_void;
 
@@ -253,17 +251,31 @@ fn same_dtype(op: &'static str, want: ScalarType, got: ScalarType) -> Result<(),
     }
 }
 
-/// Looks `name` up in module `family.dtype` on `device` (binding its context) and launches it
-/// over `n` elements.
+/// The elementwise kernel families, one module per dtype each.
+const UNARY: Family = Family {
+    key: "unary",
+    src: UNARY_SRC,
+};
+const BINARY: Family = Family {
+    key: "binary",
+    src: BINARY_SRC,
+};
+const COPY: Family = Family {
+    key: "copy",
+    src: COPY_SRC,
+};
+
+/// Launches kernel `KN(name)` of `family`'s module for `dtype` on `device` (binding its
+/// context; see [`super::run`]) over `n` elements: [`grid_for`] blocks of [`BLOCK`] threads;
+/// nothing when `n` is 0.
 ///
 /// # Safety
-/// As [`launch`]: `params` match the kernel's signature and every pointer is valid.
-#[allow(clippy::too_many_arguments)]
+/// As [`launch`](super::launch): `params` match the kernel's signature and every pointer is
+/// valid; `stream` belongs to `device`'s primary context (or is null).
 unsafe fn run(
     device: usize,
     stream: RawStream,
-    family: &'static str,
-    src: &'static str,
+    family: Family,
     dtype: ScalarType,
     name: &str,
     n: i64,
@@ -272,14 +284,9 @@ unsafe fn run(
     if n == 0 {
         return Ok(());
     }
-    bind(device)?;
-    let key = format!("{family}.{}", dtype.suffix());
-    // SAFETY: `bind` made `device`'s context current.
-    let f = unsafe { function(device, &key, name, || module_source(src, dtype)) }?;
     let grid = grid_for(n as u64, BLOCK);
     // SAFETY: the caller's contract.
-    unsafe { launch(device, f, grid, BLOCK, 0, stream, params) }?;
-    Ok(())
+    unsafe { super::run(device, stream, family, dtype, name, grid, BLOCK, params) }
 }
 
 /// `out = op(a)` over `shape`, on `stream` of `device`.
@@ -306,28 +313,9 @@ pub unsafe fn unary(
     let mut n = numel("unary", shape)?;
     let mut ix = Idx::<2>::new("unary", shape, [out.strides, a.strides])?;
     let (mut o, mut x) = (out.ptr, a.ptr);
-    let mut params = [
-        (&raw mut n).cast::<c_void>(),
-        (&raw mut ix).cast(),
-        (&raw mut o).cast(),
-        (&raw mut x).cast(),
-        (&raw mut p).cast(),
-        (&raw mut q).cast(),
-    ];
-    let name = format!("{name}_{}", a.dtype.suffix());
+    let mut params = kernel_params![n, ix, o, x, p, q];
     // SAFETY: the params match `UNARY`'s signature; pointers per the caller's contract.
-    unsafe {
-        run(
-            device,
-            stream,
-            "unary",
-            UNARY_SRC,
-            a.dtype,
-            &name,
-            n,
-            &mut params,
-        )
-    }
+    unsafe { run(device, stream, UNARY, a.dtype, name, n, &mut params) }
 }
 
 /// Writes `value` (converted to `out`'s dtype; bool is `value != 0`) into every element of
@@ -349,26 +337,9 @@ pub unsafe fn fill(
     let mut ix = Idx::<1>::new("fill", shape, [out.strides])?;
     let mut o = out.ptr;
     let mut p = value;
-    let mut params = [
-        (&raw mut n).cast::<c_void>(),
-        (&raw mut ix).cast(),
-        (&raw mut o).cast(),
-        (&raw mut p).cast(),
-    ];
-    let name = format!("fill_{}", out.dtype.suffix());
+    let mut params = kernel_params![n, ix, o, p];
     // SAFETY: the params match `fill`'s signature; pointers per the caller's contract.
-    unsafe {
-        run(
-            device,
-            stream,
-            "unary",
-            UNARY_SRC,
-            out.dtype,
-            &name,
-            n,
-            &mut params,
-        )
-    }
+    unsafe { run(device, stream, UNARY, out.dtype, "fill", n, &mut params) }
 }
 
 /// `out = op(a, b)` over `shape` (broadcast operands have stride 0).
@@ -393,28 +364,9 @@ pub unsafe fn binary(
     let mut n = numel("binary", shape)?;
     let mut ix = Idx::<3>::new("binary", shape, [out.strides, a.strides, b.strides])?;
     let (mut o, mut x, mut y) = (out.ptr, a.ptr, b.ptr);
-    let mut params = [
-        (&raw mut n).cast::<c_void>(),
-        (&raw mut ix).cast(),
-        (&raw mut o).cast(),
-        (&raw mut x).cast(),
-        (&raw mut y).cast(),
-        (&raw mut p).cast(),
-    ];
-    let name = format!("{name}_{}", a.dtype.suffix());
+    let mut params = kernel_params![n, ix, o, x, y, p];
     // SAFETY: the params match `BINARY`'s signature; pointers per the caller's contract.
-    unsafe {
-        run(
-            device,
-            stream,
-            "binary",
-            BINARY_SRC,
-            a.dtype,
-            &name,
-            n,
-            &mut params,
-        )
-    }
+    unsafe { run(device, stream, BINARY, a.dtype, name, n, &mut params) }
 }
 
 /// `out = a <op> b` into a bool `out` over `shape`; with `b` `None`, `out = a <op> scalar`
@@ -445,30 +397,12 @@ pub unsafe fn compare(
     let mut n = numel("compare", shape)?;
     let mut ix = Idx::<3>::new("compare", shape, [out.strides, a.strides, b_strides])?;
     let (mut o, mut x, mut y, mut p) = (out.ptr, a.ptr, b.map_or(0, |b| b.ptr), scalar);
-    let mut params = [
-        (&raw mut n).cast::<c_void>(),
-        (&raw mut ix).cast(),
-        (&raw mut o).cast(),
-        (&raw mut x).cast(),
-        (&raw mut y).cast(),
-        (&raw mut p).cast(),
-    ];
+    let mut params = kernel_params![n, ix, o, x, y, p];
     let suffix = if b.is_some() { "" } else { "s" };
-    let name = format!("{}{suffix}_{}", op.kernel(), a.dtype.suffix());
+    let name = format!("{}{suffix}", op.kernel());
     // SAFETY: the params match `COMPARE` (whose last parameter is absent and ignored) or
     // `COMPARE_S`; pointers per the caller's contract.
-    unsafe {
-        run(
-            device,
-            stream,
-            "binary",
-            BINARY_SRC,
-            a.dtype,
-            &name,
-            n,
-            &mut params,
-        )
-    }
+    unsafe { run(device, stream, BINARY, a.dtype, &name, n, &mut params) }
 }
 
 /// Copies `src` into `out` over `shape`, converting between their dtypes: the strided to
@@ -491,24 +425,9 @@ pub unsafe fn copy(
     let mut n = numel("copy", shape)?;
     let mut ix = Idx::<2>::new("copy", shape, [out.strides, src.strides])?;
     let (mut o, mut x) = (out.ptr, src.ptr);
-    let mut params = [
-        (&raw mut n).cast::<c_void>(),
-        (&raw mut ix).cast(),
-        (&raw mut o).cast(),
-        (&raw mut x).cast(),
-    ];
-    let name = format!("copy_{}_from_{}", out.dtype.suffix(), src.dtype.suffix());
+    let mut params = kernel_params![n, ix, o, x];
+    // `copy_<out>_from_<src>`: `run` appends `_<src>`, the module's dtype.
+    let name = format!("copy_{}_from", out.dtype.suffix());
     // SAFETY: the params match `COPY`'s signature; pointers per the caller's contract.
-    unsafe {
-        run(
-            device,
-            stream,
-            "copy",
-            COPY_SRC,
-            src.dtype,
-            &name,
-            n,
-            &mut params,
-        )
-    }
+    unsafe { run(device, stream, COPY, src.dtype, &name, n, &mut params) }
 }

@@ -30,8 +30,20 @@ pub use error::KernelError;
 pub use reduce::{arg_reduce, sum, ArgReduce};
 pub use softmax::{cross_entropy, cross_entropy_backward, softmax, softmax_backward, Reduction};
 
-pub(crate) use module::{function, grid_for, launch};
+pub(crate) use module::{function, grid_for, launch, run, Family};
 pub(crate) use prelude::module_source;
+
+use crate::DType;
+
+/// The `kernelParams` array of `cuLaunchKernel`: the address of each named local, in order, as
+/// `*mut c_void`. The locals must be `mut`, of the kernel parameters' exact types, and live
+/// until the launch call returns.
+macro_rules! kernel_params {
+    ($first:ident $(, $rest:ident)* $(,)?) => {
+        [(&raw mut $first).cast::<::std::ffi::c_void>() $(, (&raw mut $rest).cast())*]
+    };
+}
+pub(crate) use kernel_params;
 
 /// A CUDA stream handle as the driver knows it (null = the legacy default stream).
 pub type RawStream = cudarc::driver::sys::CUstream;
@@ -63,45 +75,51 @@ pub enum ScalarType {
 }
 
 impl ScalarType {
-    /// Every scalar type.
-    pub const ALL: [Self; 8] = [
-        Self::F32,
-        Self::F64,
-        Self::F16,
-        Self::BF16,
-        Self::I64,
-        Self::I32,
-        Self::U8,
-        Self::Bool,
-    ];
+    /// Every scalar type, in [`DType::ALL`]'s order.
+    pub const ALL: [Self; 8] = {
+        let mut all = [Self::F32; 8];
+        let mut i = 0;
+        while i < all.len() {
+            all[i] = Self::of(DType::ALL[i]);
+            i += 1;
+        }
+        all
+    };
 
-    /// Size of one element in bytes.
+    /// The kernel type of tensor dtype `dtype` (one to one).
+    pub const fn of(dtype: DType) -> Self {
+        match dtype {
+            DType::F32 => Self::F32,
+            DType::F64 => Self::F64,
+            DType::F16 => Self::F16,
+            DType::BF16 => Self::BF16,
+            DType::I64 => Self::I64,
+            DType::I32 => Self::I32,
+            DType::U8 => Self::U8,
+            DType::Bool => Self::Bool,
+        }
+    }
+
+    /// The tensor dtype of this kernel type: the inverse of [`ScalarType::of`] (the variants
+    /// are declared in [`DType::ALL`]'s order, which a compile-time check below enforces).
+    pub const fn dtype(self) -> DType {
+        DType::ALL[self as usize]
+    }
+
+    /// Size of one element in bytes ([`DType::size_in_bytes`]).
     pub fn size_bytes(self) -> usize {
-        match self {
-            Self::F64 | Self::I64 => 8,
-            Self::F32 | Self::I32 => 4,
-            Self::F16 | Self::BF16 => 2,
-            Self::U8 | Self::Bool => 1,
-        }
+        self.dtype().size_in_bytes()
     }
 
-    /// Whether this is a floating-point type.
+    /// Whether this is a floating-point type ([`DType::is_float`]).
     pub fn is_float(self) -> bool {
-        matches!(self, Self::F32 | Self::F64 | Self::F16 | Self::BF16)
+        self.dtype().is_float()
     }
 
-    /// The name used in kernel names and module keys (`f32`, `bf16`, `bool`, ...).
+    /// The name used in kernel names and module keys (`f32`, `bf16`, `bool`, ...): the
+    /// dtype's short name ([`DType::as_str`]).
     pub fn suffix(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::F64 => "f64",
-            Self::F16 => "f16",
-            Self::BF16 => "bf16",
-            Self::I64 => "i64",
-            Self::I32 => "i32",
-            Self::U8 => "u8",
-            Self::Bool => "bool",
-        }
+        self.dtype().as_str()
     }
 
     /// The dtype [`sum`] writes for this input: the same for floats, i64 for integers and
@@ -114,6 +132,16 @@ impl ScalarType {
         }
     }
 }
+
+// `ScalarType::dtype` indexes `DType::ALL` by discriminant: the two enums must list their
+// variants in one order.
+const _: () = {
+    let mut i = 0;
+    while i < DType::ALL.len() {
+        assert!(ScalarType::of(DType::ALL[i]) as usize == i);
+        i += 1;
+    }
+};
 
 /// One strided operand on the device: the address of its first element (the storage's
 /// address plus the view's offset, in bytes) and its strides in elements (0 for broadcast
@@ -285,5 +313,19 @@ mod tests {
         assert_eq!(ScalarType::I32.sum_output(), ScalarType::I64);
         assert_eq!(ScalarType::F16.sum_output(), ScalarType::F16);
         assert!(!ScalarType::Bool.is_float());
+    }
+
+    #[test]
+    fn scalar_type_mirrors_dtype() {
+        assert_eq!(ScalarType::ALL.len(), DType::ALL.len());
+        for (s, d) in ScalarType::ALL.into_iter().zip(DType::ALL) {
+            assert_eq!(ScalarType::of(d), s);
+            assert_eq!(s.dtype(), d);
+            assert_eq!(s.size_bytes(), d.size_in_bytes());
+            assert_eq!(s.is_float(), d.is_float());
+            assert_eq!(s.suffix(), d.as_str());
+        }
+        assert_eq!(ScalarType::F16.suffix(), "f16");
+        assert_eq!(ScalarType::I64.size_bytes(), 8);
     }
 }

@@ -12,11 +12,10 @@
 //! argmax/argmin return the first index of the extreme value (the first NaN if any).
 
 use super::{
-    bind, function, launch, module_source, numel, DeviceView, Idx, KernelError, RawStream,
+    grid_for, kernel_params, numel, run, DeviceView, Family, Idx, KernelError, RawStream,
     ScalarType,
 };
 use crate::cuda::CudaError;
-use std::ffi::c_void;
 
 const REDUCE_SRC: &str = r#"
 /* offset of the r-th element of the reduced dimensions */
@@ -114,6 +113,12 @@ extern "C" __global__ void KN(arg_all)(i64 n, Idx1 ix, const S* in, S* out_v, i6
 }
 "#;
 
+/// The reduction kernels, one module per dtype.
+const REDUCE: Family = Family {
+    key: "reduce",
+    src: REDUCE_SRC,
+};
+
 /// Which extreme [`arg_reduce`] looks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -139,6 +144,24 @@ struct Split {
     rix: Idx<1>,
     r: i64,
     cols: bool,
+}
+
+impl Split {
+    /// Kernel name, grid and block for `n_out` kept outputs: `cols` with one thread per output
+    /// ([`grid_for`] blocks of 128 threads) when [`Split::cols`], else `rows` with one block per
+    /// output (at most 524 280 blocks) of [`rows_block`] threads.
+    fn kept_launch(
+        &self,
+        n_out: i64,
+        cols: &'static str,
+        rows: &'static str,
+    ) -> (&'static str, u32, u32) {
+        if self.cols {
+            (cols, grid_for(n_out as u64, 128), 128)
+        } else {
+            (rows, n_out.min(65_535 * 8) as u32, rows_block(self.r))
+        }
+    }
 }
 
 fn split(
@@ -222,15 +245,9 @@ pub unsafe fn sum(
     if dims.len() == shape.len() {
         let mut n = numel(op, shape)?;
         let mut ix = Idx::<1>::new(op, shape, [input.strides])?;
-        let mut params = [
-            (&raw mut n).cast::<c_void>(),
-            (&raw mut ix).cast(),
-            (&raw mut inp).cast(),
-            (&raw mut o).cast(),
-            (&raw mut mean_flag).cast(),
-        ];
+        let mut params = kernel_params![n, ix, inp, o, mean_flag];
         // SAFETY: params match `sum_all`; pointers per the caller's contract.
-        return unsafe { run(device, stream, dt, "sum_all", 1, 1024, &mut params) };
+        return unsafe { run(device, stream, REDUCE, dt, "sum_all", 1, 1024, &mut params) };
     }
     let sp = split(op, shape, input.strides, dims)?;
     let mut n_out = numel(op, &sp.kept)?;
@@ -239,22 +256,10 @@ pub unsafe fn sum(
     }
     let (mut r, mut rix) = (sp.r, sp.rix);
     let mut ix = Idx::<2>::new(op, &sp.kept, [&sp.kept_strides, out.strides])?;
-    let mut params = [
-        (&raw mut n_out).cast::<c_void>(),
-        (&raw mut r).cast(),
-        (&raw mut rix).cast(),
-        (&raw mut ix).cast(),
-        (&raw mut inp).cast(),
-        (&raw mut o).cast(),
-        (&raw mut mean_flag).cast(),
-    ];
-    let (name, grid, block) = if sp.cols {
-        ("sum_cols", super::grid_for(n_out as u64, 128), 128)
-    } else {
-        ("sum_rows", n_out.min(65_535 * 8) as u32, rows_block(r))
-    };
+    let mut params = kernel_params![n_out, r, rix, ix, inp, o, mean_flag];
+    let (name, grid, block) = sp.kept_launch(n_out, "sum_cols", "sum_rows");
     // SAFETY: params match `sum_rows` / `sum_cols`; pointers per the caller's contract.
-    unsafe { run(device, stream, dt, name, grid, block, &mut params) }
+    unsafe { run(device, stream, REDUCE, dt, name, grid, block, &mut params) }
 }
 
 /// max/min with argmax/argmin of `input` over the sorted, distinct `dims` (all dimensions: the
@@ -305,16 +310,9 @@ pub unsafe fn arg_reduce(
     if dims.len() == shape.len() {
         let mut n = sp.r;
         let mut ix = Idx::<1>::new(op, shape, [input.strides])?;
-        let mut params = [
-            (&raw mut n).cast::<c_void>(),
-            (&raw mut ix).cast(),
-            (&raw mut inp).cast(),
-            (&raw mut vp).cast(),
-            (&raw mut ip).cast(),
-            (&raw mut is_min).cast(),
-        ];
+        let mut params = kernel_params![n, ix, inp, vp, ip, is_min];
         // SAFETY: params match `arg_all`; pointers per the caller's contract.
-        return unsafe { run(device, stream, dt, "arg_all", 1, 1024, &mut params) };
+        return unsafe { run(device, stream, REDUCE, dt, "arg_all", 1, 1024, &mut params) };
     }
     let mut n_out = numel(op, &sp.kept)?;
     if n_out == 0 {
@@ -325,44 +323,8 @@ pub unsafe fn arg_reduce(
     let ist = indices.map_or(zeros.as_slice(), |v| v.strides);
     let mut ix = Idx::<3>::new(op, &sp.kept, [&sp.kept_strides, vst, ist])?;
     let (mut r, mut rix) = (sp.r, sp.rix);
-    let mut params = [
-        (&raw mut n_out).cast::<c_void>(),
-        (&raw mut r).cast(),
-        (&raw mut rix).cast(),
-        (&raw mut ix).cast(),
-        (&raw mut inp).cast(),
-        (&raw mut vp).cast(),
-        (&raw mut ip).cast(),
-        (&raw mut is_min).cast(),
-    ];
-    let (name, grid, block) = if sp.cols {
-        ("arg_cols", super::grid_for(n_out as u64, 128), 128)
-    } else {
-        ("arg_rows", n_out.min(65_535 * 8) as u32, rows_block(r))
-    };
+    let mut params = kernel_params![n_out, r, rix, ix, inp, vp, ip, is_min];
+    let (name, grid, block) = sp.kept_launch(n_out, "arg_cols", "arg_rows");
     // SAFETY: params match `arg_rows` / `arg_cols`; pointers per the caller's contract.
-    unsafe { run(device, stream, dt, name, grid, block, &mut params) }
-}
-
-/// Binds, looks up `name` in `reduce.<dtype>` and launches it.
-///
-/// # Safety
-/// `params` match the kernel; pointers valid (the callers' contracts).
-unsafe fn run(
-    device: usize,
-    stream: RawStream,
-    dtype: ScalarType,
-    name: &str,
-    grid: u32,
-    block: u32,
-    params: &mut [*mut c_void],
-) -> Result<(), CudaError> {
-    bind(device)?;
-    let key = format!("reduce.{}", dtype.suffix());
-    let full = format!("{name}_{}", dtype.suffix());
-    // SAFETY: `bind` made the context current.
-    let f = unsafe { function(device, &key, &full, || module_source(REDUCE_SRC, dtype)) }?;
-    // SAFETY: the caller's contract.
-    unsafe { launch(device, f, grid, block, 0, stream, params) }?;
-    Ok(())
+    unsafe { run(device, stream, REDUCE, dt, name, grid, block, &mut params) }
 }

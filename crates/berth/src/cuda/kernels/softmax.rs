@@ -10,7 +10,7 @@
 //! `[0, C)` gives a NaN loss and NaN gradients for its row, where PyTorch stops with a
 //! device-side assert: checking would need a host sync.
 
-use super::{bind, function, launch, module_source, numel, KernelError, RawStream, ScalarType};
+use super::{kernel_params, numel, run, Family, KernelError, RawStream, ScalarType};
 use crate::cuda::CudaError;
 use std::ffi::c_void;
 
@@ -143,29 +143,11 @@ fn row_block(k: i64) -> u32 {
     k.div_ceil(32) * 32
 }
 
-/// Binds, looks up `name` in `softmax.<dtype>` and launches it.
-///
-/// # Safety
-/// `params` match the kernel; pointers valid (the callers' contracts).
-#[allow(clippy::too_many_arguments)]
-unsafe fn run(
-    device: usize,
-    stream: RawStream,
-    dtype: ScalarType,
-    name: &str,
-    grid: u32,
-    block: u32,
-    params: &mut [*mut c_void],
-) -> Result<(), CudaError> {
-    bind(device)?;
-    let key = format!("softmax.{}", dtype.suffix());
-    let full = format!("{name}_{}", dtype.suffix());
-    // SAFETY: `bind` made the context current.
-    let f = unsafe { function(device, &key, &full, || module_source(SOFTMAX_SRC, dtype)) }?;
-    // SAFETY: the caller's contract.
-    unsafe { launch(device, f, grid, block, 0, stream, params) }?;
-    Ok(())
-}
+/// The softmax and cross-entropy kernels, one module per dtype.
+const SOFTMAX: Family = Family {
+    key: "softmax",
+    src: SOFTMAX_SRC,
+};
 
 /// Splits a contiguous `shape` around `dim` into `(rows, classes, inner)`.
 fn rows_of(op: &'static str, shape: &[usize], dim: usize) -> Result<(i64, i64, i64), KernelError> {
@@ -179,6 +161,62 @@ fn rows_of(op: &'static str, shape: &[usize], dim: usize) -> Result<(i64, i64, i
     let k = shape[dim] as i64;
     let inner = numel(op, &shape[dim + 1..])?;
     Ok((outer * inner, k, inner))
+}
+
+/// Launches the row kernel `name` (`softmax_fwd` or `softmax_bwd`, whose parameters are
+/// `(rows, K, inner, buffers..., logm)`) over the contiguous `shape` split around `dim`: one
+/// block per row (at most 524 280 blocks) of [`row_block`] threads; nothing when there are no
+/// rows or `dim` is empty.
+///
+/// # Errors
+/// [`KernelError::UnsupportedDType`] for non-float dtypes, [`KernelError::InvalidArgument`] for
+/// a bad dim (both naming `op`); NVRTC and launch failures.
+///
+/// # Safety
+/// 1. `buffers` are the device addresses `name` takes, in its order, each contiguous with
+///    `shape` and valid until the kernel has run on `stream`.
+/// 2. `stream` belongs to `device`'s primary context (or is null).
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_rows<const N: usize>(
+    device: usize,
+    stream: RawStream,
+    dtype: ScalarType,
+    op: &'static str,
+    name: &str,
+    shape: &[usize],
+    dim: usize,
+    log: bool,
+    mut buffers: [u64; N],
+) -> Result<(), CudaError> {
+    float_only(op, dtype)?;
+    let (mut rows, mut k, mut inner) = rows_of(op, shape, dim)?;
+    if rows == 0 || k == 0 {
+        return Ok(());
+    }
+    let mut l = i32::from(log);
+    let mut params: Vec<*mut c_void> = Vec::with_capacity(N + 4);
+    params.extend(kernel_params![rows, k, inner]);
+    params.extend(
+        buffers
+            .iter_mut()
+            .map(|b| std::ptr::from_mut(b).cast::<c_void>()),
+    );
+    params.extend(kernel_params![l]);
+    let grid = rows.min(65_535 * 8) as u32;
+    // SAFETY: `params` are `(rows, K, inner, buffers..., logm)` with the kernel's types (i64,
+    // i64, i64, `N` device pointers, int); the buffers per the caller's contract.
+    unsafe {
+        run(
+            device,
+            stream,
+            SOFTMAX,
+            dtype,
+            name,
+            grid,
+            row_block(k),
+            &mut params,
+        )
+    }
 }
 
 /// `out = softmax(input, dim)` (or `log_softmax` when `log`), both contiguous with `shape`.
@@ -203,31 +241,19 @@ pub unsafe fn softmax(
     out: u64,
 ) -> Result<(), CudaError> {
     let op = if log { "log_softmax" } else { "softmax" };
-    float_only(op, dtype)?;
-    let (mut rows, mut k, mut inner) = rows_of(op, shape, dim)?;
-    if rows == 0 || k == 0 {
-        return Ok(());
-    }
-    let (mut i, mut o, mut l) = (input, out, i32::from(log));
-    let mut params = [
-        (&raw mut rows).cast::<c_void>(),
-        (&raw mut k).cast(),
-        (&raw mut inner).cast(),
-        (&raw mut i).cast(),
-        (&raw mut o).cast(),
-        (&raw mut l).cast(),
-    ];
-    let grid = rows.min(65_535 * 8) as u32;
-    // SAFETY: params match `softmax_fwd`; pointers per the caller's contract.
+    // SAFETY: `softmax_fwd` takes `(in, out)` between `inner` and `logm`; pointers per the
+    // caller's contract.
     unsafe {
-        run(
+        run_rows(
             device,
             stream,
             dtype,
+            op,
             "softmax_fwd",
-            grid,
-            row_block(k),
-            &mut params,
+            shape,
+            dim,
+            log,
+            [input, out],
         )
     }
 }
@@ -257,32 +283,20 @@ pub unsafe fn softmax_backward(
     } else {
         "softmax_backward"
     };
-    float_only(op, dtype)?;
-    let (mut rows, mut k, mut inner) = rows_of(op, shape, dim)?;
-    if rows == 0 || k == 0 {
-        return Ok(());
-    }
-    let (mut yp, mut gp, mut op_, mut l) = (y, grad, grad_input, i32::from(log));
-    let mut params = [
-        (&raw mut rows).cast::<c_void>(),
-        (&raw mut k).cast(),
-        (&raw mut inner).cast(),
-        (&raw mut yp).cast(),
-        (&raw mut gp).cast(),
-        (&raw mut op_).cast(),
-        (&raw mut l).cast(),
-    ];
-    let grid = rows.min(65_535 * 8) as u32;
-    // SAFETY: params match `softmax_bwd`; pointers per the caller's contract.
+    let buffers = [y, grad, grad_input];
+    // SAFETY: `softmax_bwd` takes `(y, g, gin)` between `inner` and `logm`; pointers per the
+    // caller's contract.
     unsafe {
-        run(
+        run_rows(
             device,
             stream,
             dtype,
+            op,
             "softmax_bwd",
-            grid,
-            row_block(k),
-            &mut params,
+            shape,
+            dim,
+            log,
+            buffers,
         )
     }
 }
@@ -319,14 +333,7 @@ pub unsafe fn cross_entropy(
     let mut nn = numel("cross_entropy", &[n])?;
     let mut k = classes as i64;
     let (mut x, mut t, mut o, mut red) = (logits, targets, out, reduction.code());
-    let mut params = [
-        (&raw mut nn).cast::<c_void>(),
-        (&raw mut k).cast(),
-        (&raw mut x).cast(),
-        (&raw mut t).cast(),
-        (&raw mut o).cast(),
-        (&raw mut red).cast(),
-    ];
+    let mut params = kernel_params![nn, k, x, t, o, red];
     let (grid, block) = match reduction {
         Reduction::None => (super::grid_for(nn as u64 * 32, 256), 256),
         Reduction::Mean | Reduction::Sum => (1, 1024),
@@ -335,7 +342,18 @@ pub unsafe fn cross_entropy(
         return Ok(());
     }
     // SAFETY: params match `ce_fwd`; pointers per the caller's contract.
-    unsafe { run(device, stream, dtype, "ce_fwd", grid, block, &mut params) }
+    unsafe {
+        run(
+            device,
+            stream,
+            SOFTMAX,
+            dtype,
+            "ce_fwd",
+            grid,
+            block,
+            &mut params,
+        )
+    }
 }
 
 /// Gradient of [`cross_entropy`] with respect to the logits into contiguous `grad_logits`
@@ -369,21 +387,14 @@ pub unsafe fn cross_entropy_backward(
     let mut k = classes as i64;
     let (mut x, mut t, mut g, mut gx, mut red) =
         (logits, targets, grad_out, grad_logits, reduction.code());
-    let mut params = [
-        (&raw mut nn).cast::<c_void>(),
-        (&raw mut k).cast(),
-        (&raw mut x).cast(),
-        (&raw mut t).cast(),
-        (&raw mut g).cast(),
-        (&raw mut gx).cast(),
-        (&raw mut red).cast(),
-    ];
+    let mut params = kernel_params![nn, k, x, t, g, gx, red];
     let grid = nn.min(65_535 * 8) as u32;
     // SAFETY: params match `ce_bwd`; pointers per the caller's contract.
     unsafe {
         run(
             device,
             stream,
+            SOFTMAX,
             dtype,
             "ce_bwd",
             grid,

@@ -31,12 +31,15 @@ rm -rf .gpu && mkdir -p .gpu/shared
 cp "$CARGO_TARGET_DIR/release/berth" .gpu/berth
 for t in "${TESTS[@]}"; do
   name="${t%%$'\t'*}"; exe="${t#*$'\t'}"
+  case "$name" in *-tour) continue ;; esac   # the README's tour runs in CI, no GPU part
   cp "$exe" ".gpu/test-$name"
 done
 for b in "${BENCHES[@]}"; do
   cp "${b#*$'\t'}" .gpu/bench-alloc-replay
 done
 cp -r "$SHARED/bench" "$SHARED/traces" .gpu/shared/
+# What travels to the GPU machine is capped at 64 MiB with the work tree: drop symbols.
+strip .gpu/berth .gpu/test-* .gpu/bench-* 2>/dev/null || true
 
 cat > .gpu/run.sh <<'EOF'
 #!/usr/bin/env bash
@@ -145,4 +148,4 @@ du -sh .gpu >&2
 echo
 echo "Run on the GPU machine (run tool, carry [\".gpu\"]):"
 echo "  bash .gpu/run.sh                      (everything; over 10 minutes on one call, so split:)"
-echo "  PARTS='tests alloc' bash .gpu/run.sh;  PARTS='bench train replay torch' bash .gpu/run.sh"
+echo "  PARTS='tests alloc seeds' bash .gpu/run.sh;  PARTS='bench train replay' bash .gpu/run.sh;  PARTS=torch bash .gpu/run.sh"

@@ -110,16 +110,7 @@ impl<B: MemoryBackend> MemoryBackend for Counting<B> {
 }
 
 impl<B: MemoryBackend> VirtualMemoryBackend for Counting<B> {
-    fn granularity(&self) -> usize {
-        self.inner.as_virtual().map_or(1, |v| v.granularity())
-    }
-
-    fn reserve(&self, bytes: usize) -> Result<DevicePtr, BackendError> {
-        self.inner
-            .as_virtual()
-            .ok_or_else(super::no_vm)?
-            .reserve(bytes)
-    }
+    forward_vm_to_inner!();
 
     fn map(&self, addr: DevicePtr, bytes: usize, stream: StreamId) -> Result<(), BackendError> {
         let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
@@ -141,15 +132,5 @@ impl<B: MemoryBackend> VirtualMemoryBackend for Counting<B> {
         unsafe { vm.unmap(addr, bytes, stream) }?;
         self.c.live_bytes.fetch_sub(bytes as u64, Ordering::Relaxed);
         Ok(())
-    }
-
-    unsafe fn release(&self, base: DevicePtr, bytes: usize) -> Result<(), BackendError> {
-        let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
-        // SAFETY: forwarded unchanged; the caller upholds `release`'s contract.
-        unsafe { vm.release(base, bytes) }
-    }
-
-    fn trim(&self) -> Result<(), BackendError> {
-        self.inner.as_virtual().map_or(Ok(()), |v| v.trim())
     }
 }

@@ -91,16 +91,7 @@ impl<B: MemoryBackend> MemoryBackend for Limit<B> {
 }
 
 impl<B: MemoryBackend> VirtualMemoryBackend for Limit<B> {
-    fn granularity(&self) -> usize {
-        self.inner.as_virtual().map_or(1, |v| v.granularity())
-    }
-
-    fn reserve(&self, bytes: usize) -> Result<DevicePtr, BackendError> {
-        self.inner
-            .as_virtual()
-            .ok_or_else(super::no_vm)?
-            .reserve(bytes)
-    }
+    forward_vm_to_inner!();
 
     fn map(&self, addr: DevicePtr, bytes: usize, stream: StreamId) -> Result<(), BackendError> {
         let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
@@ -120,15 +111,5 @@ impl<B: MemoryBackend> VirtualMemoryBackend for Limit<B> {
         unsafe { vm.unmap(addr, bytes, stream) }?;
         self.refund(bytes as u64);
         Ok(())
-    }
-
-    unsafe fn release(&self, base: DevicePtr, bytes: usize) -> Result<(), BackendError> {
-        let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
-        // SAFETY: forwarded unchanged; the caller upholds `release`'s contract.
-        unsafe { vm.release(base, bytes) }
-    }
-
-    fn trim(&self) -> Result<(), BackendError> {
-        self.inner.as_virtual().map_or(Ok(()), |v| v.trim())
     }
 }

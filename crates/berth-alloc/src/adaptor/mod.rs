@@ -29,6 +29,34 @@ macro_rules! forward_events_to_inner {
     };
 }
 
+/// The `VirtualMemoryBackend` methods every adaptor passes unchanged to its `inner` backend's
+/// virtual memory (`granularity`, `reserve`, `release`, `trim`); each adaptor writes its own
+/// `map` and `unmap`, where its rule applies.
+macro_rules! forward_vm_to_inner {
+    () => {
+        fn granularity(&self) -> usize {
+            self.inner.as_virtual().map_or(1, |v| v.granularity())
+        }
+
+        fn reserve(&self, bytes: usize) -> Result<DevicePtr, BackendError> {
+            self.inner
+                .as_virtual()
+                .ok_or_else(super::no_vm)?
+                .reserve(bytes)
+        }
+
+        unsafe fn release(&self, base: DevicePtr, bytes: usize) -> Result<(), BackendError> {
+            let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
+            // SAFETY: forwarded unchanged; the caller upholds `release`'s contract.
+            unsafe { vm.release(base, bytes) }
+        }
+
+        fn trim(&self) -> Result<(), BackendError> {
+            self.inner.as_virtual().map_or(Ok(()), |v| v.trim())
+        }
+    };
+}
+
 /// The error of a virtual-memory call on an adaptor whose inner backend has none.
 fn no_vm() -> crate::error::BackendError {
     crate::error::BackendError::Other {

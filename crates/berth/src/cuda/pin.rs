@@ -12,21 +12,7 @@ use std::sync::Arc;
 
 /// PyTorch's legacy type name of a tensor, e.g. `torch.cuda.FloatTensor` (used in messages).
 pub fn legacy_type_name(device_is_cuda: bool, dtype: DType) -> String {
-    let ty = match dtype {
-        DType::F32 => "FloatTensor",
-        DType::F64 => "DoubleTensor",
-        DType::F16 => "HalfTensor",
-        DType::BF16 => "BFloat16Tensor",
-        DType::I64 => "LongTensor",
-        DType::I32 => "IntTensor",
-        DType::U8 => "ByteTensor",
-        DType::Bool => "BoolTensor",
-    };
-    if device_is_cuda {
-        format!("torch.cuda.{ty}")
-    } else {
-        format!("torch.{ty}")
-    }
+    dtype.torch_tensor_type(device_is_cuda)
 }
 
 impl Tensor {

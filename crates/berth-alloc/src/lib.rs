@@ -32,6 +32,7 @@ pub mod own;
 pub mod pickle;
 #[cfg(feature = "trace")]
 pub mod replay;
+mod size_class;
 pub mod snapshot;
 pub mod stats;
 pub mod summary;

@@ -7,21 +7,30 @@
 //! - one sub-index per stream (a replay has one to three streams; they are kept in a short
 //!   vector sorted by handle), so a key is the pair (size, address) packed into one `u128`
 //!   (size in the high half), compared in one step, with the slab index as its value;
-//! - a sub-index is two parallel sorted vectors (keys, slab indices) while it holds at most
-//!   [`SPILL`] blocks: on real traces a pool holds a few dozen free blocks (at most about 200 on
-//!   the five traces of `shared/traces`), where a binary search over contiguous `u128`s and a
-//!   short `memmove` cost a fraction of a B-tree's node walks; above that it becomes a
-//!   `BTreeMap`, whose cost grows only logarithmically (fragmented caches with many thousands of
-//!   free blocks), and comes back below [`UNSPILL`].
+//! - a sub-index splits its blocks by the size classes of `Note [Size classes]`
+//!   (`crate::size_class`: one class per size up to 1 MiB, 64 per power of two above). Classes
+//!   are ordered as sizes are, so the set in order is the classes in order, each in order. A
+//!   bitmap of the non-empty classes finds the next (or previous) one in two bit scans, so a
+//!   best-fit query costs a search within one class plus that, whatever the number of blocks;
+//! - a class is a sorted vector of (key, slab index): classes hold a handful of blocks on real
+//!   traces, where a binary search over contiguous entries and a short `memmove` beat a
+//!   B-tree's node walks. A class that grows past [`SPILL`] blocks (thousands of free blocks of
+//!   one size in a fragmented cache) becomes a `BTreeMap`, whose cost grows only
+//!   logarithmically, and comes back below [`UNSPILL`].
+//!
+//! Before classes, one sorted vector per stream held every block: its `memmove`s and binary
+//! searches over up to 200 entries were a third of the policy's instructions on
+//! `shared/traces`.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use super::pool::SizeKey;
+use crate::size_class::{class_of, ClassSet, CLASSES};
 
-/// Above this many blocks a stream's sub-index becomes a B-tree.
+/// Above this many blocks a class becomes a B-tree.
 const SPILL: usize = 512;
-/// Below this many blocks a B-tree sub-index becomes vectors again (hysteresis).
+/// Below this many blocks a B-tree class becomes a vector again (hysteresis).
 const UNSPILL: usize = 128;
 
 /// (size, address) as one ordered `u128`.
@@ -30,42 +39,59 @@ fn pack(size: u64, ptr: u64) -> u128 {
     (size as u128) << 64 | ptr as u128
 }
 
+/// The class of a packed key.
+#[inline]
+fn class_of_key(k: u128) -> usize {
+    class_of((k >> 64) as u64)
+}
+
 #[inline]
 fn key_of(stream: u64, packed: u128, idx: u32) -> SizeKey {
     (stream, (packed >> 64) as u64, packed as u64, idx)
 }
 
-/// The free blocks of one stream, ordered by (size, address).
+/// The free blocks of one size class of one stream, ordered by (size, address): a map from
+/// the packed key to the slab index.
 #[derive(Debug, Clone)]
-enum Sub {
-    /// `keys` ascending without duplicates; `vals[i]` is the slab index of `keys[i]`.
-    Vec {
-        keys: Vec<u128>,
-        vals: Vec<u32>,
-    },
-    Tree(BTreeMap<u128, u32>),
+enum Bin {
+    /// Ascending by key, without duplicate keys.
+    Vec(Vec<(u128, u32)>),
+    Tree(Box<BTreeMap<u128, u32>>),
 }
 
-impl Sub {
+impl Default for Bin {
+    fn default() -> Self {
+        Bin::Vec(Vec::new())
+    }
+}
+
+impl Bin {
+    #[inline]
+    fn is_empty(&self) -> bool {
+        match self {
+            Bin::Vec(v) => v.is_empty(),
+            Bin::Tree(t) => t.is_empty(),
+        }
+    }
+
     #[inline]
     fn insert(&mut self, k: u128, v: u32) -> bool {
         match self {
-            Sub::Vec { keys, vals } => match keys.binary_search(&k) {
-                Ok(_) => false,
-                Err(at) => {
-                    keys.insert(at, k);
-                    vals.insert(at, v);
-                    if keys.len() > SPILL {
-                        let t = keys.drain(..).zip(vals.drain(..)).collect();
-                        *self = Sub::Tree(t);
-                    }
-                    true
+            Bin::Vec(e) => {
+                let at = e.partition_point(|x| x.0 < k);
+                if e.get(at).is_some_and(|x| x.0 == k) {
+                    return false;
                 }
-            },
-            Sub::Tree(t) => match t.entry(k) {
+                e.insert(at, (k, v));
+                if e.len() > SPILL {
+                    *self = Bin::Tree(Box::new(e.drain(..).collect()));
+                }
+                true
+            }
+            Bin::Tree(t) => match t.entry(k) {
                 std::collections::btree_map::Entry::Occupied(_) => false,
-                std::collections::btree_map::Entry::Vacant(e) => {
-                    e.insert(v);
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    slot.insert(v);
                     true
                 }
             },
@@ -76,22 +102,22 @@ impl Sub {
     #[inline]
     fn remove(&mut self, k: u128, v: u32) -> bool {
         match self {
-            Sub::Vec { keys, vals } => match keys.binary_search(&k) {
-                Ok(at) if vals[at] == v => {
-                    keys.remove(at);
-                    vals.remove(at);
+            Bin::Vec(e) => {
+                let at = e.partition_point(|x| x.0 < k);
+                if e.get(at) == Some(&(k, v)) {
+                    e.remove(at);
                     true
+                } else {
+                    false
                 }
-                _ => false,
-            },
-            Sub::Tree(t) => {
+            }
+            Bin::Tree(t) => {
                 if t.get(&k) != Some(&v) {
                     return false;
                 }
                 t.remove(&k);
                 if t.len() < UNSPILL {
-                    let (keys, vals) = std::mem::take(t).into_iter().unzip();
-                    *self = Sub::Vec { keys, vals };
+                    *self = Bin::Vec(std::mem::take(&mut **t).into_iter().collect());
                 }
                 true
             }
@@ -103,32 +129,34 @@ impl Sub {
     /// present): the caller then removes and inserts.
     #[inline]
     fn replace(&mut self, ko: u128, vo: u32, kn: u128, vn: u32) -> Option<()> {
-        let Sub::Vec { keys, vals } = self else {
+        let Bin::Vec(e) = self else {
             return None;
         };
-        let at = keys.binary_search(&ko).ok().filter(|&at| vals[at] == vo)?;
-        let to = keys.partition_point(|&x| x < kn);
-        if keys.get(to) == Some(&kn) {
+        let at = e.partition_point(|x| x.0 < ko);
+        if e.get(at) != Some(&(ko, vo)) {
+            return None;
+        }
+        let to = e.partition_point(|x| x.0 < kn);
+        if e.get(to).is_some_and(|x| x.0 == kn) {
             return None;
         }
         if to <= at {
-            keys.copy_within(to..at, to + 1);
-            vals.copy_within(to..at, to + 1);
-            keys[to] = kn;
-            vals[to] = vn;
+            e.copy_within(to..at, to + 1);
+            e[to] = (kn, vn);
         } else {
-            keys.copy_within(at + 1..to, at);
-            vals.copy_within(at + 1..to, at);
-            keys[to - 1] = kn;
-            vals[to - 1] = vn;
+            e.copy_within(at + 1..to, at);
+            e[to - 1] = (kn, vn);
         }
         Some(())
     }
 
     fn get(&self, k: u128) -> Option<u32> {
         match self {
-            Sub::Vec { keys, vals } => keys.binary_search(&k).ok().map(|at| vals[at]),
-            Sub::Tree(t) => t.get(&k).copied(),
+            Bin::Vec(e) => {
+                let at = e.partition_point(|x| x.0 < k);
+                e.get(at).filter(|x| x.0 == k).map(|x| x.1)
+            }
+            Bin::Tree(t) => t.get(&k).copied(),
         }
     }
 
@@ -138,14 +166,14 @@ impl Sub {
         let after =
             |key: u128, val: u32| key > k || (key == k && (val > v || (!strict && val == v)));
         match self {
-            Sub::Vec { keys, vals } => {
-                let mut at = keys.partition_point(|&x| x < k);
-                if at < keys.len() && !after(keys[at], vals[at]) {
+            Bin::Vec(e) => {
+                let mut at = e.partition_point(|x| x.0 < k);
+                if at < e.len() && !after(e[at].0, e[at].1) {
                     at += 1;
                 }
-                keys.get(at).map(|&key| (key, vals[at]))
+                e.get(at).copied()
             }
-            Sub::Tree(t) => t
+            Bin::Tree(t) => t
                 .range(k..)
                 .map(|(&key, &val)| (key, val))
                 .find(|&(key, val)| after(key, val)),
@@ -156,14 +184,11 @@ impl Sub {
     fn last_before(&self, k: u128, v: u32) -> Option<(u128, u32)> {
         let below = |key: u128, val: u32| key < k || (key == k && val < v);
         match self {
-            Sub::Vec { keys, vals } => {
-                let at = keys.partition_point(|&x| x <= k);
-                (0..at)
-                    .rev()
-                    .map(|i| (keys[i], vals[i]))
-                    .find(|&(key, val)| below(key, val))
+            Bin::Vec(e) => {
+                let at = e.partition_point(|x| x.0 <= k);
+                e[..at].iter().rev().copied().find(|&(key, val)| below(key, val))
             }
-            Sub::Tree(t) => t
+            Bin::Tree(t) => t
                 .range((Bound::Unbounded, Bound::Included(k)))
                 .rev()
                 .map(|(&key, &val)| (key, val))
@@ -173,23 +198,120 @@ impl Sub {
 
     fn first(&self) -> Option<(u128, u32)> {
         match self {
-            Sub::Vec { keys, vals } => keys.first().map(|&k| (k, vals[0])),
-            Sub::Tree(t) => t.first_key_value().map(|(&k, &v)| (k, v)),
+            Bin::Vec(e) => e.first().copied(),
+            Bin::Tree(t) => t.first_key_value().map(|(&k, &v)| (k, v)),
         }
     }
 
     fn last(&self) -> Option<(u128, u32)> {
         match self {
-            Sub::Vec { keys, vals } => keys.last().map(|&k| (k, vals[keys.len() - 1])),
-            Sub::Tree(t) => t.last_key_value().map(|(&k, &v)| (k, v)),
+            Bin::Vec(e) => e.last().copied(),
+            Bin::Tree(t) => t.last_key_value().map(|(&k, &v)| (k, v)),
         }
     }
 
     fn entries(&self) -> Box<dyn Iterator<Item = (u128, u32)> + '_> {
         match self {
-            Sub::Vec { keys, vals } => Box::new(keys.iter().copied().zip(vals.iter().copied())),
-            Sub::Tree(t) => Box::new(t.iter().map(|(&k, &v)| (k, v))),
+            Bin::Vec(e) => Box::new(e.iter().copied()),
+            Bin::Tree(t) => Box::new(t.iter().map(|(&k, &v)| (k, v))),
         }
+    }
+}
+
+/// The free blocks of one stream, ordered by (size, address): its classes' bins.
+#[derive(Debug, Clone, Default)]
+struct Sub {
+    /// Bin of each class, grown up to the largest class used so far.
+    bins: Vec<Bin>,
+    /// The classes whose bins are non-empty.
+    nonempty: ClassSet,
+}
+
+impl Sub {
+    #[inline]
+    fn insert(&mut self, k: u128, v: u32) -> bool {
+        let c = class_of_key(k);
+        if c >= self.bins.len() {
+            self.bins.resize_with(c + 1, Bin::default);
+        }
+        let bin = &mut self.bins[c];
+        let was_empty = bin.is_empty();
+        let fresh = bin.insert(k, v);
+        if was_empty && fresh {
+            self.nonempty.insert(c);
+        }
+        fresh
+    }
+
+    /// Removes `k` if its value is `v`.
+    #[inline]
+    fn remove(&mut self, k: u128, v: u32) -> bool {
+        let c = class_of_key(k);
+        let Some(bin) = self.bins.get_mut(c) else {
+            return false;
+        };
+        let found = bin.remove(k, v);
+        if found && bin.is_empty() {
+            self.nonempty.remove(c);
+        }
+        found
+    }
+
+    /// [`Bin::replace`] when both keys are of one class; `None` otherwise (and when the bin
+    /// cannot), for the caller to remove and insert.
+    #[inline]
+    fn replace(&mut self, ko: u128, vo: u32, kn: u128, vn: u32) -> Option<()> {
+        let c = class_of_key(ko);
+        if class_of_key(kn) != c {
+            return None;
+        }
+        self.bins.get_mut(c)?.replace(ko, vo, kn, vn)
+    }
+
+    fn get(&self, k: u128) -> Option<u32> {
+        self.bins.get(class_of_key(k))?.get(k)
+    }
+
+    /// The first entry `≥ (k, v)` (`strict`: `> (k, v)`).
+    #[inline]
+    fn first_from(&self, k: u128, v: u32, strict: bool) -> Option<(u128, u32)> {
+        let c = class_of_key(k);
+        if let Some(found) = self.bins.get(c).and_then(|b| b.first_from(k, v, strict)) {
+            return Some(found);
+        }
+        let next = self.nonempty.next_at_or_above(c + 1)?;
+        self.bins[next].first()
+    }
+
+    /// The last entry `< (k, v)`.
+    fn last_before(&self, k: u128, v: u32) -> Option<(u128, u32)> {
+        let c = class_of_key(k);
+        if let Some(found) = self.bins.get(c).and_then(|b| b.last_before(k, v)) {
+            return Some(found);
+        }
+        let prev = self.nonempty.last_at_or_below(c.checked_sub(1)?)?;
+        self.bins[prev].last()
+    }
+
+    fn first(&self) -> Option<(u128, u32)> {
+        self.bins[self.nonempty.next_at_or_above(0)?].first()
+    }
+
+    fn last(&self) -> Option<(u128, u32)> {
+        self.bins[self.nonempty.last_at_or_below(CLASSES)?].last()
+    }
+
+    fn entries(&self) -> impl Iterator<Item = (u128, u32)> + '_ {
+        std::iter::successors(self.nonempty.next_at_or_above(0), |&c| {
+            self.nonempty.next_at_or_above(c + 1)
+        })
+        .flat_map(|c| self.bins[c].entries())
+    }
+
+    /// Whether any class is in the B-tree form (for tests).
+    #[cfg(test)]
+    fn has_tree(&self) -> bool {
+        self.bins.iter().any(|b| matches!(b, Bin::Tree(_)))
     }
 }
 
@@ -226,11 +348,7 @@ impl SizeIndex {
         let i = match self.find(k.0) {
             Ok(i) => i,
             Err(i) => {
-                let sub = Sub::Vec {
-                    keys: Vec::new(),
-                    vals: Vec::new(),
-                };
-                self.streams.insert(i, (k.0, sub));
+                self.streams.insert(i, (k.0, Sub::default()));
                 i
             }
         };
@@ -337,10 +455,23 @@ mod tests {
     use super::*;
     use std::collections::BTreeSet;
 
+    /// A size drawn from `r`: one of 40 exact classes, one crowded exact class (to reach the
+    /// B-tree form), 40 sizes within one log-linear class, or 40 sizes in separate log-linear
+    /// classes.
+    fn size_from(r: u64) -> u64 {
+        let k = 512 * ((r >> 8) % 40);
+        match (r >> 40) % 4 {
+            0 => 4096,
+            1 => k,
+            2 => (1 << 30) + k,
+            _ => k << 12,
+        }
+    }
+
     /// Every operation agrees with `BTreeSet<SizeKey>` through both forms, the switches between
-    /// them, and several streams.
+    /// them, classes of one size and of many, and several streams.
     #[test]
-    fn behaves_as_a_btree_set_across_streams_spill_and_unspill() {
+    fn behaves_as_a_btree_set_across_streams_classes_spill_and_unspill() {
         let mut s = SizeIndex::default();
         let mut want: BTreeSet<SizeKey> = BTreeSet::new();
         let mut x = 0x2545_f491_4f6c_dd1du64;
@@ -356,7 +487,7 @@ mod tests {
             // Streams 0, 7 and u64::MAX; sizes and addresses from small ranges so that keys
             // collide; the slab index is a function of the address, as in a pool.
             let stream = [0, 7, u64::MAX][(r % 3) as usize];
-            let size = 512 * ((r >> 8) % 40);
+            let size = size_from(r);
             let ptr = (r >> 20) % 3000 * 512 + u64::from(step % 2) * (u64::MAX - (1 << 30));
             let k = (stream, size, ptr, (ptr % 1_000_003) as u32);
             if step < 15_000 && r % 8 == 0 {
@@ -377,12 +508,12 @@ mod tests {
             } else if let Some(present) = want.range(k..).next().copied() {
                 assert!(s.remove(&present) && want.remove(&present));
             }
-            spilled |= s.streams.iter().any(|(_, sub)| matches!(sub, Sub::Tree(_)));
+            spilled |= s.streams.iter().any(|(_, sub)| sub.has_tree());
             assert_eq!(s.len(), want.len());
             let r = rand();
             let probe = (
                 [0, 3, 7, u64::MAX][(r % 4) as usize],
-                512 * ((r >> 8) % 40),
+                size_from(r),
                 (r >> 20) % 3000 * 512,
                 (r >> 50) as u32 % 3,
             );
@@ -401,9 +532,7 @@ mod tests {
         }
         assert!(spilled, "the test reached the B-tree form");
         assert!(
-            s.streams
-                .iter()
-                .all(|(_, sub)| matches!(sub, Sub::Vec { .. })),
+            s.streams.iter().all(|(_, sub)| !sub.has_tree()),
             "and came back"
         );
         assert!(s.iter().eq(want.iter().copied()));

@@ -2,15 +2,10 @@
 //! size class so that finding a fitting extent, adding and removing one cost the same whatever
 //! the number of extents.
 //!
-//! # Note [Size classes]
-//! Every extent is a multiple of 512 bytes (PyTorch's `kMinBlockSize`; reservations are whole
-//! pages). Let `u = size / 512`. Up to 1 MiB (`u <= 2048`) every size has its own class, so a
-//! list holds extents of one size only and its first entry is an exact best fit. Above, classes
-//! are log-linear as in TLSF (Masmano et al., "TLSF: a new dynamic memory allocator for real-time
-//! systems", 2004): 64 classes per power of two, so a class spans sizes within 1/64 of each
-//! other. A bitmap of non-empty classes, with a summary word over it, finds the first non-empty
-//! class at or above any class with two `trailing_zeros`. Lists are LIFO: the extent freed last
-//! is handed out first, while its metadata is still in cache.
+//! Classes are those of `Note [Size classes]` (`crate::size_class`): exact up to 1 MiB, so a
+//! list holds extents of one size only and its first entry is an exact best fit, log-linear
+//! above. Lists are LIFO: the extent freed last is handed out first, while its metadata is
+//! still in cache.
 //!
 //! Extents live in a slab (`Vec` of nodes, indices as links) and are named by their slot index,
 //! which stays valid until the extent is removed.
@@ -18,35 +13,8 @@
 /// No node: the end of a list.
 pub(crate) const NIL: u32 = u32::MAX;
 
-/// The largest `size / 512` with a class of its own (1 MiB).
-const EXACT_UNITS: u64 = 2048;
-/// Classes per power of two above [`EXACT_UNITS`].
-const SUB: u64 = 64;
-/// `log2(SUB)`.
-const SUB_BITS: u32 = 6;
-/// Number of classes: exact ones (0 unused) plus 64 per power of two from 2^11 to 2^54 units
-/// (every `u64` size in bytes).
-const CLASSES: usize = EXACT_UNITS as usize + 1 + 44 * SUB as usize;
-/// Words of the non-empty bitmap.
-const WORDS: usize = CLASSES.div_ceil(64);
-
-/// The class of an extent of `size` bytes (a multiple of 512, > 0). Non-decreasing in `size`.
-#[inline]
-pub(crate) fn class_of(size: u64) -> usize {
-    let u = size >> 9;
-    if u <= EXACT_UNITS {
-        return u as usize;
-    }
-    let e = 63 - u.leading_zeros(); // >= 11
-    let m = (u >> (e - SUB_BITS)) & (SUB - 1);
-    (EXACT_UNITS + 1 + u64::from(e - 11) * SUB + m) as usize
-}
-
-/// Whether every extent of class `class` has the same size.
-#[inline]
-pub(crate) fn is_exact(class: usize) -> bool {
-    class as u64 <= EXACT_UNITS
-}
+pub(crate) use crate::size_class::{class_of, is_exact};
+use crate::size_class::{ClassSet, CLASSES};
 
 /// One free extent `[start, end)` and its links in its class list.
 #[derive(Clone, Copy, Debug)]
@@ -66,10 +34,8 @@ pub(crate) struct SizeBins {
     vacant: Vec<u32>,
     /// First node of each class list, [`NIL`] when empty.
     heads: Box<[u32; CLASSES]>,
-    /// Bit `c` set when class `c` is non-empty.
-    bits: [u64; WORDS],
-    /// Bit `w` set when `bits[w] != 0`.
-    summary: u128,
+    /// The non-empty classes.
+    nonempty: ClassSet,
     len: usize,
 }
 
@@ -79,8 +45,7 @@ impl Default for SizeBins {
             nodes: Vec::new(),
             vacant: Vec::new(),
             heads: Box::new([NIL; CLASSES]),
-            bits: [0; WORDS],
-            summary: 0,
+            nonempty: ClassSet::default(),
             len: 0,
         }
     }
@@ -108,24 +73,7 @@ impl SizeBins {
     /// The first non-empty class at or above `class`.
     #[inline]
     pub(crate) fn next_class(&self, class: usize) -> Option<usize> {
-        if class >= CLASSES {
-            return None;
-        }
-        let w = class / 64;
-        let here = self.bits[w] & (!0u64 << (class % 64));
-        if here != 0 {
-            return Some(w * 64 + here.trailing_zeros() as usize);
-        }
-        let above = if w + 1 >= 128 {
-            0
-        } else {
-            self.summary & (!0u128 << (w + 1))
-        };
-        if above == 0 {
-            return None;
-        }
-        let w = above.trailing_zeros() as usize;
-        Some(w * 64 + self.bits[w].trailing_zeros() as usize)
+        self.nonempty.next_at_or_above(class)
     }
 
     /// The lowest `(start, slot)` among the first `limit` (>= 1) extents of the non-empty class
@@ -200,8 +148,7 @@ impl SizeBins {
         let head = self.heads[class];
         (n.prev, n.next, n.class) = (NIL, head, class as u16);
         if head == NIL {
-            self.bits[class / 64] |= 1 << (class % 64);
-            self.summary |= 1 << (class / 64);
+            self.nonempty.insert(class);
         } else {
             self.nodes[head as usize].prev = i;
         }
@@ -216,11 +163,7 @@ impl SizeBins {
         if node.prev == NIL {
             self.heads[class] = node.next;
             if node.next == NIL {
-                let w = class / 64;
-                self.bits[w] &= !(1 << (class % 64));
-                if self.bits[w] == 0 {
-                    self.summary &= !(1 << w);
-                }
+                self.nonempty.remove(class);
             }
         } else {
             self.nodes[node.prev as usize].next = node.next;
@@ -250,31 +193,6 @@ impl SizeBins {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn classes_are_exact_to_1_mib_then_log_linear() {
-        assert_eq!(class_of(512), 1);
-        assert_eq!(class_of(1 << 20), 2048);
-        assert!(is_exact(2048) && !is_exact(2049));
-        // 1 MiB + 512 .. 1 MiB + 16 KiB share the first log-linear class (width 32 units).
-        assert_eq!(class_of((1 << 20) + 512), 2049);
-        assert_eq!(class_of((1 << 20) + 16 * 1024 - 512), 2049);
-        assert_eq!(class_of((1 << 20) + 16 * 1024), 2050);
-        assert_eq!(class_of(2 << 20), 2049 + 64);
-        assert_eq!(class_of(!511), CLASSES - 1);
-        // Non-decreasing, and within a class sizes differ by less than 1/64.
-        let mut last = 0;
-        let mut first_of_class = 512u64;
-        for u in 1..200_000u64 {
-            let c = class_of(u * 512);
-            assert!(c >= last, "class_of is monotonic at {u}");
-            if c != last {
-                first_of_class = u * 512;
-            }
-            assert!(u * 512 - first_of_class < first_of_class / 64 + 512);
-            last = c;
-        }
-    }
 
     #[test]
     fn lists_and_bitmap_follow_inserts_and_removes() {

@@ -22,6 +22,7 @@
 //! ```
 
 pub mod adaptor;
+mod addr_map;
 mod allocator;
 pub mod backend;
 pub mod caching;

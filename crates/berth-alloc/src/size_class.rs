@@ -177,7 +177,10 @@ mod tests {
                 want.remove(&c);
             }
             let probe = ((x >> 20) % (CLASSES as u64 + 10)) as usize;
-            assert_eq!(set.next_at_or_above(probe), want.range(probe..).next().copied());
+            assert_eq!(
+                set.next_at_or_above(probe),
+                want.range(probe..).next().copied()
+            );
             assert_eq!(
                 set.last_at_or_below(probe),
                 want.range(..=probe).next_back().copied()

@@ -78,8 +78,13 @@ impl Bin {
     fn insert(&mut self, k: u128, v: u32) -> bool {
         match self {
             Bin::Vec(e) => {
+                // Most classes hold zero or one block: append without a search or a move.
+                if e.last().is_none_or(|x| x.0 < k) {
+                    e.push((k, v));
+                    return true;
+                }
                 let at = e.partition_point(|x| x.0 < k);
-                if e.get(at).is_some_and(|x| x.0 == k) {
+                if e[at].0 == k {
                     return false;
                 }
                 e.insert(at, (k, v));
@@ -103,6 +108,10 @@ impl Bin {
     fn remove(&mut self, k: u128, v: u32) -> bool {
         match self {
             Bin::Vec(e) => {
+                if e.last() == Some(&(k, v)) {
+                    e.pop();
+                    return true;
+                }
                 let at = e.partition_point(|x| x.0 < k);
                 if e.get(at) == Some(&(k, v)) {
                     e.remove(at);
@@ -186,7 +195,11 @@ impl Bin {
         match self {
             Bin::Vec(e) => {
                 let at = e.partition_point(|x| x.0 <= k);
-                e[..at].iter().rev().copied().find(|&(key, val)| below(key, val))
+                e[..at]
+                    .iter()
+                    .rev()
+                    .copied()
+                    .find(|&(key, val)| below(key, val))
             }
             Bin::Tree(t) => t
                 .range((Bound::Unbounded, Bound::Included(k)))

@@ -3,42 +3,17 @@
 //!
 //! Everything here runs with the state lock held; nothing here calls backend `malloc`.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{BTreeMap, VecDeque};
 
 use super::block::{Block, Slab, NIL};
 use super::policy::{MIN_BLOCK_SIZE, SMALL_SIZE};
 use super::pool::{BlockPool, SizeKey};
+use crate::addr_map::AddrMap;
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError};
 use crate::snapshot::{TraceAction, TraceEntry, TraceRing};
 use crate::stats::MemoryStats;
-
-/// A multiplicative hasher for device addresses (512-byte aligned `u64`s); `SipHash` would cost
-/// more than the rest of a cache hit.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct PtrHasher(u64);
-
-impl Hasher for PtrHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-
-    #[inline]
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0.rotate_left(26)
-    }
-}
-
-pub(crate) type PtrMap<V> = HashMap<u64, V, BuildHasherDefault<PtrHasher>>;
 
 /// A segment obtained with `malloc` (not expandable).
 #[derive(Debug, Clone, Copy)]
@@ -66,7 +41,7 @@ pub(crate) struct State<E> {
     /// `[large, small]`.
     pub pools: [BlockPool; 2],
     /// Allocated blocks by address (PyTorch's `allocated_blocks`).
-    pub allocated: PtrMap<u32>,
+    pub allocated: AddrMap<u32>,
     pub stats: MemoryStats,
     /// Bytes held from the backend (PyTorch's `total_allocated_memory`).
     pub total_reserved: u64,
@@ -98,7 +73,7 @@ impl<E> State<E> {
             max_split,
             blocks: Slab::default(),
             pools: [BlockPool::default(), BlockPool::default()],
-            allocated: PtrMap::default(),
+            allocated: AddrMap::default(),
             total_reserved: 0,
             inflight: 0,
             allowed: None,

@@ -11,8 +11,8 @@
 //! ([`Arena::free_extents`], used only when unmapping and for snapshots) sorts them.
 
 use super::bins::{class_of, is_exact, Node, SizeBins, NIL};
-use super::hash::AddrMap;
 use super::pages::PageMap;
+use crate::addr_map::AddrMap;
 use crate::backend::StreamId;
 
 /// At most this many fitting extents are inspected for one that needs fewer new pages mapped,

@@ -41,7 +41,6 @@
 
 mod arena;
 mod bins;
-mod hash;
 mod pages;
 mod state;
 

@@ -2,9 +2,9 @@
 //! deferred cross-stream frees, statistics and history (`Note [Paged best fit]`).
 
 use super::arena::Arena;
-use super::hash::AddrMap;
 use super::pages::{page_down, page_up, PageMap};
 use super::CALLS_PER_20MIB;
+use crate::addr_map::AddrMap;
 use crate::backend::{DevicePtr, MemoryBackend, StreamId, VirtualMemoryBackend};
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError};

@@ -1,4 +1,5 @@
-//! [`AddrMap`]: the map from device address to live block of [`super::PagedBestFit`].
+//! [`AddrMap`]: a map keyed by device address, for the allocators' hot paths (`paged`'s live
+//! blocks and free-extent neighbours, the PyTorch policy's allocated blocks).
 //!
 //! One insert and one remove per allocation make it part of the hot path, so it is a small
 //! open-addressing table rather than `std`'s `HashMap`: linear probing from a Fibonacci hash of
@@ -90,6 +91,13 @@ impl<V: Default> AddrMap<V> {
     }
 
     /// The value at `key`.
+    #[inline]
+    pub(crate) fn get(&self, key: &u64) -> Option<&V> {
+        let i = self.find(*key)?;
+        Some(&self.vals[i])
+    }
+
+    /// The value at `key`, mutable.
     #[inline]
     pub(crate) fn get_mut(&mut self, key: &u64) -> Option<&mut V> {
         let i = self.find(*key)?;

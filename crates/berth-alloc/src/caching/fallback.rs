@@ -2,7 +2,7 @@
 //! `get_free_block`, with `alloc_block`, `release_available_cached_blocks`,
 //! `release_cached_blocks`, `garbage_collect_cached_blocks`), written out in one function.
 
-use crate::sync::MutexGuard;
+use crate::sync::SpinGuard;
 
 use super::state::{backend_err, State};
 use super::Shared;
@@ -23,7 +23,7 @@ pub(crate) struct Request {
     pub small: bool,
 }
 
-type Guard<'a, E> = MutexGuard<'a, State<E>>;
+type Guard<'a, E> = SpinGuard<'a, State<E>>;
 
 impl<B: MemoryBackend> Shared<B> {
     /// Steps after a failed pool search. Returns the block to hand out, or the OOM error.

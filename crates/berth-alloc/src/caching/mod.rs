@@ -22,7 +22,7 @@ mod sorted;
 mod state;
 mod stream_uses;
 
-use crate::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::{Arc, Mutex, SpinGuard, SpinMutex};
 
 use self::fallback::Request;
 use self::state::State;
@@ -36,7 +36,8 @@ use crate::stats::MemoryStats;
 /// The state shared by a [`CachingAllocator`] and its [`Allocation`]s.
 pub(crate) struct Shared<B: MemoryBackend> {
     backend: B,
-    state: Mutex<State<B::Event>>,
+    /// The policy's state (`Note [Spin lock]` in `crate::sync`).
+    state: SpinMutex<State<B::Event>>,
     name: &'static str,
     /// Called after an OOM with the state lock released (`attach_out_of_memory_observer`).
     observers: Mutex<Vec<OomObserver>>,
@@ -48,10 +49,10 @@ pub type OomObserver = Arc<dyn Fn(&AllocError) + Send + Sync>;
 
 impl<B: MemoryBackend> Shared<B> {
     #[inline]
-    fn lock(&self) -> MutexGuard<'_, State<B::Event>> {
+    fn lock(&self) -> SpinGuard<'_, State<B::Event>> {
         // The state is updated so that a panic mid-operation cannot occur on user input; if one
-        // did (a bug), keep serving rather than poisoning every later call.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        // did (a bug), the lock does not poison: later calls keep being served.
+        self.state.lock()
     }
 
     fn malloc(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr, AllocError> {
@@ -185,7 +186,7 @@ impl<B: MemoryBackend> CachingAllocator<B> {
         CachingAllocator {
             shared: Arc::new(Shared {
                 backend,
-                state: Mutex::new(State::new(config)),
+                state: SpinMutex::new(State::new(config)),
                 name,
                 observers: Mutex::new(Vec::new()),
             }),

@@ -51,7 +51,7 @@ use crate::backend::{DevicePtr, MemoryBackend, StreamId};
 use crate::error::AllocError;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
-use crate::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::{Arc, Mutex, SpinGuard, SpinMutex};
 
 use state::State;
 
@@ -80,7 +80,8 @@ impl<B: MemoryBackend> Clone for PagedBestFit<B> {
 /// The state behind a [`PagedBestFit`], shared with its [`Allocation`]s.
 struct Shared<B: MemoryBackend> {
     backend: B,
-    state: Mutex<State<B::Event>>,
+    /// The policy's state (`Note [Spin lock]` in `crate::sync`).
+    state: SpinMutex<State<B::Event>>,
     sticky: Mutex<Option<AllocError>>,
 }
 
@@ -100,7 +101,7 @@ impl<B: MemoryBackend> PagedBestFit<B> {
         let total = backend.mem_info().map(|m| m.total_bytes).unwrap_or(0);
         let shared = Shared {
             backend,
-            state: Mutex::new(State::new(page, total)),
+            state: SpinMutex::new(State::new(page, total)),
             sticky: Mutex::new(None),
         };
         Ok(PagedBestFit {
@@ -129,9 +130,9 @@ impl<B: MemoryBackend> PagedBestFit<B> {
 }
 
 impl<B: MemoryBackend> Shared<B> {
-    fn lock(&self) -> MutexGuard<'_, State<B::Event>> {
+    fn lock(&self) -> SpinGuard<'_, State<B::Event>> {
         // The state is consistent between calls; a panic elsewhere does not corrupt it.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     fn record_err(&self, err: AllocError) {

@@ -56,7 +56,7 @@ fn key_of(stream: u64, packed: u128, idx: u32) -> SizeKey {
 enum Bin {
     /// Ascending by key, without duplicate keys.
     Vec(Vec<(u128, u32)>),
-    Tree(Box<BTreeMap<u128, u32>>),
+    Tree(BTreeMap<u128, u32>),
 }
 
 impl Default for Bin {
@@ -89,7 +89,7 @@ impl Bin {
                 }
                 e.insert(at, (k, v));
                 if e.len() > SPILL {
-                    *self = Bin::Tree(Box::new(e.drain(..).collect()));
+                    *self = Bin::Tree(e.drain(..).collect());
                 }
                 true
             }
@@ -126,7 +126,7 @@ impl Bin {
                 }
                 t.remove(&k);
                 if t.len() < UNSPILL {
-                    *self = Bin::Vec(std::mem::take(&mut **t).into_iter().collect());
+                    *self = Bin::Vec(std::mem::take(t).into_iter().collect());
                 }
                 true
             }

@@ -232,22 +232,59 @@ impl Bin {
 }
 
 /// The free blocks of one stream, ordered by (size, address): its classes' bins.
+///
+/// Bins are kept densely, in order of first use, and found through a small table of `u16`s by
+/// class: a replay touches a few hundred classes, whose bins then share a few cache lines
+/// instead of being spread over a 4865-entry array (as they first were: sampling showed the
+/// misses on it).
 #[derive(Debug, Clone, Default)]
 struct Sub {
-    /// Bin of each class, grown up to the largest class used so far.
+    /// 1 + the index in `bins` of each class's bin, 0 when the class has none yet; grown up to
+    /// the largest class used so far.
+    slot: Vec<u16>,
+    /// The bins, in order of first use (never removed).
     bins: Vec<Bin>,
     /// The classes whose bins are non-empty.
     nonempty: ClassSet,
 }
 
 impl Sub {
+    /// The bin of class `c`, if it has one.
+    #[inline]
+    fn bin(&self, c: usize) -> Option<&Bin> {
+        match self.slot.get(c) {
+            Some(&s) if s > 0 => Some(&self.bins[s as usize - 1]),
+            _ => None,
+        }
+    }
+
+    /// The bin of class `c`, if it has one.
+    #[inline]
+    fn bin_mut(&mut self, c: usize) -> Option<&mut Bin> {
+        match self.slot.get(c) {
+            Some(&s) if s > 0 => Some(&mut self.bins[s as usize - 1]),
+            _ => None,
+        }
+    }
+
+    /// The bin of the non-empty class `c`.
+    #[inline]
+    fn nonempty_bin(&self, c: usize) -> &Bin {
+        &self.bins[self.slot[c] as usize - 1]
+    }
+
     #[inline]
     fn insert(&mut self, k: u128, v: u32) -> bool {
         let c = class_of_key(k);
-        if c >= self.bins.len() {
-            self.bins.resize_with(c + 1, Bin::default);
+        if c >= self.slot.len() {
+            self.slot.resize(c + 1, 0);
         }
-        let bin = &mut self.bins[c];
+        if self.slot[c] == 0 {
+            self.bins.push(Bin::default());
+            // At most `CLASSES` (4865) bins: a `u16` holds their indices.
+            self.slot[c] = self.bins.len() as u16;
+        }
+        let bin = &mut self.bins[self.slot[c] as usize - 1];
         let was_empty = bin.is_empty();
         let fresh = bin.insert(k, v);
         if was_empty && fresh {
@@ -260,7 +297,7 @@ impl Sub {
     #[inline]
     fn remove(&mut self, k: u128, v: u32) -> bool {
         let c = class_of_key(k);
-        let Some(bin) = self.bins.get_mut(c) else {
+        let Some(bin) = self.bin_mut(c) else {
             return false;
         };
         let found = bin.remove(k, v);
@@ -278,47 +315,49 @@ impl Sub {
         if class_of_key(kn) != c {
             return None;
         }
-        self.bins.get_mut(c)?.replace(ko, vo, kn, vn)
+        self.bin_mut(c)?.replace(ko, vo, kn, vn)
     }
 
     fn get(&self, k: u128) -> Option<u32> {
-        self.bins.get(class_of_key(k))?.get(k)
+        self.bin(class_of_key(k))?.get(k)
     }
 
     /// The first entry `≥ (k, v)` (`strict`: `> (k, v)`).
     #[inline]
     fn first_from(&self, k: u128, v: u32, strict: bool) -> Option<(u128, u32)> {
         let c = class_of_key(k);
-        if let Some(found) = self.bins.get(c).and_then(|b| b.first_from(k, v, strict)) {
+        if let Some(found) = self.bin(c).and_then(|b| b.first_from(k, v, strict)) {
             return Some(found);
         }
         let next = self.nonempty.next_at_or_above(c + 1)?;
-        self.bins[next].first()
+        self.nonempty_bin(next).first()
     }
 
     /// The last entry `< (k, v)`.
     fn last_before(&self, k: u128, v: u32) -> Option<(u128, u32)> {
         let c = class_of_key(k);
-        if let Some(found) = self.bins.get(c).and_then(|b| b.last_before(k, v)) {
+        if let Some(found) = self.bin(c).and_then(|b| b.last_before(k, v)) {
             return Some(found);
         }
         let prev = self.nonempty.last_at_or_below(c.checked_sub(1)?)?;
-        self.bins[prev].last()
+        self.nonempty_bin(prev).last()
     }
 
     fn first(&self) -> Option<(u128, u32)> {
-        self.bins[self.nonempty.next_at_or_above(0)?].first()
+        self.nonempty_bin(self.nonempty.next_at_or_above(0)?)
+            .first()
     }
 
     fn last(&self) -> Option<(u128, u32)> {
-        self.bins[self.nonempty.last_at_or_below(CLASSES)?].last()
+        self.nonempty_bin(self.nonempty.last_at_or_below(CLASSES)?)
+            .last()
     }
 
     fn entries(&self) -> impl Iterator<Item = (u128, u32)> + '_ {
         std::iter::successors(self.nonempty.next_at_or_above(0), |&c| {
             self.nonempty.next_at_or_above(c + 1)
         })
-        .flat_map(|c| self.bins[c].entries())
+        .flat_map(|c| self.nonempty_bin(c).entries())
     }
 
     /// Whether any class is in the B-tree form (for tests).

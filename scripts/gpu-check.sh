@@ -88,11 +88,12 @@ if want seeds; then
   done
 fi
 # Real traces through berth's allocators on the GPU (one stream, fastest warm pass) and
-# PyTorch's own C++ replay of the same traces in the same run: two rounds, alternating, and
-# the faster round of each side is compared (a host's first run is often the slower one).
+# PyTorch's own C++ replay of the same traces in the same run: three rounds, alternating, and
+# the fastest round of each side is compared (single-thread speed on these shared hosts moves
+# by up to 1.7x between runs, for berth and PyTorch alike).
 if want replay; then
 mkdir -p /tmp/berth-replay-ext
-for round in 1 2; do
+for round in 1 2 3; do
   timeout 300 .gpu/berth replay --device cuda:0 --policy all --json .gpu/shared/traces/*.trace.json.gz >> "$OUT/replay-cuda.jsonl" 2>>"$OUT/bench.err" || status=1
   if [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
     for conf in "" "expandable_segments:True"; do

@@ -3,7 +3,7 @@
 
 use super::arena::Arena;
 use super::pages::{page_down, page_up, PageMap};
-use super::CALLS_PER_20MIB;
+use super::{CALLS_PER_20MIB, HEADROOM_DIV};
 use crate::addr_map::AddrMap;
 use crate::backend::{DevicePtr, MemoryBackend, StreamId, VirtualMemoryBackend};
 use crate::config::AllocatorConfig;
@@ -54,6 +54,8 @@ pub(crate) struct State<E> {
     pub(crate) stats: MemoryStats,
     /// The most bytes ever mapped at once (not reset by `reset_peak_memory_stats`).
     high_water: u64,
+    /// The most bytes allocated at once (blocks rounded to 512 B), never reset.
+    live_peak: u64,
     maps: u64,
     unmaps: u64,
     /// Bytes of address space reserved per stream at a time.
@@ -89,6 +91,7 @@ impl<E> State<E> {
             pending: Vec::new(),
             stats: MemoryStats::new(None),
             high_water: 0,
+            live_peak: 0,
             maps: 0,
             unmaps: 0,
             va_bytes,
@@ -185,6 +188,9 @@ impl<E> State<E> {
         s.allocation.increase(small, 1);
         s.active.increase(small, 1);
         s.allocated_bytes.increase(small, size as i64);
+        self.live_peak = self
+            .live_peak
+            .max(s.allocated_bytes.all().current.max(0) as u64);
         s.active_bytes.increase(small, size as i64);
         s.requested_bytes.increase(small, bytes as i64);
         self.trace(TraceAction::Alloc, addr, size, stream);
@@ -226,7 +232,10 @@ impl<E> State<E> {
                 need += page;
             }
         }
-        let mut limit = self.high_water;
+        // `Note [Paged best fit]`, step 3: unmap elsewhere only beyond the high-water mark
+        // and the headroom over the live peak.
+        let headroom = page_up(self.live_peak + self.live_peak / HEADROOM_DIV, page);
+        let mut limit = self.high_water.max(headroom);
         if let Some(cap) = self.cap {
             limit = limit.min(cap);
         }

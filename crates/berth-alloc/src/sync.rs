@@ -56,6 +56,7 @@ pub(crate) use loom_spin::{SpinGuard, SpinMutex};
 #[cfg(not(loom))]
 mod spin {
     use std::cell::UnsafeCell;
+    use std::marker::PhantomData;
     use std::ops::{Deref, DerefMut};
     use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -74,6 +75,9 @@ mod spin {
     /// Access to a [`SpinMutex`]'s value; releases the lock when dropped.
     pub(crate) struct SpinGuard<'a, T> {
         lock: &'a SpinMutex<T>,
+        /// Makes the guard `Sync` only when `T` is (sharing `&SpinGuard` shares `&T`), as
+        /// `std::sync::MutexGuard`; without it the guard would be `Sync` for any `T: Send`.
+        _access: PhantomData<&'a mut T>,
     }
 
     /// Rounds of `spin_loop` before a waiter starts yielding its time slice.
@@ -97,7 +101,10 @@ mod spin {
             {
                 self.lock_contended();
             }
-            SpinGuard { lock: self }
+            SpinGuard {
+                lock: self,
+                _access: PhantomData,
+            }
         }
 
         #[cold]

@@ -151,13 +151,8 @@ fn bench_live_blocks(c: &mut Criterion) {
     for live in [100usize, 10_000, 100_000] {
         for (policy, alloc) in policies() {
             // Sizes 512 B .. 64 KiB, a pseudo-random mix; every other block freed to leave holes.
-            let mut x = 0x9e37_79b9_7f4a_7c15u64;
-            let mut size = || {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                512 * (1 + (x % 128) as usize)
-            };
+            let mut next = berth_alloc::testing::xorshift(0x9e37_79b9_7f4a_7c15);
+            let mut size = || 512 * (1 + (next() % 128) as usize);
             let mut held = Vec::with_capacity(2 * live);
             for _ in 0..2 * live {
                 held.push(alloc.raw_alloc(size(), StreamId::DEFAULT).unwrap());

@@ -173,13 +173,8 @@ mod tests {
     fn matches_std_hash_map_under_churn() {
         let mut m: AddrMap<u64> = AddrMap::default();
         let mut model: HashMap<u64, u64> = HashMap::new();
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut rand = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut next = crate::testing::xorshift(0x2545_f491_4f6c_dd1d);
+        let mut rand = move |n: u64| next() % n;
         for step in 0..200_000u64 {
             // Aligned addresses clustered in a few regions, as block addresses are.
             let key = (rand(4) << 40) + 512 * rand(3000);

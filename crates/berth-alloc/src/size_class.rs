@@ -159,11 +159,9 @@ mod tests {
     fn class_set_queries_agree_with_a_sorted_set() {
         let mut set = ClassSet::default();
         let mut want = std::collections::BTreeSet::new();
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = crate::testing::xorshift(0x9e37_79b9_7f4a_7c15);
         for step in 0..20_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = next();
             let c = if step % 3 == 0 {
                 [0, 63, 64, 127, CLASSES - 1][step / 3 % 5]
             } else {

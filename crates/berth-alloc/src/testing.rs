@@ -35,14 +35,24 @@ pub fn conformance(factory: Factory<'_>) {
     multithreaded(factory);
 }
 
+/// Marsaglia's xorshift64 (shifts 13, 7, 17) from `seed` (non-zero): the deterministic
+/// pseudo-random `u64`s of berth-alloc's tests and benches.
+pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
 /// A deterministic size sequence (xorshift), 1 byte to 24 MiB.
 fn sizes(n: usize, seed: u64) -> Vec<usize> {
-    let mut x = seed | 1;
+    let mut next = xorshift(seed | 1);
     (0..n)
         .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = next();
             let class = x % 4;
             let limit = [4096, 1 << 20, 8 << 20, 24 << 20][class as usize];
             (x >> 8) as usize % limit + 1

@@ -201,20 +201,19 @@ fn paged_out_of_memory_is_typed_and_recoverable() {
 fn paged_random_ops_keep_invariants() {
     let alloc = PagedBestFit::new(SimBackend::new(4 << 30)).unwrap();
     let mut live: Vec<(DevicePtr, u64)> = Vec::new();
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rnd = berth_alloc::testing::xorshift(0x2545_f491_4f6c_dd1d);
     for step in 0..20_000 {
         let r = rnd();
         if live.is_empty() || (r % 5 < 3 && live.len() < 200) {
-            let size = 1 + rnd() % if r % 7 == 0 { 64 << 20 } else { 1 << 20 };
+            let size = 1 + rnd()
+                % if r.is_multiple_of(7) {
+                    64 << 20
+                } else {
+                    1 << 20
+                };
             let stream = StreamId(rnd() % 3);
             let p = alloc.raw_alloc(size as usize, stream).unwrap();
-            if r % 11 == 0 {
+            if r.is_multiple_of(11) {
                 alloc
                     .raw_record_stream(p, StreamId((stream.0 + 1) % 3))
                     .unwrap();
@@ -224,7 +223,7 @@ fn paged_random_ops_keep_invariants() {
             let (p, _) = live.swap_remove((rnd() % live.len() as u64) as usize);
             alloc.raw_delete(p).unwrap();
         }
-        if r % 97 == 0 {
+        if r.is_multiple_of(97) {
             alloc.backend().complete_all();
         }
         if step % 1000 == 0 {

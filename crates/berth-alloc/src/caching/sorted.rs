@@ -526,13 +526,7 @@ mod tests {
     fn behaves_as_a_btree_set_across_streams_classes_spill_and_unspill() {
         let mut s = SizeIndex::default();
         let mut want: BTreeSet<SizeKey> = BTreeSet::new();
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut rand = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rand = crate::testing::xorshift(0x2545_f491_4f6c_dd1d);
         let mut spilled = false;
         for step in 0..30_000u32 {
             let r = rand();
@@ -542,10 +536,10 @@ mod tests {
             let size = size_from(r);
             let ptr = (r >> 20) % 3000 * 512 + u64::from(step % 2) * (u64::MAX - (1 << 30));
             let k = (stream, size, ptr, (ptr % 1_000_003) as u32);
-            if step < 15_000 && r % 8 == 0 {
+            if step < 15_000 && r.is_multiple_of(8) {
                 // Replace a present key (or an absent one) by `k`.
                 let old = want.range(..k).next_back().copied().unwrap_or(k);
-                let old = if r % 16 == 0 {
+                let old = if r.is_multiple_of(16) {
                     (old.0, old.1 + 512, old.2, old.3)
                 } else {
                     old

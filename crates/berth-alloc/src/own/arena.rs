@@ -275,13 +275,8 @@ mod tests {
         // Everything mapped: placement is then by size alone, so exact fits are checkable.
         let mut pages = PageMap::new(P);
         pages.insert(base, base + (1 << 30));
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut rand = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut next = crate::testing::xorshift(0x2545_f491_4f6c_dd1d);
+        let mut rand = move |n: u64| next() % n;
         let mut live: Vec<(u64, u64)> = Vec::new();
         let mut max_extents = 0;
         for step in 0..30_000u64 {

@@ -11,11 +11,26 @@ fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist")
 }
 
-/// A fresh scratch directory for one test.
-fn scratch(name: &str) -> PathBuf {
+/// A fresh scratch directory for one test, removed when dropped (also when the test fails).
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+fn scratch(name: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("berth-data-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Scratch(d)
 }
 
 fn idx_bytes(magic: u32, dims: &[u32], data: &[u8]) -> Vec<u8> {
@@ -240,7 +255,7 @@ fn images_and_labels_of_different_counts() {
         idx_bytes(LABELS_MAGIC, &[2], &[0, 1]),
     )
     .unwrap();
-    let err = FashionMnist::load(&d, Split::Train).unwrap_err();
+    let err = FashionMnist::load(&*d, Split::Train).unwrap_err();
     match &err {
         DataError::Idx(IdxError::CountMismatch {
             images: 3,
@@ -261,7 +276,7 @@ fn images_and_labels_of_different_counts() {
 #[test]
 fn missing_file_and_bad_label() {
     let d = scratch("missing");
-    let err = FashionMnist::load(&d, Split::Test).unwrap_err();
+    let err = FashionMnist::load(&*d, Split::Test).unwrap_err();
     assert!(
         matches!(err, DataError::Idx(IdxError::Io { .. })),
         "{err:?}"
@@ -280,7 +295,7 @@ fn missing_file_and_bad_label() {
         idx_bytes(LABELS_MAGIC, &[2], &[0, 12]),
     )
     .unwrap();
-    let err = FashionMnist::load(&d, Split::Test).unwrap_err();
+    let err = FashionMnist::load(&*d, Split::Test).unwrap_err();
     assert!(
         matches!(
             err,

@@ -21,7 +21,14 @@ pub fn collate_output(shape: &[usize], dtype: DType, ctx: &CollateContext) -> Re
 }
 
 /// Copies the bytes of `src` (any layout, on the host) into `dst[..src.nbytes()]`.
+///
+/// A tensor with no elements copies nothing: its strides and storage offset are not looked at,
+/// since a view of zero elements may point past the end of an empty storage (a row of a `[5, 0]`
+/// tensor has offset 4 in a storage of 0 bytes).
 pub(crate) fn copy_tensor_bytes(src: &Tensor, dst: &mut [u8]) -> Result<()> {
+    if src.numel() == 0 {
+        return Ok(());
+    }
     let owned;
     let src = if src.is_contiguous() {
         src

@@ -217,3 +217,28 @@ fn subset_maps_indices_and_checks_them() {
         Err(DataError::IndexOutOfRange { index: 4, len: 4 })
     ));
 }
+
+/// Zero-width rows (a `[5, 0]` tensor) collate into `[batch, 0]` batches, through the loader's
+/// gather path and the per-item stacking path alike (this panicked slicing storage bytes).
+#[test]
+fn zero_width_rows_collate_into_empty_batches() {
+    let x = Tensor::zeros(&[5, 0], DType::F32, Device::Cpu).unwrap();
+    let ds = Arc::new(TensorDataset::new(vec![x]).unwrap());
+    for drop_last in [false, true] {
+        let dl = DataLoader::<TensorDataset>::builder(Arc::clone(&ds))
+            .batch_size(2)
+            .drop_last(drop_last)
+            .build()
+            .unwrap();
+        let shapes: Vec<Vec<usize>> = dl.iter().map(|b| b.unwrap()[0].shape().to_vec()).collect();
+        let mut want = vec![vec![2, 0], vec![2, 0]];
+        if !drop_last {
+            want.push(vec![1, 0]);
+        }
+        assert_eq!(shapes, want, "drop_last {drop_last}");
+    }
+    let items = (0..2).map(|i| ds.get(i).unwrap()).collect();
+    let stacked = <Vec<Tensor> as Collatable>::collate(items, &ctx()).unwrap();
+    assert_eq!(stacked[0].shape(), &[2, 0]);
+    assert_eq!(stacked[0].numel(), 0);
+}

@@ -73,6 +73,10 @@ pub enum TraceError {
         #[source]
         source: std::io::Error,
     },
+    /// The file's name ends in `.gz` but its content does not start with the gzip magic bytes
+    /// `1f 8b`: it is not gzip data at all (plain JSON renamed, or another format).
+    #[error("the file name ends in .gz but the content is not gzip data (it does not start with the gzip magic bytes 1f 8b); expected a gzip-compressed JSON trace, or rename a plain JSON trace to .json")]
+    NotGzip,
     /// The gzip stream is corrupt or truncated.
     #[error("corrupt or truncated gzip data after {decompressed} decompressed bytes: {message}; expected a complete .json.gz file")]
     Gzip {
@@ -91,6 +95,9 @@ pub enum TraceError {
         /// What was wrong.
         message: String,
     },
+    /// The top-level object has no `events` array (the rows).
+    #[error("the trace object has no \"events\" array; expected {{\"events\": [[action, addr, size, stream, time_us], ...]}}")]
+    NoEvents,
     /// A row does not have the expected shape or values.
     #[error("trace event #{index}: {message}")]
     Row {
@@ -107,16 +114,26 @@ pub enum TraceError {
     },
 }
 
+/// The first two bytes of every gzip stream (RFC 1952).
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
 /// Reads a trace file (gzip-compressed or plain JSON).
 ///
 /// # Errors
-/// [`TraceError::Io`] if the file cannot be read; otherwise as [`parse_trace`].
+/// [`TraceError::Io`] if the file cannot be read; [`TraceError::NotGzip`] if its name ends in
+/// `.gz` but its content is not gzip data; otherwise as [`parse_trace`].
 pub fn read_trace(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
     let path = path.as_ref();
     let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
         path: path.display().to_string(),
         source,
     })?;
+    let named_gz = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gz"));
+    if named_gz && !bytes.starts_with(&GZIP_MAGIC) {
+        return Err(TraceError::NotGzip);
+    }
     parse_trace(&bytes)
 }
 
@@ -125,10 +142,11 @@ pub fn read_trace(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
 /// # Errors
 /// [`TraceError::Gzip`] for a corrupt or truncated gzip stream, [`TraceError::Json`] with line
 /// and column for malformed JSON, [`TraceError::Row`] with the row index for a bad row,
-/// [`TraceError::Columns`] for an unknown column layout.
+/// [`TraceError::Columns`] for an unknown column layout, [`TraceError::NoEvents`] for an
+/// object without an `events` array.
 pub fn parse_trace(bytes: &[u8]) -> Result<Trace, TraceError> {
     let text;
-    let json: &[u8] = if bytes.starts_with(&[0x1f, 0x8b]) {
+    let json: &[u8] = if bytes.starts_with(&GZIP_MAGIC) {
         let mut out = Vec::with_capacity(bytes.len() * 8);
         if let Err(e) = flate2::read::MultiGzDecoder::new(bytes).read_to_end(&mut out) {
             return Err(TraceError::Gzip {
@@ -144,7 +162,7 @@ pub fn parse_trace(bytes: &[u8]) -> Result<Trace, TraceError> {
     let value: serde_json::Value = serde_json::from_slice(json).map_err(|e| TraceError::Json {
         line: e.line(),
         column: e.column(),
-        message: e.to_string(),
+        message: json_message(&e),
     })?;
     let mut trace = Trace::default();
     let rows = match &value {
@@ -180,12 +198,7 @@ pub fn parse_trace(bytes: &[u8]) -> Result<Trace, TraceError> {
             }
             match obj.get("events").and_then(|e| e.as_array()) {
                 Some(rows) => rows,
-                None => {
-                    return Err(TraceError::Row {
-                        index: 0,
-                        message: "no \"events\" array in the trace object".into(),
-                    })
-                }
+                None => return Err(TraceError::NoEvents),
             }
         }
         _ => {
@@ -201,6 +214,14 @@ pub fn parse_trace(bytes: &[u8]) -> Result<Trace, TraceError> {
         trace.events.push(parse_row(index, row)?);
     }
     Ok(trace)
+}
+
+/// `serde_json`'s message without its trailing " at line L column C", which
+/// [`TraceError::Json`] already says.
+fn json_message(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let position = format!(" at line {} column {}", e.line(), e.column());
+    text.strip_suffix(&position).unwrap_or(&text).to_owned()
 }
 
 fn parse_row(index: usize, row: &serde_json::Value) -> Result<TraceEvent, TraceError> {

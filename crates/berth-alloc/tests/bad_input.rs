@@ -2,7 +2,7 @@
 
 use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::caching::CachingAllocator;
-use berth_alloc::trace::{parse_trace, TraceError};
+use berth_alloc::trace::{parse_trace, read_trace, TraceError};
 use berth_alloc::{AllocError, AllocatorConfig, ConfigError, DeviceAllocator, DevicePtr, StreamId};
 
 use crate::util::{trace_path, MIB};
@@ -188,4 +188,39 @@ fn truncated_trace_is_an_error_naming_the_position() {
     // Truncated JSON inside a valid gzip stream: a JSON error at the end of the text.
     let e = parse_trace(br#"{"events": [["alloc", 1, 2, 0, 0], ["free_completed", 1"#).unwrap_err();
     assert!(matches!(e, TraceError::Json { line: 1, .. }), "{e:?}");
+}
+
+#[test]
+fn trace_without_events_says_so_without_naming_an_event() {
+    let e = parse_trace(b"{}").unwrap_err();
+    assert!(matches!(e, TraceError::NoEvents), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "the trace object has no \"events\" array; expected {\"events\": [[action, addr, size, stream, time_us], ...]}"
+    );
+}
+
+#[test]
+fn a_gz_name_over_other_bytes_is_not_gzip_data() {
+    let dir = std::env::temp_dir().join(format!("berth-alloc-notgz-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("random.trace.json.gz");
+    std::fs::write(&path, [0x5a, 0x13, 0xc7, 0x00, 0xff, 0x42]).unwrap();
+    let e = read_trace(&path).unwrap_err();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(matches!(e, TraceError::NotGzip), "{e:?}");
+    assert!(
+        e.to_string()
+            .starts_with("the file name ends in .gz but the content is not gzip data"),
+        "{e}"
+    );
+}
+
+#[test]
+fn json_errors_state_the_position_once() {
+    let e = parse_trace(b"@ not json").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "malformed trace JSON at line 1, column 1: expected value"
+    );
 }

@@ -3,6 +3,8 @@
 //! Subcommands: `info` (devices), `train` / `eval` (the Fashion-MNIST main job), `replay`
 //! (PyTorch allocator traces through berth's allocators) and `bench` (measurements).
 //! Errors print one line and exit with status 2 (usage and input errors) or 1 (failures).
+//! Output into a closed pipe (`berth ... | head -1`) ends the program quietly, as it ends `cat`:
+//! see [`restore_sigpipe`].
 
 use clap::{Parser, Subcommand};
 
@@ -35,6 +37,7 @@ enum Command {
 }
 
 fn main() {
+    restore_sigpipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info(a) => info::run(a),
@@ -48,6 +51,27 @@ fn main() {
         std::process::exit(exit_code(&err));
     }
 }
+
+/// Gives `SIGPIPE` back its default action (end the process), as C programs have it.
+///
+/// Rust's runtime ignores `SIGPIPE`, so a write into a closed pipe returns `EPIPE` and
+/// `println!` panics ("failed printing to stdout: Broken pipe") with a backtrace and status 101.
+/// With the default action restored, `berth replay --json ... | head -1` ends the moment `head`
+/// stops reading, silently, as `cat` and `grep` do (the shell sees status 141).
+#[cfg(unix)]
+fn restore_sigpipe() {
+    // SAFETY: `signal` with `SIGPIPE` and `SIG_DFL` only changes this process's disposition of
+    // one signal; it is called first thing in `main`, before any thread exists, so no other
+    // thread can be installing a handler at the same time, and no Rust code relies on SIGPIPE
+    // being ignored (writes then end the process instead of returning EPIPE).
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Elsewhere there is no `SIGPIPE`: nothing to restore.
+#[cfg(not(unix))]
+fn restore_sigpipe() {}
 
 /// Exit status for an error: 2 for bad user input (the error chain holds a [`UsageError`]), 1 otherwise.
 fn exit_code(err: &anyhow::Error) -> i32 {

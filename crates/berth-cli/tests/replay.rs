@@ -1,8 +1,9 @@
 //! `berth replay` end to end: golden `--json` output on a checked-in trace (the first 150 rows
-//! of `shared/traces/two_stream_pipeline`, two streams), and one-line errors with status 2.
+//! of `shared/traces/two_stream_pipeline`, two streams), one-line errors with status 2, and a
+//! quiet end in a closed pipe.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 fn data(file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -124,4 +125,37 @@ fn replay_table_shows_pytorch_figures_for_known_traces() {
         !text.contains("torch default"),
         "no PyTorch figures for an unknown trace: {text}"
     );
+}
+
+#[test]
+fn replay_into_a_closed_pipe_ends_quietly() {
+    // `berth replay --json ... | head -1`: the reader is gone before berth writes.
+    let trace = data("small_two_stream.trace.json");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args([
+            "replay",
+            "--json",
+            "--policy",
+            "all",
+            trace.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("berth runs");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.is_empty(), "no message at all: {err}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            out.status.signal(),
+            Some(13),
+            "ended by SIGPIPE: {:?}",
+            out.status
+        );
+    }
 }

@@ -2,7 +2,7 @@
 //! test accuracy ≥ 75%), save → eval reproducing the accuracy, the meta prediction, and the
 //! new-user errors (one line, exit status 2, no panic).
 
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 fn berth(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_berth"))
@@ -177,4 +177,26 @@ fn a_bad_berth_data_dir_names_the_variable() {
         err.contains("BERTH_DATA_DIR=/nonexistent-berth-data"),
         "{err}"
     );
+}
+
+#[test]
+fn training_into_a_closed_pipe_ends_quietly() {
+    // `berth train --epochs 1 | head -1`: the reader is gone before berth writes.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["train", "--device", "cpu", "--epochs", "1"])
+        .env_remove("BERTH_DATA_DIR")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("berth runs");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_ne!(out.status.code(), Some(101), "{err}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(13), "ended by SIGPIPE: {err}");
+    }
 }

@@ -47,7 +47,7 @@ fn main() {
         Command::Bench(a) => bench::run(a),
     };
     if let Err(err) = result {
-        eprintln!("berth: error: {err:#}");
+        eprintln!("berth: error: {}", error_line(&err));
         std::process::exit(exit_code(&err));
     }
 }
@@ -73,6 +73,27 @@ fn restore_sigpipe() {
 #[cfg(not(unix))]
 fn restore_sigpipe() {}
 
+/// The one-line text of an error: each error of the chain joined by ": ", leaving out a source
+/// whose text the line already holds.
+///
+/// Some error types both print their source in their own message and return it from
+/// `source()` (`berth::Error`'s I/O and replay errors do); anyhow's `{:#}` would print that
+/// text twice ("... Is a directory (os error 21): Is a directory (os error 21)").
+fn error_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for e in err.chain() {
+        let text = e.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 /// Exit status for an error: 2 for bad user input (the error chain holds a [`UsageError`]), 1 otherwise.
 fn exit_code(err: &anyhow::Error) -> i32 {
     if err.chain().any(|e| e.is::<UsageError>()) {
@@ -93,3 +114,40 @@ impl std::fmt::Display for UsageError {
 }
 
 impl std::error::Error for UsageError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error that prints its source in its own message and also returns it from `source()`.
+    #[derive(Debug)]
+    struct Wraps(std::io::Error);
+
+    impl std::fmt::Display for Wraps {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "save_state_dict /some/dir: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Wraps {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn error_line_prints_a_source_once() {
+        let io = std::io::Error::other("Is a directory");
+        let err = anyhow::Error::new(Wraps(io)).context("saving the state dict to /some/dir");
+        assert_eq!(
+            error_line(&err),
+            "saving the state dict to /some/dir: save_state_dict /some/dir: Is a directory"
+        );
+    }
+
+    #[test]
+    fn error_line_keeps_sources_not_yet_printed() {
+        let err = anyhow::Error::new(std::io::Error::other("disk full")).context("writing x");
+        assert_eq!(error_line(&err), "writing x: disk full");
+    }
+}

@@ -159,3 +159,27 @@ fn replay_into_a_closed_pipe_ends_quietly() {
         );
     }
 }
+
+#[test]
+fn replay_out_of_memory_message_is_printed_once() {
+    let trace = data("small_two_stream.trace.json");
+    let out = berth(&[
+        "replay",
+        "--capacity",
+        "128MiB",
+        "--policy",
+        "pytorch",
+        trace.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with(
+            "berth: error: replaying small_two_stream with policy pytorch: replay stopped at trace event #12"
+        ),
+        "{err}"
+    );
+    assert_eq!(err.matches("CUDA out of memory").count(), 1, "{err}");
+    assert_eq!(err.matches("Tried to allocate").count(), 1, "{err}");
+}

@@ -94,6 +94,47 @@ fn error_line(err: &anyhow::Error) -> String {
     line
 }
 
+/// The most DataLoader worker threads `--workers` may ask for.
+///
+/// Each worker is an OS thread of this process. Far past the number of cores they only add
+/// switching, and at some tens of thousands the OS refuses the memory for a new thread's stack
+/// guard page, which aborts the whole process from inside the new thread (no error to catch).
+/// 1024 is far above any useful count (PyTorch suggests at most the number of cores) and far
+/// below that abort.
+pub const MAX_WORKERS: usize = 1024;
+
+/// Checks a `--workers` value against [`MAX_WORKERS`].
+///
+/// # Errors
+/// A [`UsageError`] naming the value, the limit and this machine's core count.
+pub fn check_workers(workers: usize) -> Result<(), UsageError> {
+    if workers <= MAX_WORKERS {
+        return Ok(());
+    }
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    Err(UsageError(format!(
+        "--workers {workers}: at most {MAX_WORKERS} worker threads are allowed (this machine has {cores} cores; e.g. --workers {cores})"
+    )))
+}
+
+/// Checks that a count option (`--epochs`, `--reps`) is at least 1; `what` names it in words.
+///
+/// # Errors
+/// A [`UsageError`] such as "--epochs 0: the number of epochs must be at least 1 (e.g. --epochs 5)".
+pub fn check_at_least_one(
+    flag: &str,
+    value: usize,
+    what: &str,
+    example: usize,
+) -> Result<(), UsageError> {
+    if value >= 1 {
+        return Ok(());
+    }
+    Err(UsageError(format!(
+        "{flag} {value}: the number of {what} must be at least 1 (e.g. {flag} {example})"
+    )))
+}
+
 /// Exit status for an error: 2 for bad user input (the error chain holds a [`UsageError`]), 1 otherwise.
 fn exit_code(err: &anyhow::Error) -> i32 {
     if err.chain().any(|e| e.is::<UsageError>()) {
@@ -149,5 +190,16 @@ mod tests {
     fn error_line_keeps_sources_not_yet_printed() {
         let err = anyhow::Error::new(std::io::Error::other("disk full")).context("writing x");
         assert_eq!(error_line(&err), "writing x: disk full");
+    }
+
+    #[test]
+    fn workers_are_capped_with_a_usage_error() {
+        assert!(check_workers(MAX_WORKERS).is_ok());
+        let err = check_workers(100_000).unwrap_err();
+        assert!(
+            err.0
+                .starts_with("--workers 100000: at most 1024 worker threads are allowed"),
+            "{err}"
+        );
     }
 }

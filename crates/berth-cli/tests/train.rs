@@ -98,6 +98,15 @@ fn new_user_errors_are_one_line_with_status_2() {
     assert_usage_error(&["train", "--device", "cuda:7"], "--device cuda:7");
     assert_usage_error(&["train", "--device", "tpu"], "expected one of cpu, cuda");
     assert_usage_error(&["train", "--batch-size", "0"], "--batch-size 0");
+    assert_usage_error(
+        &["train", "--epochs", "0"],
+        "berth: error: --epochs 0: the number of epochs must be at least 1 (e.g. --epochs 5)",
+    );
+    // 100,000 worker threads aborted the process (no stack guard page for a new thread).
+    assert_usage_error(
+        &["train", "--device", "cpu", "--epochs", "1", "--workers", "100000"],
+        "berth: error: --workers 100000: at most 1024 worker threads are allowed (this machine has ",
+    );
     let not_st = std::env::temp_dir().join(format!("berth-not-safetensors-{}", std::process::id()));
     std::fs::write(&not_st, b"this is not a safetensors file").unwrap();
     assert_usage_error(

@@ -27,7 +27,7 @@ pub struct Args {
     /// Batch size.
     #[arg(long, default_value_t = 256)]
     pub batch_size: usize,
-    /// Worker counts to measure, comma-separated.
+    /// Worker counts to measure, comma-separated (each at most 1024).
     #[arg(long, value_delimiter = ',', default_value = "0,1,2,4")]
     pub workers: Vec<usize>,
     /// Timed epochs per figure (the median is reported), after one warm-up epoch.
@@ -98,6 +98,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--samples, --features, --batch-size and --epochs must be positive".into(),
         )
         .into());
+    }
+    for &w in &args.workers {
+        crate::check_workers(w)?;
     }
     let (n, f) = (args.samples, args.features);
     let x = filled(&[n, f], DType::F32).context("allocating the dataset")?;

@@ -19,7 +19,7 @@ macro_rules! bench_args {
             /// Print JSON lines.
             #[arg(long)]
             pub json: bool,
-            /// Repetitions per figure (the median is reported).
+            /// Repetitions per figure (the median is reported); at least 1.
             #[arg(long, default_value_t = 10)]
             pub reps: usize,
         }
@@ -31,7 +31,7 @@ pub struct TransfersArgs {
     /// Print JSON lines.
     #[arg(long)]
     pub json: bool,
-    /// Repetitions per figure (the median is reported).
+    /// Repetitions per figure (the median is reported); at least 1.
     #[arg(long, default_value_t = 10)]
     pub reps: usize,
     /// Instead of the figures: time one way of making the process's first pinned copy
@@ -74,6 +74,16 @@ fn emit(json: bool, bench: &str, figure: impl Into<String>, value: f64, unit: &s
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Rejects `--reps 0` (a median of no repetitions), before any GPU work.
+fn check_reps(reps: usize) -> anyhow::Result<()> {
+    Ok(crate::check_at_least_one(
+        "--reps",
+        reps,
+        "repetitions",
+        10,
+    )?)
 }
 
 fn require_gpu() -> anyhow::Result<()> {
@@ -187,13 +197,14 @@ fn run_pin_probe(a: &TransfersArgs, variant: &str) -> anyhow::Result<()> {
 
 /// Runs `berth bench transfers`.
 pub fn run_transfers(a: TransfersArgs) -> anyhow::Result<()> {
+    check_reps(a.reps)?;
     require_gpu()?;
     if let Some(v) = &a.pin_probe {
         return run_pin_probe(&a, v);
     }
     let s = Stream::new(0, 0)?;
     let n = 256 * MIB;
-    let reps = a.reps.max(1);
+    let reps = a.reps;
     // pin_memory() first, as PyTorch's figure: the process's first pinned allocation, with the
     // context already created (by the stream above); then again (host cache warm).
     let fresh = random_host(n, 3)?;
@@ -314,6 +325,7 @@ pub fn run_transfers(a: TransfersArgs) -> anyhow::Result<()> {
 
 /// Runs `berth bench alloc`.
 pub fn run_alloc(a: AllocArgs) -> anyhow::Result<()> {
+    check_reps(a.reps)?;
     require_gpu()?;
     let alloc = cuda::memory::allocator(0)?;
     let backend = CudaBackend::new(0)?;
@@ -333,7 +345,7 @@ pub fn run_alloc(a: AllocArgs) -> anyhow::Result<()> {
             "us",
         );
         let mut v = Vec::new();
-        for _ in 0..a.reps.max(1) {
+        for _ in 0..a.reps {
             let t0 = Instant::now();
             let p = backend.malloc(bytes, StreamId::DEFAULT)?;
             // SAFETY: `p` was just allocated with `bytes`; nothing uses it.
@@ -371,10 +383,11 @@ pub fn run_alloc(a: AllocArgs) -> anyhow::Result<()> {
 /// work on the main stream (8 bf16 8192×8192 matmuls when the CUDA kernels provide matmul,
 /// else 16 device-to-device copies of 1 GiB, named as such).
 pub fn run_overlap(a: OverlapArgs) -> anyhow::Result<()> {
+    check_reps(a.reps)?;
     require_gpu()?;
     let main = Stream::new(0, 0)?;
     let side = Stream::new(0, 0)?;
-    let reps = a.reps.max(1);
+    let reps = a.reps;
     let gib = 1024 * MIB;
     let src = random_host(gib, 4)?.pin_memory()?;
     let m = {
@@ -463,6 +476,7 @@ pub fn run_overlap(a: OverlapArgs) -> anyhow::Result<()> {
 /// Runs `berth bench sync`: blocking reads in a loop, and host time blocked by a
 /// `non_blocking` 256 MiB upload from pageable and from pinned memory.
 pub fn run_sync(a: SyncArgs) -> anyhow::Result<()> {
+    check_reps(a.reps)?;
     require_gpu()?;
     let s = Stream::new(0, 0)?;
     let _g = s.scope();
@@ -502,7 +516,7 @@ pub fn run_sync(a: SyncArgs) -> anyhow::Result<()> {
             src = src.pin_memory()?;
         }
         let mut v = Vec::new();
-        for _ in 0..a.reps.max(1) + 1 {
+        for _ in 0..a.reps + 1 {
             s.synchronize()?;
             let t0 = Instant::now();
             let t = cuda::transfer::transfer(&src, Device::Cuda(0), true)?;

@@ -43,7 +43,7 @@ pub struct TrainArgs {
     /// SGD momentum (PyTorch's rule, dampening 0).
     #[arg(long, default_value_t = 0.9)]
     pub momentum: f64,
-    /// DataLoader worker threads.
+    /// DataLoader worker threads (at most 1024).
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
     /// Seed of the model's initialisation and of the shuffle.
@@ -97,6 +97,8 @@ pub fn resolve_device(spec: &str) -> anyhow::Result<Device> {
 }
 
 fn check_train_args(a: &TrainArgs) -> anyhow::Result<()> {
+    crate::check_at_least_one("--epochs", a.epochs, "epochs", 5)?;
+    crate::check_workers(a.workers)?;
     if a.batch_size == 0 {
         return Err(UsageError(
             "--batch-size 0: the batch size must be at least 1 (e.g. --batch-size 64)".into(),

@@ -156,6 +156,17 @@ fn save_problems_are_caught_before_training() {
         ],
         "does not exist",
     );
+    let dir = std::env::temp_dir().join(format!("berth-save-dir-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    assert_usage_error(
+        &["train", "--device", "cpu", "--save", dir.to_str().unwrap()],
+        &format!(
+            "berth: error: --save {}: that is a folder; give a file path such as {}",
+            dir.display(),
+            dir.join("mlp.safetensors").display()
+        ),
+    );
+    std::fs::remove_dir_all(&dir).ok();
     // Rejected before any epoch runs (an epoch takes seconds).
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
 }

@@ -139,6 +139,14 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         return meta::run(&args);
     }
     if let Some(path) = &args.save {
+        if path.is_dir() {
+            return Err(UsageError(format!(
+                "--save {}: that is a folder; give a file path such as {}",
+                path.display(),
+                path.join("mlp.safetensors").display()
+            ))
+            .into());
+        }
         let parent = path
             .parent()
             .filter(|p| !p.as_os_str().is_empty())

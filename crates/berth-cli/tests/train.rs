@@ -174,12 +174,13 @@ fn save_problems_are_caught_before_training() {
 #[test]
 fn a_diverging_run_is_an_error_naming_the_learning_rate() {
     let out = berth(&[
-        "train", "--device", "cpu", "--epochs", "1", "--lr", "1e9", "--json",
+        "train", "--device", "cpu", "--epochs", "1", "--lr", "1e300", "--json",
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("training diverged") && err.contains("--lr"),
+        err.contains("training diverged")
+            && err.contains("lower --lr (now 1e300) or --momentum (now 0.9)"),
         "{err}"
     );
 }

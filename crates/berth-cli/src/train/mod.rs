@@ -96,6 +96,16 @@ pub fn resolve_device(spec: &str) -> anyhow::Result<Device> {
     Ok(device)
 }
 
+/// `x` as a user typed it: plain decimals for ordinary magnitudes (`0.05`), scientific notation
+/// for very large or small ones (`1e300`, not 301 digits).
+fn short_float(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() || (1e-4..1e6).contains(&x.abs()) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
+    }
+}
+
 fn check_train_args(a: &TrainArgs) -> anyhow::Result<()> {
     crate::check_at_least_one("--epochs", a.epochs, "epochs", 5)?;
     crate::check_workers(a.workers)?;
@@ -114,14 +124,14 @@ fn check_train_args(a: &TrainArgs) -> anyhow::Result<()> {
     if !(a.lr.is_finite() && a.lr > 0.0) {
         return Err(UsageError(format!(
             "--lr {}: the learning rate must be a positive number (e.g. --lr 0.05)",
-            a.lr
+            short_float(a.lr)
         ))
         .into());
     }
     if !(0.0..1.0).contains(&a.momentum) {
         return Err(UsageError(format!(
             "--momentum {}: momentum must be in [0, 1) (e.g. --momentum 0.9)",
-            a.momentum
+            short_float(a.momentum)
         ))
         .into());
     }
@@ -224,8 +234,8 @@ pub fn train_on(
             anyhow::bail!(
                 "training diverged: the mean train loss of epoch {epoch} is {train_loss}; lower --lr \
                  (now {}) or --momentum (now {})",
-                args.lr,
-                args.momentum
+                short_float(args.lr),
+                short_float(args.momentum)
             );
         }
         let test_accuracy = evaluate(&model, &test_loader, device)?;
@@ -347,4 +357,18 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_float;
+
+    #[test]
+    fn floats_print_short() {
+        assert_eq!(short_float(0.05), "0.05");
+        assert_eq!(short_float(0.9), "0.9");
+        assert_eq!(short_float(1e300), "1e300");
+        assert_eq!(short_float(1e-9), "1e-9");
+        assert_eq!(short_float(f64::INFINITY), "inf");
+    }
 }

@@ -31,11 +31,12 @@ pub struct ReplayArgs {
     #[arg(long, default_value = "paged")]
     pub policy: String,
     /// Simulated device memory in bytes (suffixes KiB, MiB, GiB, TiB allowed); default: an
-    /// H200's 150109880320.
+    /// H200's 150109880320. Only with `--device sim`.
     #[arg(long, value_name = "BYTES")]
     pub capacity: Option<String>,
     /// Hand out the segment addresses the trace recorded (its `segment_alloc` rows) instead of
-    /// increasing ones: PyTorch breaks ties between equal-size free blocks by address.
+    /// increasing ones: PyTorch breaks ties between equal-size free blocks by address. Only
+    /// with `--device sim`.
     #[arg(long)]
     pub real_addrs: bool,
     /// Print one JSON object per trace and policy instead of the table.
@@ -43,7 +44,7 @@ pub struct ReplayArgs {
     pub json: bool,
     /// Where to replay: `sim` (a simulated device, default) or `cuda:N` (the real GPU, through
     /// berth's CUDA backend; all streams collapsed to the default stream, as PyTorch's C++
-    /// replay `shared/bench/torch_replay.py` does).
+    /// replay `shared/bench/torch_replay.py` does; `--capacity` and `--real-addrs` do not apply).
     #[arg(long, default_value = "sim")]
     pub device: String,
 }
@@ -225,9 +226,49 @@ struct Row {
     cold_ns_per_op: f64,
 }
 
+/// Checks `--device`: `None` for `sim`, the CUDA device index for `cuda:N`. The flags of the
+/// simulated device (`--capacity`, `--real-addrs`) are refused with a CUDA device.
+fn cuda_index(args: &ReplayArgs) -> anyhow::Result<Option<usize>> {
+    if args.device == "sim" {
+        return Ok(None);
+    }
+    let device: berth::Device = args
+        .device
+        .parse()
+        .map_err(|e| UsageError(format!("--device {}: {e} (or sim)", args.device)))?;
+    let sim_only: Vec<&str> = [
+        ("--capacity", args.capacity.is_some()),
+        ("--real-addrs", args.real_addrs),
+    ]
+    .into_iter()
+    .filter_map(|(flag, given)| given.then_some(flag))
+    .collect();
+    if device.is_cuda() && !sim_only.is_empty() {
+        let (flags, verb) = if sim_only.len() == 1 {
+            (sim_only[0].to_string(), "applies")
+        } else {
+            (sim_only.join(" and "), "apply")
+        };
+        return Err(UsageError(format!(
+            "{flags} {verb} to the simulated device only (--device sim), not --device {}, which \
+             replays in the GPU's own memory at the driver's addresses",
+            args.device
+        ))
+        .into());
+    }
+    match device.canonical() {
+        Ok(d) if d.is_cuda() => Ok(Some(usize::from(d.index().unwrap_or(0)))),
+        Ok(d) => Err(UsageError(format!("--device {d}: replay runs on sim or cuda:N")).into()),
+        Err(e) => {
+            Err(UsageError(format!("--device {}: {e}; use --device sim", args.device)).into())
+        }
+    }
+}
+
 /// Runs `berth replay`.
 pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     let policies = Policy::parse_list(&args.policy)?;
+    let cuda = cuda_index(&args)?;
     let capacity = match &args.capacity {
         Some(c) => parse_capacity(c)?,
         None => SimBackend::H200_BYTES,
@@ -237,24 +278,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| Ok((trace_name(p), load(p)?)))
         .collect::<anyhow::Result<_>>()?;
-    if args.device != "sim" {
-        let device: berth::Device = args
-            .device
-            .parse()
-            .map_err(|e| UsageError(format!("--device {}: {e} (or sim)", args.device)))?;
-        let index = match device.canonical() {
-            Ok(d) if d.is_cuda() => usize::from(d.index().unwrap_or(0)),
-            Ok(d) => {
-                return Err(
-                    UsageError(format!("--device {d}: replay runs on sim or cuda:N")).into(),
-                )
-            }
-            Err(e) => {
-                return Err(
-                    UsageError(format!("--device {}: {e}; use --device sim", args.device)).into(),
-                )
-            }
-        };
+    if let Some(index) = cuda {
         return crate::replay_cuda::run(index, &traces, &policies, args.json);
     }
     let total: u64 = traces

@@ -183,3 +183,37 @@ fn replay_out_of_memory_message_is_printed_once() {
     assert_eq!(err.matches("CUDA out of memory").count(), 1, "{err}");
     assert_eq!(err.matches("Tried to allocate").count(), 1, "{err}");
 }
+
+#[test]
+fn replay_sim_only_flags_are_refused_with_cuda() {
+    let trace = data("small_two_stream.trace.json");
+    for (flags, text) in [
+        (
+            &["--capacity", "1GiB"][..],
+            "--capacity applies to the simulated device only (--device sim), not --device cuda:0",
+        ),
+        (
+            &["--real-addrs"][..],
+            "--real-addrs applies to the simulated device only (--device sim), not --device cuda:0",
+        ),
+        (
+            &["--capacity", "1GiB", "--real-addrs"][..],
+            "--capacity and --real-addrs apply to the simulated device only (--device sim), not --device cuda:0, which replays in the GPU's own memory at the driver's addresses",
+        ),
+    ] {
+        let mut args = vec!["replay", "--device", "cuda:0"];
+        args.extend_from_slice(flags);
+        args.push(trace.to_str().unwrap());
+        let out = berth(&args);
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(text), "{flags:?}: {err}");
+    }
+    let help = String::from_utf8(berth(&["replay", "--help"]).stdout).unwrap();
+    assert_eq!(
+        help.matches("Only with `--device sim`").count(),
+        2,
+        "{help}"
+    );
+}

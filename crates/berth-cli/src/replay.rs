@@ -6,7 +6,8 @@
 //! `free_completed` row). Timing is PyTorch's C++ replay's (`Note [Compiled replay]` in
 //! `berth_alloc::replay`): [`PASSES`] passes on one allocator, memory figures from the first
 //! (cold) pass, `ns_per_op` the fastest of the others (warm). PyTorch's own figures for the
-//! five traces of `shared/traces` are printed beside berth's.
+//! five traces of `shared/traces` are printed beside berth's, when the trace is that one: its
+//! file name and its replayed peak requested bytes both match (see [`Reference`]).
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -169,6 +170,39 @@ const TORCH: [TorchFigures; 5] = [
 
 const TORCH_MODES: [&str; 3] = ["torch default", "torch expandable", "torch cudaMallocAsync"];
 
+/// How a replayed trace relates to PyTorch's reference figures ([`TORCH`]).
+#[derive(Clone, Copy)]
+enum Reference {
+    /// No reference trace has this file name.
+    None,
+    /// The file name and the replay's peak requested bytes match: the figures are this trace's.
+    Matches(&'static TorchFigures),
+    /// The file name matches but the peak requested bytes do not: another trace under a reference
+    /// trace's name, so its figures would mislead.
+    NameOnly(&'static TorchFigures),
+}
+
+impl Reference {
+    /// The reference for a trace named `stem` whose replay peaked at `peak_requested` bytes.
+    /// Traces are deterministic: the same trace replays to the same peak under every policy.
+    fn of(stem: &str, peak_requested: u64) -> Reference {
+        match TORCH.iter().find(|t| t.name == stem) {
+            None => Reference::None,
+            Some(t) if t.peak_requested == peak_requested => Reference::Matches(t),
+            Some(t) => Reference::NameOnly(t),
+        }
+    }
+
+    /// The note for [`Reference::NameOnly`]: one line, no trailing newline.
+    fn mismatch_note(t: &TorchFigures, peak_requested: u64) -> String {
+        format!(
+            "(the file name matches PyTorch's reference trace {}, but its content does not: peak \
+             requested {peak_requested} bytes, the reference's {}; no PyTorch comparison shown)",
+            t.name, t.peak_requested
+        )
+    }
+}
+
 /// The trace name: the file name up to its first dot (`gpt2_train.trace.json.gz` → `gpt2_train`).
 fn trace_name(path: &Path) -> String {
     let file = path
@@ -176,6 +210,35 @@ fn trace_name(path: &Path) -> String {
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
     file.split('.').next().unwrap_or_default().to_string()
+}
+
+/// The table heading (and JSON `trace`) of each path: its [`trace_name`], or, where two paths
+/// share that name, the path as given (and where the same path is given twice, its position
+/// among the traces too), so different traces never share a heading.
+fn headings(paths: &[PathBuf]) -> Vec<String> {
+    let stems: Vec<String> = paths.iter().map(|p| trace_name(p)).collect();
+    let labels: Vec<String> = paths
+        .iter()
+        .zip(&stems)
+        .map(|(p, stem)| {
+            if stems.iter().filter(|s| *s == stem).count() > 1 {
+                p.display().to_string()
+            } else {
+                stem.clone()
+            }
+        })
+        .collect();
+    labels
+        .iter()
+        .enumerate()
+        .map(|(i, label)| {
+            if labels.iter().filter(|l| *l == label).count() > 1 {
+                format!("{label} (trace {})", i + 1)
+            } else {
+                label.clone()
+            }
+        })
+        .collect()
 }
 
 /// Parses `--capacity`: an integer number of bytes, optionally followed by KiB/MiB/GiB/TiB.
@@ -218,7 +281,12 @@ fn load(path: &Path) -> anyhow::Result<Trace> {
 
 /// One replay's result.
 struct Row {
+    /// Which trace (position among the arguments): rows of one trace share it.
+    group: usize,
+    /// The trace's heading ([`headings`]).
     trace: String,
+    /// PyTorch's figures for this trace, if any.
+    reference: Reference,
     policy: Policy,
     /// The cold pass, with `ns_per_op` replaced by the warm figure.
     report: ReplayReport,
@@ -273,10 +341,10 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         Some(c) => parse_capacity(c)?,
         None => SimBackend::H200_BYTES,
     };
-    let traces: Vec<(String, Trace)> = args
-        .traces
-        .iter()
-        .map(|p| Ok((trace_name(p), load(p)?)))
+    let traces: Vec<(String, Trace)> = headings(&args.traces)
+        .into_iter()
+        .zip(&args.traces)
+        .map(|(label, p)| Ok((label, load(p)?)))
         .collect::<anyhow::Result<_>>()?;
     if let Some(index) = cuda {
         return crate::replay_cuda::run(index, &traces, &policies, args.json);
@@ -288,7 +356,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         * policies.len() as u64;
     let bar = progress_bar(total, args.json);
     let mut rows = Vec::new();
-    for (name, trace) in &traces {
+    for (group, ((name, trace), path)) in traces.iter().zip(&args.traces).enumerate() {
         let compiled = CompiledTrace::new(&trace.events);
         for &policy in &policies {
             bar.set_message(format!("{name} / {}", policy.name()));
@@ -301,7 +369,9 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("replaying {name} with policy {}", policy.name()))?;
             bar.inc(trace.events.len() as u64);
             rows.push(Row {
+                group,
                 trace: name.clone(),
+                reference: Reference::of(&trace_name(path), cold.peak_requested),
                 policy,
                 report: ReplayReport {
                     ns_per_op: warm_ns(&warm),
@@ -315,6 +385,18 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     if args.json {
         for row in &rows {
             println!("{}", json_line(row));
+        }
+        // The note goes to stderr, so stdout stays one JSON object per line.
+        let mut noted = None;
+        for row in &rows {
+            if let (Reference::NameOnly(t), false) = (row.reference, noted == Some(row.group)) {
+                eprintln!(
+                    "berth: note: {}: {}",
+                    row.trace,
+                    Reference::mismatch_note(t, row.report.peak_requested)
+                );
+                noted = Some(row.group);
+            }
         }
     } else {
         print!("{}", table(&rows));
@@ -350,7 +432,7 @@ fn json_line(row: &Row) -> String {
         "cold_ns_per_op": (row.cold_ns_per_op * 10.0).round() / 10.0,
         "ns_per_op": (r.ns_per_op * 10.0).round() / 10.0,
     });
-    if let Some(t) = TORCH.iter().find(|t| t.name == row.trace) {
+    if let Reference::Matches(t) = row.reference {
         obj["torch_peak_reserved"] = serde_json::json!({
             "default": t.reserved[0], "expandable": t.reserved[1], "cuda_malloc_async": t.reserved[2],
         });
@@ -374,14 +456,14 @@ fn table(rows: &[Row]) -> String {
         "device calls",
         "ns/op"
     );
-    let mut last = "";
+    let mut last = None;
     for row in rows {
-        if row.trace != last {
-            if !last.is_empty() {
+        if last != Some(row.group) {
+            if last.is_some() {
                 out.push('\n');
             }
             let _ = writeln!(out, "{}\n{header}", row.trace);
-            last = &row.trace;
+            last = Some(row.group);
         }
         let r = &row.report;
         let _ = writeln!(
@@ -398,9 +480,15 @@ fn table(rows: &[Row]) -> String {
         );
         let is_last_of_trace = rows
             .iter()
-            .rposition(|x| x.trace == row.trace)
+            .rposition(|x| x.group == row.group)
             .is_some_and(|i| std::ptr::eq(&rows[i], row));
-        if let (true, Some(t)) = (is_last_of_trace, TORCH.iter().find(|t| t.name == row.trace)) {
+        if !is_last_of_trace {
+            continue;
+        }
+        if let Reference::NameOnly(t) = row.reference {
+            let _ = writeln!(out, "{}", Reference::mismatch_note(t, r.peak_requested));
+        }
+        if let Reference::Matches(t) = row.reference {
             for (i, mode) in TORCH_MODES.iter().enumerate() {
                 let segments = if i == 0 {
                     t.segments.to_string()
@@ -455,6 +543,47 @@ mod tests {
             trace_name(Path::new("two_stream_pipeline.snapshot.pickle")),
             "two_stream_pipeline"
         );
+    }
+
+    #[test]
+    fn headings_are_stems_unless_stems_collide() {
+        let paths = |v: &[&str]| v.iter().map(PathBuf::from).collect::<Vec<_>>();
+        assert_eq!(
+            headings(&paths(&[
+                "a/gpt2_train.trace.json.gz",
+                "b/resnet50_train.trace.json.gz"
+            ])),
+            ["gpt2_train", "resnet50_train"]
+        );
+        assert_eq!(
+            headings(&paths(&[
+                "a/gpt2_train.trace.json.gz",
+                "b/gpt2_train.trace.json.gz",
+                "c/x.json"
+            ])),
+            [
+                "a/gpt2_train.trace.json.gz",
+                "b/gpt2_train.trace.json.gz",
+                "x"
+            ]
+        );
+        assert_eq!(
+            headings(&paths(&["t.json", "t.json"])),
+            ["t.json (trace 1)", "t.json (trace 2)"]
+        );
+    }
+
+    #[test]
+    fn reference_figures_need_the_name_and_the_peak() {
+        assert!(matches!(
+            Reference::of("gpt2_train", 8_668_539_912),
+            Reference::Matches(t) if t.name == "gpt2_train"
+        ));
+        assert!(matches!(
+            Reference::of("gpt2_train", 5_879_357_852),
+            Reference::NameOnly(t) if t.name == "gpt2_train"
+        ));
+        assert!(matches!(Reference::of("mine", 5), Reference::None));
     }
 
     #[test]

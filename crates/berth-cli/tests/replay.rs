@@ -1,8 +1,8 @@
 //! `berth replay` end to end: golden `--json` output on a checked-in trace (the first 150 rows
-//! of `shared/traces/two_stream_pipeline`, two streams), one-line errors with status 2, and a
-//! quiet end in a closed pipe.
+//! of `shared/traces/two_stream_pipeline`, two streams), one-line errors with status 2, PyTorch's
+//! reference figures only for the reference traces themselves, and a quiet end in a closed pipe.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 fn data(file: &str) -> PathBuf {
@@ -16,6 +16,23 @@ fn berth(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("berth runs")
+}
+
+/// A fresh temporary folder for one test (removed by the test).
+fn temp_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("berth-replay-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The table's trace headings: the lines followed by the column header.
+fn headings(table: &str) -> Vec<&str> {
+    let lines: Vec<&str> = table.lines().collect();
+    lines
+        .windows(2)
+        .filter(|w| w[1].starts_with("policy "))
+        .map(|w| w[0])
+        .collect()
 }
 
 /// Drops the fields that depend on the machine (`ns_per_op`, the warm figure, and
@@ -161,30 +178,6 @@ fn replay_into_a_closed_pipe_ends_quietly() {
 }
 
 #[test]
-fn replay_out_of_memory_message_is_printed_once() {
-    let trace = data("small_two_stream.trace.json");
-    let out = berth(&[
-        "replay",
-        "--capacity",
-        "128MiB",
-        "--policy",
-        "pytorch",
-        trace.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.starts_with(
-            "berth: error: replaying small_two_stream with policy pytorch: replay stopped at trace event #12"
-        ),
-        "{err}"
-    );
-    assert_eq!(err.matches("CUDA out of memory").count(), 1, "{err}");
-    assert_eq!(err.matches("Tried to allocate").count(), 1, "{err}");
-}
-
-#[test]
 fn replay_sim_only_flags_are_refused_with_cuda() {
     let trace = data("small_two_stream.trace.json");
     for (flags, text) in [
@@ -215,5 +208,116 @@ fn replay_sim_only_flags_are_refused_with_cuda() {
         help.matches("Only with `--device sim`").count(),
         2,
         "{help}"
+    );
+}
+
+#[test]
+fn replay_out_of_memory_message_is_printed_once() {
+    let trace = data("small_two_stream.trace.json");
+    let out = berth(&[
+        "replay",
+        "--capacity",
+        "128MiB",
+        "--policy",
+        "pytorch",
+        trace.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with(
+            "berth: error: replaying small_two_stream with policy pytorch: replay stopped at trace event #12"
+        ),
+        "{err}"
+    );
+    assert_eq!(err.matches("CUDA out of memory").count(), 1, "{err}");
+    assert_eq!(err.matches("Tried to allocate").count(), 1, "{err}");
+}
+
+#[test]
+fn pytorch_figures_need_the_reference_content_not_just_its_name() {
+    let dir = temp_dir("renamed");
+    let renamed = dir.join("gpt2_train.trace.json");
+    std::fs::copy(data("small_two_stream.trace.json"), &renamed).unwrap();
+    let table = berth(&["replay", "--policy", "paged", renamed.to_str().unwrap()]);
+    let json = berth(&[
+        "replay",
+        "--json",
+        "--policy",
+        "paged",
+        renamed.to_str().unwrap(),
+    ]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let note_start = "(the file name matches PyTorch's reference trace gpt2_train, but its content does not: peak requested ";
+    let note_end = " bytes, the reference's 8668539912; no PyTorch comparison shown)";
+
+    assert!(table.status.success());
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(!text.contains("torch default"), "{text}");
+    let note = text.lines().last().unwrap();
+    assert!(
+        note.starts_with(note_start) && note.ends_with(note_end),
+        "{text}"
+    );
+
+    assert!(json.status.success());
+    let line = String::from_utf8(json.stdout).unwrap();
+    let v = normalize(line.trim_end());
+    assert_eq!(v["trace"], "gpt2_train");
+    assert!(v.get("torch_peak_reserved").is_none(), "{v}");
+    assert!(v.get("torch_segments").is_none(), "{v}");
+    let err = String::from_utf8(json.stderr).unwrap();
+    assert!(
+        err.starts_with("berth: note: gpt2_train: ") && err.contains(note_end),
+        "{err}"
+    );
+}
+
+#[test]
+fn pytorch_figures_are_shown_for_the_reference_traces() {
+    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces");
+    let trace = shared.join("two_stream_pipeline.trace.json.gz");
+    if !trace.exists() {
+        eprintln!("skipping: {} not found", trace.display());
+        return;
+    }
+    let out = berth(&["replay", "--policy", "paged", trace.to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("\ntorch default   "), "{text}");
+    assert!(!text.contains("content does not"), "{text}");
+}
+
+#[test]
+fn traces_sharing_a_name_get_distinct_headings() {
+    let dir = temp_dir("same-stem");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let full = std::fs::read_to_string(data("small_two_stream.trace.json")).unwrap();
+    let a = a.join("run.trace.json");
+    let b = b.join("run.trace.json");
+    std::fs::write(&a, &full).unwrap();
+    // A different trace under the same file name: the first 3 rows only.
+    let mut v: serde_json::Value = serde_json::from_str(&full).unwrap();
+    v["events"].as_array_mut().unwrap().truncate(3);
+    std::fs::write(&b, v.to_string()).unwrap();
+    let other = data("small_two_stream.trace.json");
+    let out = berth(&[
+        "replay",
+        "--policy",
+        "paged",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        other.to_str().unwrap(),
+    ]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        headings(&text),
+        [a.to_str().unwrap(), b.to_str().unwrap(), "small_two_stream"],
+        "{text}"
     );
 }

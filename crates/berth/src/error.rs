@@ -152,6 +152,44 @@ pub enum Error {
         what: String,
     },
 
+    /// A shape whose element count does not fit (PyTorch's `safe_compute_numel`: "numel:
+    /// integer multiplication overflow"). The product of the sizes, counting a size 0 as 1 as
+    /// the contiguous strides do (PyTorch's "Stride calculation overflowed"), must be at most
+    /// `isize::MAX`, PyTorch's `int64_t` limit.
+    #[error("{op}: numel: integer multiplication overflow: the number of elements of shape {shape:?} does not fit in isize (the product of the sizes, counting a size 0 as 1, must be at most {}); use smaller sizes", isize::MAX)]
+    NumelOverflow {
+        /// The operation.
+        op: &'static str,
+        /// The shape asked for.
+        shape: Vec<usize>,
+    },
+
+    /// A shape whose size in bytes does not fit (PyTorch's `computeStorageNbytes`: "Storage
+    /// size calculation overflowed"): `numel × element size` must be at most `isize::MAX`
+    /// bytes, the largest allocation Rust (and PyTorch's `int64_t` sizes) can describe.
+    #[error("{op}: Storage size calculation overflowed: shape {shape:?} of {dtype} needs {numel} elements × {} bytes, more than {} bytes; use smaller sizes or a smaller dtype", dtype.size_in_bytes(), isize::MAX)]
+    StorageSizeOverflow {
+        /// The operation.
+        op: &'static str,
+        /// The shape asked for.
+        shape: Vec<usize>,
+        /// The element type.
+        dtype: DType,
+        /// The number of elements of `shape` (it fits; its size in bytes does not).
+        numel: usize,
+    },
+
+    /// The system allocator refused host memory for a tensor (PyTorch's
+    /// `DefaultCPUAllocator: not enough memory: you tried to allocate N bytes`). Not a panic or
+    /// an abort: the process goes on, and a smaller request may succeed.
+    #[error("{device}: out of memory: DefaultCPUAllocator: not enough memory: you tried to allocate {requested_bytes} bytes ({}); free some tensors or use smaller shapes", berth_alloc::stats::format_size(*.requested_bytes as u64))]
+    HostOutOfMemory {
+        /// The device (`cpu`).
+        device: Device,
+        /// The size of the failed request, in bytes.
+        requested_bytes: usize,
+    },
+
     /// A dimension index outside `[-rank, rank)`.
     #[error("{op}: dimension {dim} is out of range for a tensor of rank {rank} (expected a value in [-{rank}, {rank}))")]
     DimOutOfRange {
@@ -250,6 +288,18 @@ pub enum Error {
     /// A safetensors file that could not be encoded or decoded.
     #[error("safetensors: {0}")]
     SafeTensors(#[from] safetensors::SafeTensorError),
+}
+
+impl Error {
+    /// Whether this is an out-of-memory condition on any device: [`Error::HostOutOfMemory`], or
+    /// an allocator error for which [`berth_alloc::AllocError::is_out_of_memory`] holds.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            Error::HostOutOfMemory { .. } => true,
+            Error::Alloc(e) => e.is_out_of_memory(),
+            _ => false,
+        }
+    }
 }
 
 /// `Result` with [`Error`].

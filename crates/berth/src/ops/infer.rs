@@ -185,7 +185,8 @@ pub struct MatmulPlan {
 /// Plan `a @ b` with `torch.matmul`'s rules (1-D, 2-D and batched with broadcast batch dims).
 ///
 /// # Errors
-/// [`Error::MatmulShape`] when the inner sizes differ; 0-dim operands; device/dtype mismatch.
+/// [`Error::MatmulShape`] when the inner sizes differ; 0-dim operands; device/dtype mismatch;
+/// [`Error::NumelOverflow`] when a broadcast operand's element count overflows.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<MatmulPlan> {
     same_device("matmul", a, b)?;
     let dtype = same_dtype("matmul", a, b)?;
@@ -221,6 +222,9 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<MatmulPlan> {
     let (m, n) = (ls[ls.len() - 2], rs[rs.len() - 1]);
     let with = |x: &[usize]| batch.iter().chain(x).copied().collect::<Vec<_>>();
     let kernel_shape = with(&[m, n]);
+    // The operands are viewed broadcast to these shapes: they must be describable too.
+    crate::layout::checked_numel(&with(&[m, k1]), "matmul")?;
+    crate::layout::checked_numel(&with(&[k1, n]), "matmul")?;
     let mut out_shape = batch.clone();
     if !a1 {
         out_shape.push(m);

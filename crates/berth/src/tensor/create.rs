@@ -11,7 +11,10 @@ impl Tensor {
     /// (`torch.full`). On meta nothing is allocated.
     ///
     /// # Errors
-    /// An unusable device (`cuda:5` with one GPU, `mps`), allocation failure.
+    /// 2. [`Error::NumelOverflow`] / [`Error::StorageSizeOverflow`] for a shape too large to
+    ///    describe, on every device (meta too).
+    /// 3. An unusable device (`cuda:5` with one GPU, `mps`); out of memory
+    ///    ([`Error::HostOutOfMemory`] on the CPU).
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
         let device = device.canonical()?;
         let t = alloc_tensor(device, shape, dtype, "full")?;
@@ -159,9 +162,10 @@ impl Tensor {
     /// A tensor holding `data` with `shape` on `device` (`torch.tensor`).
     ///
     /// # Errors
-    /// [`Error::DataLength`] when `data.len()` is not the product of `shape`; device errors.
+    /// [`Error::DataLength`] when `data.len()` is not the product of `shape`;
+    /// [`Error::NumelOverflow`]; device errors; out of memory.
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: Device) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
+        let n = crate::layout::checked_numel(shape, "from_slice")?;
         if n != data.len() {
             return Err(Error::DataLength {
                 op: "from_slice",
@@ -171,7 +175,7 @@ impl Tensor {
             });
         }
         let device = device.canonical()?;
-        let nbytes = n * T::DTYPE.size_in_bytes();
+        let nbytes = crate::layout::checked_nbytes(shape, T::DTYPE, "from_slice")?;
         if device.is_meta() {
             return Ok(Tensor::from_contiguous(
                 Storage::meta(nbytes),
@@ -179,7 +183,7 @@ impl Tensor {
                 T::DTYPE,
             ));
         }
-        let storage = Storage::host_zeroed(nbytes);
+        let storage = Storage::try_host_zeroed(nbytes)?;
         {
             let mut w = storage.write_host("from_slice")?;
             for (o, &v) in w.typed_mut::<T::Repr>().iter_mut().zip(data) {
@@ -265,7 +269,8 @@ impl Tensor {
                     ),
                 });
             }
-            shape[d] += t.shape()[d];
+            // Saturates: an overflowing total is then refused by `alloc_tensor`.
+            shape[d] = shape[d].saturating_add(t.shape()[d]);
         }
         let out = alloc_tensor(first.device(), &shape, first.dtype(), "cat")?;
         if !first.device().is_meta() {

@@ -101,3 +101,49 @@ fn cat_and_stack_collate_like_torch() {
     assert!(Tensor::cat(&[&a, &t(&[1.0, 2.0, 3.0], &[1, 3])], 0).is_err());
     assert!(Tensor::stack(&[], 0).is_err());
 }
+
+#[track_caller]
+fn arange_err(start: f64, end: f64, step: f64) -> String {
+    match Tensor::arange(start, end, step, DType::F32, Device::Cpu) {
+        Err(berth::Error::InvalidArgument { op: "arange", what }) => what,
+        other => panic!("expected InvalidArgument from arange, got {other:?}"),
+    }
+}
+
+#[test]
+fn arange_refuses_what_torch_refuses_with_torchs_messages() {
+    assert_eq!(
+        arange_err(0.0, f64::INFINITY, 1.0),
+        "unsupported range: 0 -> inf (start and end must be finite numbers)"
+    );
+    assert_eq!(
+        arange_err(0.0, f64::NAN, 1.0),
+        "unsupported range: 0 -> nan (start and end must be finite numbers)"
+    );
+    assert_eq!(
+        arange_err(f64::NEG_INFINITY, 0.0, 1.0),
+        "unsupported range: -inf -> 0 (start and end must be finite numbers)"
+    );
+    for step in [0.0, -0.0, f64::NAN] {
+        assert!(
+            arange_err(0.0, 5.0, step).starts_with("step must be nonzero (got "),
+            "{step}"
+        );
+    }
+    assert_eq!(
+        arange_err(0.0, 5.0, -1.0),
+        "upper bound and larger bound inconsistent with step sign (start 0, end 5, step -1: a \
+         positive step needs end >= start, a negative one end <= start)"
+    );
+    assert!(arange_err(5.0, 0.0, 1.0)
+        .starts_with("upper bound and larger bound inconsistent with step sign"));
+    assert!(arange_err(-1e308, 1e308, 1e-300).starts_with("invalid size, possible overflow?"));
+    // The valid edge cases keep torch's values.
+    let down = Tensor::arange(5.0, 0.0, -2.0, DType::I64, Device::Cpu).unwrap();
+    assert_eq!(down.to_vec::<i64>().unwrap(), vec![5, 3, 1]);
+    let none = Tensor::arange(3.0, 3.0, 1.0, DType::F32, Device::Cpu).unwrap();
+    assert_eq!(none.shape(), &[0]);
+    let m = Tensor::arange(0.0, 10.0, 3.0, DType::F32, Device::Meta).unwrap();
+    assert_eq!(m.shape(), &[4]);
+}
+

@@ -123,6 +123,11 @@ fn an_allocation_the_system_refuses_is_a_typed_out_of_memory_error() {
         matches!(e, Error::HostOutOfMemory { device: Device::Cpu, requested_bytes } if requested_bytes == 1 << 57),
         "{e:?}"
     );
+    let e = Tensor::arange(0.0, 1e18, 1.0, DType::F64, Device::Cpu).unwrap_err();
+    assert!(
+        matches!(e, Error::HostOutOfMemory { requested_bytes, .. } if requested_bytes == 8_000_000_000_000_000_000),
+        "{e:?}"
+    );
     // The process goes on allocating.
     let ok = Tensor::ones(&[4], DType::F32, Device::Cpu).unwrap();
     assert_eq!(ok.to_vec::<f32>().unwrap(), vec![1.0; 4]);

@@ -59,22 +59,77 @@ impl Tensor {
     }
 
     /// `[start, start + step, ...)` up to `end` exclusive (`torch.arange`); the length is
-    /// `ceil((end - start) / step)`.
+    /// `ceil((end - start) / step)`. The checks and their order are PyTorch's
+    /// (`aten/src/ATen/native/RangeFactories.cpp`).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a zero step or one pointing away from `end`.
+    /// [`Error::InvalidArgument`] with PyTorch's message:
+    /// 1. "step must be nonzero" for a zero or NaN step;
+    /// 2. "unsupported range: 0 -> inf" for a NaN or infinite `start` or `end`;
+    /// 3. "upper bound and larger bound inconsistent with step sign" for a step pointing away
+    ///    from `end`;
+    /// 4. "invalid size, possible overflow?" for a length beyond `i64::MAX`.
+    ///
+    /// Then the errors of [`Tensor::full`] (a length too large to allocate is
+    /// [`Error::StorageSizeOverflow`] or [`Error::HostOutOfMemory`], never a panic).
     pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: Device) -> Result<Tensor> {
-        if step == 0.0 || !step.is_finite() || ((end - start) * step) < 0.0 {
-            return Err(Error::InvalidArgument {
-                op: "arange",
-                what: format!(
-                    "step {step} must be non-zero and point from start {start} toward end {end}"
-                ),
-            });
+        let bad = |what: String| Error::InvalidArgument { op: "arange", what };
+        // PyTorch prints doubles with `<<`: `nan`, `inf`, `-inf`.
+        let show = |x: f64| {
+            if x.is_nan() {
+                "nan".to_string()
+            } else {
+                x.to_string()
+            }
+        };
+        if step == 0.0 || step.is_nan() {
+            return Err(bad(format!(
+                "step must be nonzero (got {}); pass a positive or negative step",
+                show(step)
+            )));
         }
-        let n = ((end - start) / step).ceil().max(0.0) as usize;
-        let v: Vec<f64> = (0..n).map(|i| start + i as f64 * step).collect();
-        Tensor::from_f64s(&v, &[n], dtype, device)
+        if !start.is_finite() || !end.is_finite() {
+            return Err(bad(format!(
+                "unsupported range: {} -> {} (start and end must be finite numbers)",
+                show(start),
+                show(end)
+            )));
+        }
+        if !((step > 0.0 && end >= start) || (step < 0.0 && end <= start)) {
+            return Err(bad(format!(
+                "upper bound and larger bound inconsistent with step sign (start {}, end {}, \
+                 step {}: a positive step needs end >= start, a negative one end <= start)",
+                show(start),
+                show(end),
+                show(step)
+            )));
+        }
+        let size = ((end - start) / step).ceil();
+        if !(size >= 0.0 && size <= i64::MAX as f64) {
+            return Err(bad(format!(
+                "invalid size, possible overflow? ({} -> {} by {} has {size} elements, more \
+                 than {})",
+                show(start),
+                show(end),
+                show(step),
+                i64::MAX
+            )));
+        }
+        let n = size as usize;
+        // Computed in f64 on the CPU (checked and fallible like any tensor), then converted.
+        let t = alloc_tensor(Device::Cpu, &[n], DType::F64, "arange")?;
+        {
+            let mut w = t.storage().write_host("arange")?;
+            for (i, o) in w.typed_mut::<f64>().iter_mut().enumerate() {
+                *o = start + i as f64 * step;
+            }
+        }
+        let t = if dtype == DType::F64 {
+            t
+        } else {
+            t.to_dtype(dtype)?
+        };
+        t.to_device(device)
     }
 
     /// Uniform samples on `[0, 1)` from the global generator (`torch.rand`; seed it with
@@ -213,22 +268,6 @@ impl Tensor {
             w.typed_mut::<T::Repr>()[0] = value.to_repr();
         }
         Tensor::from_contiguous(storage, &[], T::DTYPE)
-    }
-
-    /// `f64` values converted to `dtype`, on `device`.
-    pub(crate) fn from_f64s(
-        v: &[f64],
-        shape: &[usize],
-        dtype: DType,
-        device: Device,
-    ) -> Result<Tensor> {
-        let t = Tensor::from_slice(v, shape, Device::Cpu)?;
-        let t = if dtype == DType::F64 {
-            t
-        } else {
-            t.to_dtype(dtype)?
-        };
-        t.to_device(device)
     }
 
     /// Concatenate along `dim` (`torch.cat`): every tensor has the same rank, dtype and device,

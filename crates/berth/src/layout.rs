@@ -165,8 +165,12 @@ impl Layout {
     }
 
     /// Whether the elements are dense and row-major (PyTorch's `is_contiguous()`: dimensions of
-    /// size 1 may have any stride).
+    /// size 1 may have any stride, and a tensor without elements is always contiguous, as in
+    /// `_compute_contiguous`).
     pub fn is_contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
         let mut expected = 1usize;
         for (&d, &s) in self.shape.iter().zip(&self.strides).rev() {
             if d != 1 && s != expected {
@@ -212,6 +216,21 @@ impl Layout {
     /// (PyTorch's `view`). Only possible when the strides allow it; `None` otherwise (then
     /// `reshape` copies). `new_shape` must have the same numel.
     pub fn view_as(&self, new_shape: &[usize]) -> Option<Layout> {
+        // PyTorch's `computeStride` (aten/src/ATen/TensorUtils.cpp): with no elements the
+        // strides are arbitrary; the same shape keeps its strides, any other gets the strides
+        // "as if computed via resize" (contiguous, a size 0 counted as 1).
+        if self.numel() == 0 {
+            let strides = if new_shape == self.shape.as_slice() {
+                self.strides.clone()
+            } else {
+                contiguous_strides(new_shape)
+            };
+            return Some(Layout {
+                shape: new_shape.to_vec(),
+                strides,
+                offset: self.offset,
+            });
+        }
         if self.is_contiguous() {
             return Some(Layout {
                 shape: new_shape.to_vec(),

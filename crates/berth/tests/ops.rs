@@ -332,3 +332,24 @@ fn item_reads_one_element_and_rejects_more() {
     let e = t(&[1.0], &[1]).to_vec::<f64>().unwrap_err();
     assert!(matches!(e, Error::ElementType { .. }), "{e:?}");
 }
+
+#[test]
+fn matmul_with_an_empty_inner_dimension_is_zeros() {
+    let a = Tensor::zeros(&[2, 0], DType::F32, Device::Cpu).unwrap();
+    let b = Tensor::zeros(&[0, 4], DType::F32, Device::Cpu).unwrap();
+    let c = a.matmul(&b).unwrap();
+    assert_eq!(c.shape(), &[2, 4]);
+    assert_eq!(v(&c), vec![0.0; 8]);
+    let batched = Tensor::ones(&[3, 2, 0], DType::F64, Device::Cpu)
+        .unwrap()
+        .matmul(&Tensor::ones(&[0, 4], DType::F64, Device::Cpu).unwrap())
+        .unwrap();
+    assert_eq!(batched.shape(), &[3, 2, 4]);
+    assert_eq!(batched.to_vec::<f64>().unwrap(), vec![0.0; 24]);
+    let e = Tensor::zeros(&[0], DType::F32, Device::Cpu).unwrap();
+    let dot = e.matmul(&e).unwrap();
+    assert_eq!((dot.shape(), dot.item::<f32>().unwrap()), (&[][..], 0.0));
+    let m = Tensor::zeros(&[2, 0], DType::F32, Device::Meta).unwrap();
+    let mb = Tensor::zeros(&[0, 4], DType::F32, Device::Meta).unwrap();
+    assert_eq!(m.matmul(&mb).unwrap().shape(), &[2, 4]);
+}

@@ -106,3 +106,30 @@ fn out_of_range_dims_are_typed_errors() {
     assert_eq!(x.reshape_infer(&[-1, 2]).unwrap().shape(), &[3, 2]);
     assert_eq!(x.flatten(0, -1).unwrap().shape(), &[6]);
 }
+
+#[test]
+fn views_of_zero_size_tensors_follow_compute_stride() {
+    let z = Tensor::zeros(&[2, 0], DType::F32, Device::Cpu).unwrap();
+    assert!(z.is_contiguous());
+    // The same shape keeps the strides; another gets resize's strides (a size 0 counts as 1).
+    let same = z.view(&[2, 0]).unwrap();
+    assert_eq!(
+        (same.shape(), same.strides()),
+        (&[2usize, 0][..], &[1usize, 1][..])
+    );
+    assert!(same.shares_storage(&z));
+    let other = z.view(&[0, 5]).unwrap();
+    assert_eq!(
+        (other.shape(), other.strides()),
+        (&[0usize, 5][..], &[5usize, 1][..])
+    );
+    assert_eq!(z.view(&[0]).unwrap().shape(), &[0]);
+    // Through a transpose (strides no longer row-major) as well.
+    let zt = z.t().unwrap();
+    assert_eq!(zt.view(&[0, 3]).unwrap().shape(), &[0, 3]);
+    assert_eq!(zt.reshape(&[3, 0, 1]).unwrap().shape(), &[3, 0, 1]);
+    assert!(zt.reshape(&[0]).unwrap().shares_storage(&z));
+    // The element count must still match.
+    assert!(z.view(&[1]).is_err());
+}
+

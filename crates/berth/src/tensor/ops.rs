@@ -366,12 +366,22 @@ impl Tensor {
     /// Matrix product with `torch.matmul`'s rules: 1-D·1-D, 2-D, and batched with broadcast
     /// batch dimensions.
     ///
+    /// An inner dimension of 0 gives zeros (`[2, 0] @ [0, 4]` is a 2×4 zero matrix, as
+    /// PyTorch).
+    ///
     /// # Errors
     /// [`Error::MatmulShape`] when inner sizes differ (the same on meta and every device).
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         let plan = infer::matmul(self, rhs)?;
         let out = alloc_tensor(self.device(), &plan.kernel_shape, plan.dtype, "matmul")?;
-        if let Some(k) = self.kernels("matmul")? {
+        let inner = plan.lhs_shape[plan.lhs_shape.len() - 1];
+        if inner == 0 {
+            // A sum over no terms: zeros, as PyTorch (`[2, 0] @ [0, 4]` is a 2×4 zero matrix).
+            // Filled here so every device gives it, whatever its GEMM does with k = 0.
+            if let Some(k) = self.kernels("matmul")? {
+                k.fill(View::of(&out), 0.0)?;
+            }
+        } else if let Some(k) = self.kernels("matmul")? {
             let a = self.reshape(&shape_2d(self.shape(), true))?;
             let b = rhs.reshape(&shape_2d(rhs.shape(), false))?;
             let la = a.layout().broadcast_to(&plan.lhs_shape, "matmul")?;

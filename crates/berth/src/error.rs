@@ -190,6 +190,18 @@ pub enum Error {
         requested_bytes: usize,
     },
 
+    /// Arithmetic that has no meaning on `bool` tensors (PyTorch's `sub_check` and `neg`
+    /// checks); the message is PyTorch's.
+    #[error("{op}: {message} (in berth: {instead})")]
+    BoolArithmetic {
+        /// The operation (`sub`, `neg`).
+        op: &'static str,
+        /// PyTorch's message, naming the logical operator to use instead.
+        message: &'static str,
+        /// berth's equivalent of that operator.
+        instead: &'static str,
+    },
+
     /// A dimension index outside `[-rank, rank)`.
     #[error("{op}: dimension {dim} is out of range for a tensor of rank {rank} (expected a value in [-{rank}, {rank}))")]
     DimOutOfRange {
@@ -301,6 +313,21 @@ impl Error {
         }
     }
 }
+
+/// PyTorch's message for `a - b` with two bool tensors (`sub_check`).
+pub(crate) const BOOL_SUB: &str = "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.";
+
+/// PyTorch's message for `a - s` with a bool tensor and a non-bool operand (`sub_check`).
+pub(crate) const BOOL_SUB_SCALAR: &str = "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.";
+
+/// berth's logical xor of two bool tensors.
+pub(crate) const BOOL_XOR_INSTEAD: &str = "a.ne(&b) is the logical xor of two bool tensors";
+
+/// berth's logical not of a bool tensor.
+pub(crate) const BOOL_NOT_INSTEAD: &str = "a.eq_scalar(0.0) is the logical not of a bool tensor";
+
+/// PyTorch's message for `-a` with a bool tensor (`neg`).
+pub(crate) const BOOL_NEG: &str = "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.";
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

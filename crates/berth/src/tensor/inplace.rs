@@ -35,11 +35,12 @@ impl Tensor {
     }
 
     fn binary_(&self, op: BinaryOp, rhs: &Tensor) -> Result<()> {
-        infer::binary(op.name(), op.float_only(), self, rhs)?;
+        let (_, dtype) = infer::binary(op.name(), op.float_only(), self, rhs)?;
+        let kop = infer::kernel_op(op, dtype, false)?;
         let (r, l) = self.inplace_rhs(op.name(), rhs)?;
         if let Some(k) = self.kernels(op.name())? {
             k.binary(
-                op,
+                kop,
                 View::of(self),
                 None,
                 View {
@@ -53,14 +54,16 @@ impl Tensor {
     }
 
     fn scalar_(&self, op: BinaryOp, s: f64) -> Result<()> {
-        infer::scalar(op, self)?;
+        let dtype = infer::scalar(op, self)?;
+        let kop = infer::kernel_op(op, dtype, true)?;
+        let s = infer::kernel_scalar(s, dtype);
         if let Some(k) = self.kernels(op.name())? {
-            k.scalar(op, View::of(self), None, s, false)?;
+            k.scalar(kop, View::of(self), None, s, false)?;
         }
         Ok(())
     }
 
-    /// `self += rhs` (broadcast to `self`'s shape).
+    /// `self += rhs` (broadcast to `self`'s shape; logical or for bool, as [`Tensor::add`]).
     ///
     /// # Errors
     /// Shape that does not broadcast to `self`; dtype or device mismatch.
@@ -70,7 +73,7 @@ impl Tensor {
     /// `self -= rhs`.
     ///
     /// # Errors
-    /// As [`Tensor::add_`].
+    /// As [`Tensor::add_`]; [`Error::BoolArithmetic`] for bool.
     pub fn sub_(&self, rhs: &Tensor) -> Result<()> {
         self.binary_(BinaryOp::Sub, rhs)
     }
@@ -88,14 +91,14 @@ impl Tensor {
     pub fn div_(&self, rhs: &Tensor) -> Result<()> {
         self.binary_(BinaryOp::Div, rhs)
     }
-    /// `self += s`.
+    /// `self += s` (`s` converted to the dtype; for bool logical or with `s != 0`).
     ///
     /// # Errors
     /// Device errors.
     pub fn add_scalar_(&self, s: f64) -> Result<()> {
         self.scalar_(BinaryOp::Add, s)
     }
-    /// `self *= s`.
+    /// `self *= s` (`s` converted to the dtype; for bool logical and with `s != 0`).
     ///
     /// # Errors
     /// Device errors.

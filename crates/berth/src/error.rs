@@ -202,6 +202,19 @@ pub enum Error {
         instead: &'static str,
     },
 
+    /// An in-place write to a tensor in which several elements share one memory location (a
+    /// dimension of size > 1 with stride 0, e.g. after `expand`): PyTorch's
+    /// `assert_no_internal_overlap`.
+    #[error("{op}: unsupported operation: more than one element of the written-to tensor refers to a single memory location. Please clone() the tensor before performing the operation. (shape {shape:?}, strides {strides:?})")]
+    InternalOverlap {
+        /// The in-place operation.
+        op: &'static str,
+        /// The written-to tensor's shape.
+        shape: Vec<usize>,
+        /// Its strides, in elements (a 0 on a dimension of size > 1 is the overlap).
+        strides: Vec<usize>,
+    },
+
     /// A dimension index outside `[-rank, rank)`.
     #[error("{op}: dimension {dim} is out of range for a tensor of rank {rank} (expected a value in [-{rank}, {rank}))")]
     DimOutOfRange {

@@ -197,6 +197,16 @@ impl Layout {
             + 1
     }
 
+    /// Whether two elements of this layout share one storage location because a dimension of
+    /// size > 1 has stride 0 (PyTorch's `has_internal_overlap` returning `MemOverlap::Yes`,
+    /// e.g. after `expand`). Writing in place through such a layout is refused.
+    pub fn has_internal_overlap(&self) -> bool {
+        self.shape
+            .iter()
+            .zip(&self.strides)
+            .any(|(&d, &s)| d > 1 && s == 0)
+    }
+
     /// [`Layout::required_elements`], or `None` when it does not fit in `usize` (strides or
     /// an offset from outside, as in [`crate::Tensor::from_parts`]).
     pub fn checked_required_elements(&self) -> Option<usize> {

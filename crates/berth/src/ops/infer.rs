@@ -111,6 +111,23 @@ pub fn kernel_scalar(s: f64, dtype: DType) -> f64 {
     }
 }
 
+/// Check that a tensor about to be written in place has no two elements at one memory
+/// location (PyTorch's `assert_no_internal_overlap`; [`crate::Layout::has_internal_overlap`]).
+/// Without it, `x.expand([4, 3]).add_scalar_(1.0)` would add 1 four times to each element.
+///
+/// # Errors
+/// [`Error::InternalOverlap`] naming `op`, the shape and the strides.
+pub fn no_internal_overlap(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.layout().has_internal_overlap() {
+        return Err(Error::InternalOverlap {
+            op,
+            shape: t.shape().to_vec(),
+            strides: t.strides().to_vec(),
+        });
+    }
+    Ok(())
+}
+
 /// Output shape and dtype of a broadcasting binary op.
 ///
 /// # Errors

@@ -3,6 +3,12 @@
 //! alias sees the result (see the aliasing model on [`crate::Storage`]). The right-hand side
 //! must broadcast to `self`'s shape; when it shares `self`'s storage it is read into a
 //! temporary first, so `x.add_(&x)` is well defined.
+//!
+//! `self` itself must not have two elements at one memory location (a dimension of size > 1
+//! with stride 0, as after `expand`): PyTorch's `assert_no_internal_overlap`, a typed
+//! [`Error::InternalOverlap`] here, checked before any kernel on every device. `fill_` and
+//! `zero_` are the exception, as in PyTorch: writing one value is idempotent, so overlap is
+//! harmless.
 
 use super::Tensor;
 use crate::backend::View;
@@ -37,6 +43,7 @@ impl Tensor {
     fn binary_(&self, op: BinaryOp, rhs: &Tensor) -> Result<()> {
         let (_, dtype) = infer::binary(op.name(), op.float_only(), self, rhs)?;
         let kop = infer::kernel_op(op, dtype, false)?;
+        infer::no_internal_overlap(op.name(), self)?;
         let (r, l) = self.inplace_rhs(op.name(), rhs)?;
         if let Some(k) = self.kernels(op.name())? {
             k.binary(
@@ -57,6 +64,7 @@ impl Tensor {
         let dtype = infer::scalar(op, self)?;
         let kop = infer::kernel_op(op, dtype, true)?;
         let s = infer::kernel_scalar(s, dtype);
+        infer::no_internal_overlap(op.name(), self)?;
         if let Some(k) = self.kernels(op.name())? {
             k.scalar(kop, View::of(self), None, s, false)?;
         }
@@ -66,7 +74,8 @@ impl Tensor {
     /// `self += rhs` (broadcast to `self`'s shape; logical or for bool, as [`Tensor::add`]).
     ///
     /// # Errors
-    /// Shape that does not broadcast to `self`; dtype or device mismatch.
+    /// [`Error::InternalOverlap`] when `self` has elements sharing memory (`expand`); shape
+    /// that does not broadcast to `self`; dtype or device mismatch.
     pub fn add_(&self, rhs: &Tensor) -> Result<()> {
         self.binary_(BinaryOp::Add, rhs)
     }
@@ -94,14 +103,14 @@ impl Tensor {
     /// `self += s` (`s` converted to the dtype; for bool logical or with `s != 0`).
     ///
     /// # Errors
-    /// Device errors.
+    /// [`Error::InternalOverlap`]; device errors.
     pub fn add_scalar_(&self, s: f64) -> Result<()> {
         self.scalar_(BinaryOp::Add, s)
     }
     /// `self *= s` (`s` converted to the dtype; for bool logical and with `s != 0`).
     ///
     /// # Errors
-    /// Device errors.
+    /// [`Error::InternalOverlap`]; device errors.
     pub fn mul_scalar_(&self, s: f64) -> Result<()> {
         self.scalar_(BinaryOp::Mul, s)
     }
@@ -126,9 +135,11 @@ impl Tensor {
     /// (`non_blocking=False`).
     ///
     /// # Errors
-    /// Shape that does not broadcast; the CPU or a CUDA device against meta; reading a meta
-    /// `src` into a real tensor; transfer errors.
+    /// [`Error::InternalOverlap`] when `self` has elements sharing memory (`expand`); shape
+    /// that does not broadcast; the CPU or a CUDA device against meta; reading a meta `src`
+    /// into a real tensor; transfer errors.
     pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        infer::no_internal_overlap("copy_", self)?;
         if src.device().is_meta() && !self.device().is_meta() {
             return Err(Error::MetaNoData { op: "copy_" });
         }

@@ -231,7 +231,9 @@ impl Tensor {
         Ok(self.with_layout(self.layout().squeeze(Some(d))))
     }
 
-    /// Broadcast to `shape` without copying (`Tensor.expand`; stride 0 on grown dims).
+    /// Broadcast to `shape` without copying (`Tensor.expand`; stride 0 on grown dims). The
+    /// result cannot be written in place (its elements share memory; see
+    /// [`Error::InternalOverlap`]); `clone()` it first.
     ///
     /// # Errors
     /// [`Error::ExpandMismatch`]; [`Error::NumelOverflow`] when `shape`'s element count

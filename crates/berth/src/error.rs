@@ -190,6 +190,21 @@ pub enum Error {
         requested_bytes: usize,
     },
 
+    /// A value that does not fit the dtype it is written as (`full`, `fill_`): PyTorch's
+    /// `checked_convert` ("value cannot be converted to type `uint8_t` without overflow").
+    /// Integer dtypes reject values outside their range and NaN/±inf; float dtypes reject
+    /// finite values beyond their largest finite value; bool accepts every value (non-zero →
+    /// `true`), as PyTorch.
+    #[error("{op}: value cannot be converted to type {} without overflow: {value} is outside the range of {dtype}; pass a value the dtype can hold", dtype.c_type_name())]
+    ValueOverflow {
+        /// The operation.
+        op: &'static str,
+        /// The value given.
+        value: f64,
+        /// The dtype it had to fit.
+        dtype: DType,
+    },
+
     /// Arithmetic that has no meaning on `bool` tensors (PyTorch's `sub_check` and `neg`
     /// checks); the message is PyTorch's.
     #[error("{op}: {message} (in berth: {instead})")]

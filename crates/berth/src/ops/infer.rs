@@ -111,6 +111,18 @@ pub fn kernel_scalar(s: f64, dtype: DType) -> f64 {
     }
 }
 
+/// Check that `value` can be written as `dtype` (`full`, `fill_`), by PyTorch's rule
+/// ([`DType::holds`]).
+///
+/// # Errors
+/// [`Error::ValueOverflow`]: "value cannot be converted to type `uint8_t` without overflow".
+pub fn fill_value(op: &'static str, value: f64, dtype: DType) -> Result<()> {
+    if !dtype.holds(value) {
+        return Err(Error::ValueOverflow { op, value, dtype });
+    }
+    Ok(())
+}
+
 /// Check that a tensor about to be written in place has no two elements at one memory
 /// location (PyTorch's `assert_no_internal_overlap`; [`crate::Layout::has_internal_overlap`]).
 /// Without it, `x.expand([4, 3]).add_scalar_(1.0)` would add 1 four times to each element.

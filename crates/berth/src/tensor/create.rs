@@ -11,11 +11,15 @@ impl Tensor {
     /// (`torch.full`). On meta nothing is allocated.
     ///
     /// # Errors
+    /// 1. [`Error::ValueOverflow`] when `value` does not fit `dtype` (PyTorch: "value cannot be
+    ///    converted to type `uint8_t` without overflow"; NaN and ±inf never fit an integer dtype;
+    ///    bool takes any value, non-zero → `true`).
     /// 2. [`Error::NumelOverflow`] / [`Error::StorageSizeOverflow`] for a shape too large to
     ///    describe, on every device (meta too).
     /// 3. An unusable device (`cuda:5` with one GPU, `mps`); out of memory
     ///    ([`Error::HostOutOfMemory`] on the CPU).
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        crate::ops::infer::fill_value("full", value, dtype)?;
         let device = device.canonical()?;
         let t = alloc_tensor(device, shape, dtype, "full")?;
         if !(device.is_meta() || device.is_cpu() && value == 0.0) {

@@ -191,11 +191,14 @@ impl Tensor {
         self.copy_(&moved)
     }
 
-    /// Set every element to `value` (converted to the dtype).
+    /// Set every element to `value` (converted to the dtype). Allowed on a view whose
+    /// elements share memory (`expand`), as PyTorch's `fill_`: the write is idempotent.
     ///
     /// # Errors
-    /// Device errors.
+    /// [`Error::ValueOverflow`] when `value` does not fit the dtype (as [`Tensor::full`]);
+    /// device errors.
     pub fn fill_(&self, value: f64) -> Result<()> {
+        infer::fill_value("fill_", value, self.dtype())?;
         if let Some(k) = self.kernels("fill_")? {
             k.fill(View::of(self), value)?;
         }

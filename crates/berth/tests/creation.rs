@@ -236,3 +236,37 @@ fn full_refuses_values_the_dtype_cannot_hold() {
     );
     assert_eq!(z.to_vec::<u8>().unwrap(), vec![0, 0]);
 }
+
+#[test]
+fn stack_with_a_dim_out_of_range_names_stack() {
+    let x = t(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+    let e = Tensor::stack(&[&x, &x], 3).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            berth::Error::DimOutOfRange {
+                op: "stack",
+                dim: 3,
+                rank: 3
+            }
+        ),
+        "{e:?}"
+    );
+    let e = Tensor::stack(&[&x, &x], -4).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            berth::Error::DimOutOfRange {
+                op: "stack",
+                dim: -4,
+                rank: 3
+            }
+        ),
+        "{e:?}"
+    );
+    let last = Tensor::stack(&[&x, &x], 2).unwrap();
+    assert_eq!(last.shape(), &[2, 2, 2]);
+    assert_eq!(v(&last), vec![1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0]);
+    let first = Tensor::stack(&[&x, &x], -3).unwrap();
+    assert_eq!(first.shape(), &[2, 2, 2]);
+}

@@ -339,7 +339,8 @@ impl Tensor {
     /// Stack along a new dimension `dim` (`torch.stack`): all tensors have the same shape.
     ///
     /// # Errors
-    /// As [`Tensor::cat`], plus differing shapes.
+    /// As [`Tensor::cat`], plus differing shapes; [`Error::DimOutOfRange`] with `op: "stack"`
+    /// for a `dim` outside `[-rank-1, rank]`.
     pub fn stack(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
         let first = tensors.first().ok_or_else(|| Error::InvalidArgument {
             op: "stack",
@@ -355,10 +356,12 @@ impl Tensor {
                 ),
             });
         }
+        // The new dimension ranges over [-rank-1, rank]; checked here so the error names stack.
+        let d = crate::layout::wrap_dim(dim, first.rank() + 1, "stack")? as isize;
         let views = tensors
             .iter()
-            .map(|t| t.unsqueeze(dim))
+            .map(|t| t.unsqueeze(d))
             .collect::<Result<Vec<_>>>()?;
-        Tensor::cat(&views.iter().collect::<Vec<_>>(), dim)
+        Tensor::cat(&views.iter().collect::<Vec<_>>(), d)
     }
 }

@@ -78,9 +78,11 @@ pub trait DeviceKernels: Send + Sync {
     fn kind(&self) -> Device;
 
     /// New memory of `nbytes` bytes on `device` (contents unspecified; the CPU zero-fills).
+    /// `nbytes` is at most `isize::MAX` (checked by the front-end).
     ///
     /// # Errors
-    /// Out of memory, invalid device.
+    /// Out of memory as a typed error ([`Error::HostOutOfMemory`] on the CPU,
+    /// [`Error::Alloc`] on CUDA), never an abort; invalid device.
     fn alloc(&self, device: Device, nbytes: usize) -> Result<Storage> {
         let _ = (device, nbytes);
         Err(missing("alloc", self.kind()))
@@ -284,14 +286,20 @@ pub fn kernels_for(device: Device, op: &'static str) -> Result<&'static dyn Devi
     }
 }
 
-/// Allocate an output tensor of `shape`/`dtype` on `device` (meta: no memory).
+/// Allocate an output tensor of `shape`/`dtype` on `device` (meta: no memory). Every tensor
+/// creation goes through here or [`crate::layout::checked_nbytes`], so no device — meta
+/// included — ever sees a shape whose element count or byte size overflows.
+///
+/// # Errors
+/// [`Error::NumelOverflow`] / [`Error::StorageSizeOverflow`] naming `op` and `shape`; the
+/// device's allocation error (out of memory).
 pub(crate) fn alloc_tensor(
     device: Device,
     shape: &[usize],
     dtype: DType,
     op: &'static str,
 ) -> Result<Tensor> {
-    let nbytes = shape.iter().product::<usize>() * dtype.size_in_bytes();
+    let nbytes = crate::layout::checked_nbytes(shape, dtype, op)?;
     let storage = if device.is_meta() {
         Storage::meta(nbytes)
     } else {

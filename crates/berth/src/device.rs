@@ -38,15 +38,26 @@ impl DeviceKind {
 
 /// A device: a kind and an optional index (`cuda` vs `cuda:1`). `Copy`, cheap to pass around.
 ///
-/// Grammar (PyTorch's `c10/core/Device.cpp`): `([a-zA-Z_]+)(?::([1-9]\d*|0))?` with the type one
-/// of `cpu`, `cuda`, `mps`, `meta`; [`Display`](fmt::Display) round-trips.
+/// Grammar (PyTorch's `c10/core/Device.cpp`): `([a-zA-Z_]+)(?::([1-9]\d*|0))?`, i.e. a type
+/// and an optional index, a non-negative decimal without leading zeros. Accepted:
+/// - `cuda` and `cuda:<index>` (any index; checked against the device count on use);
+/// - `cpu`, `mps`, `meta`, and each with the index 0 (`cpu:0`, `mps:0`, `meta:0`), which
+///   PyTorch accepts too (`torch.device("cpu:0")`). berth has a single device of each of
+///   these kinds, so `cpu:0` parses to the same [`Device::Cpu`] as `cpu`; any other index
+///   (`cpu:1`) is a [`ParseDeviceError`] saying to use `cpu` or `cpu:0`.
+///
+/// [`Display`](fmt::Display) writes the canonical form (`cpu`, `meta`, `mps`, `cuda`,
+/// `cuda:1`), which parses back to the same device.
 ///
 /// ```
 /// use berth::Device;
 /// let d: Device = "cuda:1".parse().unwrap();
 /// assert_eq!(d, Device::Cuda(1));
 /// assert_eq!(d.to_string(), "cuda:1");
+/// assert_eq!("cpu:0".parse::<Device>().unwrap(), Device::Cpu);
+/// assert_eq!(Device::Cpu.to_string(), "cpu");
 /// assert!("cuda:-1".parse::<Device>().is_err());
+/// assert!("cpu:1".parse::<Device>().is_err());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Device {
@@ -54,11 +65,13 @@ pub struct Device {
     index: Option<u16>,
 }
 
-/// A device string that does not follow PyTorch's grammar.
+/// A device string that does not follow PyTorch's grammar, or names a device berth does not
+/// have (`cpu:1`: berth has a single cpu, mps and meta device).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "invalid device string {input:?}: {reason}; expected one of cpu, cuda, cuda:<index>, mps, \
-     meta (index a non-negative decimal without leading zeros, e.g. cuda:0)"
+     meta (cpu, mps and meta also accept the index 0, e.g. cpu:0; an index is a non-negative \
+     decimal without leading zeros, e.g. cuda:0)"
 )]
 pub struct ParseDeviceError {
     /// The string that failed to parse.
@@ -222,9 +235,17 @@ impl FromStr for Device {
                 Some(v)
             }
         };
-        if index.is_some() && kind != DeviceKind::Cuda {
-            return Err(err(&format!("{name} takes no index")));
-        }
+        let index = match (kind, index) {
+            (DeviceKind::Cuda, i) | (_, i @ None) => i,
+            // The one device of its kind: `cpu:0` is `cpu`, as `torch.device("cpu:0")`.
+            (_, Some(0)) => None,
+            (_, Some(i)) => {
+                return Err(err(&format!(
+                    "berth has a single {name} device, so index {i} does not exist; use \
+                     `{name}` or `{name}:0`"
+                )))
+            }
+        };
         Ok(Device { kind, index })
     }
 }

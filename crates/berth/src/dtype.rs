@@ -68,6 +68,44 @@ impl DType {
         }
     }
 
+    /// The C++ element type PyTorch names in its conversion errors (`uint8_t`, `int64_t`,
+    /// `float`, `at::Half` ...; the `#type` of `c10::Scalar`'s accessors).
+    pub fn c_type_name(self) -> &'static str {
+        match self {
+            DType::F32 => "float",
+            DType::F64 => "double",
+            DType::F16 => "at::Half",
+            DType::BF16 => "at::BFloat16",
+            DType::I64 => "int64_t",
+            DType::I32 => "int",
+            DType::U8 => "uint8_t",
+            DType::Bool => "bool",
+        }
+    }
+
+    /// Whether `value` can be written as this dtype without overflow, by PyTorch's rule
+    /// (`c10::checked_convert` / `overflows<To, double>`): integer dtypes hold the values in
+    /// `[MIN, MAX]` (a fraction is truncated, as PyTorch) and never NaN or ±inf; float dtypes
+    /// hold NaN, ±inf and every value up to their largest finite one; `bool` holds every value
+    /// ("converting to bool can't overflow": non-zero, NaN included, is `true`).
+    pub fn holds(self, value: f64) -> bool {
+        let (lowest, max) = match self {
+            DType::Bool => return true,
+            DType::F64 => return true,
+            DType::F32 | DType::F16 | DType::BF16 if value.is_nan() || value.is_infinite() => {
+                return true
+            }
+            DType::F32 => (f64::from(f32::MIN), f64::from(f32::MAX)),
+            DType::F16 => (f16::MIN.to_f64(), f16::MAX.to_f64()),
+            DType::BF16 => (bf16::MIN.to_f64(), bf16::MAX.to_f64()),
+            DType::I64 => (i64::MIN as f64, i64::MAX as f64),
+            DType::I32 => (f64::from(i32::MIN), f64::from(i32::MAX)),
+            DType::U8 => (0.0, 255.0),
+        };
+        // NaN fails both comparisons' negation: it is never in range of an integer dtype.
+        value >= lowest && value <= max
+    }
+
     /// PyTorch's legacy tensor-type name for this dtype on a device kind, e.g.
     /// `torch.cuda.FloatTensor` (used in PyTorch-compatible error messages).
     pub fn torch_tensor_type(self, cuda: bool) -> String {

@@ -152,6 +152,84 @@ pub enum Error {
         what: String,
     },
 
+    /// A shape whose element count does not fit (PyTorch's `safe_compute_numel`: "numel:
+    /// integer multiplication overflow"). The product of the sizes, counting a size 0 as 1 as
+    /// the contiguous strides do (PyTorch's "Stride calculation overflowed"), must be at most
+    /// `isize::MAX`, PyTorch's `int64_t` limit.
+    #[error("{op}: numel: integer multiplication overflow: the number of elements of shape {shape:?} does not fit in isize (the product of the sizes, counting a size 0 as 1, must be at most {}); use smaller sizes", isize::MAX)]
+    NumelOverflow {
+        /// The operation.
+        op: &'static str,
+        /// The shape asked for.
+        shape: Vec<usize>,
+    },
+
+    /// A shape whose size in bytes does not fit (PyTorch's `computeStorageNbytes`: "Storage
+    /// size calculation overflowed"): `numel × element size` must be at most `isize::MAX`
+    /// bytes, the largest allocation Rust (and PyTorch's `int64_t` sizes) can describe.
+    #[error("{op}: Storage size calculation overflowed: shape {shape:?} of {dtype} needs {numel} elements × {} bytes, more than {} bytes; use smaller sizes or a smaller dtype", dtype.size_in_bytes(), isize::MAX)]
+    StorageSizeOverflow {
+        /// The operation.
+        op: &'static str,
+        /// The shape asked for.
+        shape: Vec<usize>,
+        /// The element type.
+        dtype: DType,
+        /// The number of elements of `shape` (it fits; its size in bytes does not).
+        numel: usize,
+    },
+
+    /// The system allocator refused host memory for a tensor (PyTorch's
+    /// `DefaultCPUAllocator: not enough memory: you tried to allocate N bytes`). Not a panic or
+    /// an abort: the process goes on, and a smaller request may succeed.
+    #[error("{device}: out of memory: DefaultCPUAllocator: not enough memory: you tried to allocate {requested_bytes} bytes ({}); free some tensors or use smaller shapes", berth_alloc::stats::format_size(*.requested_bytes as u64))]
+    HostOutOfMemory {
+        /// The device (`cpu`).
+        device: Device,
+        /// The size of the failed request, in bytes.
+        requested_bytes: usize,
+    },
+
+    /// A value that does not fit the dtype it is written as (`full`, `fill_`): PyTorch's
+    /// `checked_convert` ("value cannot be converted to type `uint8_t` without overflow").
+    /// Integer dtypes reject values outside their range and NaN/±inf; float dtypes reject
+    /// finite values beyond their largest finite value; bool accepts every value (non-zero →
+    /// `true`), as PyTorch.
+    #[error("{op}: value cannot be converted to type {} without overflow: {value} is outside the range of {dtype}; pass a value the dtype can hold", dtype.c_type_name())]
+    ValueOverflow {
+        /// The operation.
+        op: &'static str,
+        /// The value given.
+        value: f64,
+        /// The dtype it had to fit.
+        dtype: DType,
+    },
+
+    /// Arithmetic that has no meaning on `bool` tensors (PyTorch's `sub_check` and `neg`
+    /// checks); the message is PyTorch's.
+    #[error("{op}: {message} (in berth: {instead})")]
+    BoolArithmetic {
+        /// The operation (`sub`, `neg`).
+        op: &'static str,
+        /// PyTorch's message, naming the logical operator to use instead.
+        message: &'static str,
+        /// berth's equivalent of that operator.
+        instead: &'static str,
+    },
+
+    /// An in-place write to a tensor in which several elements share one memory location (a
+    /// dimension of size > 1 with stride 0, e.g. after `expand`): PyTorch's
+    /// `assert_no_internal_overlap`.
+    #[error("{op}: unsupported operation: more than one element of the written-to tensor refers to a single memory location. Please clone() the tensor before performing the operation. (shape {shape:?}, strides {strides:?})")]
+    InternalOverlap {
+        /// The in-place operation.
+        op: &'static str,
+        /// The written-to tensor's shape.
+        shape: Vec<usize>,
+        /// Its strides, in elements (a 0 on a dimension of size > 1 is the overlap).
+        strides: Vec<usize>,
+    },
+
     /// A dimension index outside `[-rank, rank)`.
     #[error("{op}: dimension {dim} is out of range for a tensor of rank {rank} (expected a value in [-{rank}, {rank}))")]
     DimOutOfRange {
@@ -251,6 +329,33 @@ pub enum Error {
     #[error("safetensors: {0}")]
     SafeTensors(#[from] safetensors::SafeTensorError),
 }
+
+impl Error {
+    /// Whether this is an out-of-memory condition on any device: [`Error::HostOutOfMemory`], or
+    /// an allocator error for which [`berth_alloc::AllocError::is_out_of_memory`] holds.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            Error::HostOutOfMemory { .. } => true,
+            Error::Alloc(e) => e.is_out_of_memory(),
+            _ => false,
+        }
+    }
+}
+
+/// PyTorch's message for `a - b` with two bool tensors (`sub_check`).
+pub(crate) const BOOL_SUB: &str = "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.";
+
+/// PyTorch's message for `a - s` with a bool tensor and a non-bool operand (`sub_check`).
+pub(crate) const BOOL_SUB_SCALAR: &str = "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.";
+
+/// berth's logical xor of two bool tensors.
+pub(crate) const BOOL_XOR_INSTEAD: &str = "a.ne(&b) is the logical xor of two bool tensors";
+
+/// berth's logical not of a bool tensor.
+pub(crate) const BOOL_NOT_INSTEAD: &str = "a.eq_scalar(0.0) is the logical not of a bool tensor";
+
+/// PyTorch's message for `-a` with a bool tensor (`neg`).
+pub(crate) const BOOL_NEG: &str = "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.";
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

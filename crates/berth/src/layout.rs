@@ -2,7 +2,7 @@
 //! elements (never bytes). Every view op (`reshape`, `transpose`, `narrow` ...) only computes a
 //! new `Layout` over the same storage (candle's `Layout`, PyTorch's `TensorImpl` sizes/strides).
 
-use crate::{Error, Result};
+use crate::{DType, Error, Result};
 
 /// Shape, strides (elements) and storage offset (elements) of a tensor view.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -21,6 +21,47 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
         acc = acc.saturating_mul(d.max(1));
     }
     strides
+}
+
+/// The number of elements of `shape`, checked: PyTorch's `safe_compute_numel` ("numel: integer
+/// multiplication overflow") together with the stride check of `empty_tensor_restride`
+/// ("Stride calculation overflowed"). The product of the sizes, with a size 0 counted as 1 (as
+/// the contiguous strides count it), must be at most `isize::MAX`, PyTorch's `int64_t` limit;
+/// so every contiguous stride and offset of a shape that passes fits as well.
+///
+/// # Errors
+/// [`Error::NumelOverflow`] naming `op` and `shape`.
+pub fn checked_numel(shape: &[usize], op: &'static str) -> Result<usize> {
+    let mut strided = 1usize;
+    for &d in shape {
+        strided = strided
+            .checked_mul(d.max(1))
+            .filter(|&p| p <= isize::MAX as usize)
+            .ok_or_else(|| Error::NumelOverflow {
+                op,
+                shape: shape.to_vec(),
+            })?;
+    }
+    Ok(if shape.contains(&0) { 0 } else { strided })
+}
+
+/// The size in bytes of a dense tensor of `shape` and `dtype`, checked: [`checked_numel`],
+/// then `numel × element size` at most `isize::MAX` (PyTorch's `computeStorageNbytes`:
+/// "Storage size calculation overflowed"; no Rust allocation can be larger).
+///
+/// # Errors
+/// [`Error::NumelOverflow`] or [`Error::StorageSizeOverflow`], naming `op` and `shape`.
+pub fn checked_nbytes(shape: &[usize], dtype: DType, op: &'static str) -> Result<usize> {
+    let numel = checked_numel(shape, op)?;
+    numel
+        .checked_mul(dtype.size_in_bytes())
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| Error::StorageSizeOverflow {
+            op,
+            shape: shape.to_vec(),
+            dtype,
+            numel,
+        })
 }
 
 /// Normalise a possibly negative dimension index against `rank` (PyTorch's `maybe_wrap_dim`).
@@ -111,14 +152,25 @@ impl Layout {
         self.shape.len()
     }
 
-    /// The number of elements (1 for a 0-dim tensor).
+    /// The number of elements (1 for a 0-dim tensor). Every tensor's shape passed
+    /// [`checked_numel`]; for a layout built from an unchecked shape an overflowing product
+    /// saturates at `usize::MAX` rather than wrapping (to 0, which would read as empty).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        if self.shape.contains(&0) {
+            return 0;
+        }
+        self.shape
+            .iter()
+            .fold(1usize, |acc, &d| acc.saturating_mul(d))
     }
 
     /// Whether the elements are dense and row-major (PyTorch's `is_contiguous()`: dimensions of
-    /// size 1 may have any stride).
+    /// size 1 may have any stride, and a tensor without elements is always contiguous, as in
+    /// `_compute_contiguous`).
     pub fn is_contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
         let mut expected = 1usize;
         for (&d, &s) in self.shape.iter().zip(&self.strides).rev() {
             if d != 1 && s != expected {
@@ -145,10 +197,50 @@ impl Layout {
             + 1
     }
 
+    /// Whether two elements of this layout share one storage location because a dimension of
+    /// size > 1 has stride 0 (PyTorch's `has_internal_overlap` returning `MemOverlap::Yes`,
+    /// e.g. after `expand`). Writing in place through such a layout is refused.
+    pub fn has_internal_overlap(&self) -> bool {
+        self.shape
+            .iter()
+            .zip(&self.strides)
+            .any(|(&d, &s)| d > 1 && s == 0)
+    }
+
+    /// [`Layout::required_elements`], or `None` when it does not fit in `usize` (strides or
+    /// an offset from outside, as in [`crate::Tensor::from_parts`]).
+    pub fn checked_required_elements(&self) -> Option<usize> {
+        if self.numel() == 0 {
+            return Some(0);
+        }
+        self.shape
+            .iter()
+            .zip(&self.strides)
+            .try_fold(self.offset, |acc, (&d, &s)| {
+                (d - 1).checked_mul(s).and_then(|x| acc.checked_add(x))
+            })?
+            .checked_add(1)
+    }
+
     /// A layout of the same storage with another shape, without copying
     /// (PyTorch's `view`). Only possible when the strides allow it; `None` otherwise (then
     /// `reshape` copies). `new_shape` must have the same numel.
     pub fn view_as(&self, new_shape: &[usize]) -> Option<Layout> {
+        // PyTorch's `computeStride` (aten/src/ATen/TensorUtils.cpp): with no elements the
+        // strides are arbitrary; the same shape keeps its strides, any other gets the strides
+        // "as if computed via resize" (contiguous, a size 0 counted as 1).
+        if self.numel() == 0 {
+            let strides = if new_shape == self.shape.as_slice() {
+                self.strides.clone()
+            } else {
+                contiguous_strides(new_shape)
+            };
+            return Some(Layout {
+                shape: new_shape.to_vec(),
+                strides,
+                offset: self.offset,
+            });
+        }
         if self.is_contiguous() {
             return Some(Layout {
                 shape: new_shape.to_vec(),

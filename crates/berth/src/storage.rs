@@ -114,17 +114,20 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    fn zeroed(len: usize) -> AlignedBuf {
+    /// `len` zeroed bytes, or `None` when the system allocator refuses them (or `len` is too
+    /// large to describe as an allocation). Never aborts: the caller turns `None` into
+    /// [`Error::HostOutOfMemory`].
+    fn try_zeroed(len: usize) -> Option<AlignedBuf> {
         if len == 0 {
             // A dangling, aligned pointer: never dereferenced for zero bytes.
             let ptr = NonNull::new(HOST_ALIGNMENT as *mut u8).expect("non-zero constant");
-            return AlignedBuf { ptr, len };
+            return Some(AlignedBuf { ptr, len });
         }
-        let layout = AllocLayout::from_size_align(len, HOST_ALIGNMENT).expect("size fits isize");
+        let layout = AllocLayout::from_size_align(len, HOST_ALIGNMENT).ok()?;
         // SAFETY: `layout` has non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, len }
+        let ptr = NonNull::new(raw)?;
+        Some(AlignedBuf { ptr, len })
     }
 }
 
@@ -133,7 +136,7 @@ impl Drop for AlignedBuf {
         if self.len > 0 {
             let layout =
                 AllocLayout::from_size_align(self.len, HOST_ALIGNMENT).expect("checked at alloc");
-            // SAFETY: allocated in `zeroed` with this layout.
+            // SAFETY: allocated in `try_zeroed` with this layout.
             unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
         }
     }
@@ -200,27 +203,53 @@ impl Storage {
         }
     }
 
-    /// Zero-filled host memory of `nbytes` bytes.
-    pub fn host_zeroed(nbytes: usize) -> Storage {
-        let buf = HostBuf::Owned(AlignedBuf::zeroed(nbytes));
-        Storage::with_memory(
+    /// Zero-filled host memory of `nbytes` bytes, allocated fallibly: every tensor's CPU
+    /// storage comes from here.
+    ///
+    /// # Errors
+    /// [`Error::HostOutOfMemory`] (device `cpu`, the bytes requested) when the system
+    /// allocator refuses; the process does not abort.
+    pub fn try_host_zeroed(nbytes: usize) -> Result<Storage> {
+        let buf = AlignedBuf::try_zeroed(nbytes).ok_or(Error::HostOutOfMemory {
+            device: Device::Cpu,
+            requested_bytes: nbytes,
+        })?;
+        Ok(Storage::with_memory(
             Device::Cpu,
             nbytes,
             Memory::Host {
                 lock: RwLock::new(()),
-                buf,
+                buf: HostBuf::Owned(buf),
             },
-        )
+        ))
     }
 
-    /// Host memory that holds a copy of `bytes`.
-    pub fn host_from_bytes(bytes: &[u8]) -> Storage {
-        let s = Storage::host_zeroed(bytes.len());
+    /// Zero-filled host memory of `nbytes` bytes, for small buffers whose failure is not
+    /// worth a `Result` (as `Vec`).
+    ///
+    /// # Panics
+    /// Aborts the process through [`std::alloc::handle_alloc_error`] when the system allocator
+    /// refuses; use [`Storage::try_host_zeroed`] for anything sized by a caller.
+    pub fn host_zeroed(nbytes: usize) -> Storage {
+        Storage::try_host_zeroed(nbytes).unwrap_or_else(|_| {
+            alloc::handle_alloc_error(
+                AllocLayout::from_size_align(nbytes.max(1), HOST_ALIGNMENT)
+                    .unwrap_or(AllocLayout::new::<u8>()),
+            )
+        })
+    }
+
+    /// Host memory that holds a copy of `bytes`, allocated fallibly.
+    ///
+    /// # Errors
+    /// As [`Storage::try_host_zeroed`].
+    pub fn try_host_from_bytes(bytes: &[u8]) -> Result<Storage> {
+        let s = Storage::try_host_zeroed(bytes.len())?;
         if let Memory::Host { buf, .. } = &s.memory {
             // SAFETY: fresh buffer of exactly `bytes.len()` bytes, not yet shared.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.ptr(), bytes.len()) };
         }
-        s
+        Ok(s)
     }
 
     /// Host storage over external memory (e.g. a pinned block); the storage's size is the
@@ -386,13 +415,14 @@ impl Storage {
     /// A new owned host (or meta) storage with the same bytes.
     ///
     /// # Errors
-    /// As [`Storage::read_host`] (meta storage gives a new meta storage instead).
+    /// As [`Storage::read_host`] (meta storage gives a new meta storage instead);
+    /// [`Error::HostOutOfMemory`].
     pub fn try_clone_host(&self) -> Result<Storage> {
         if let Memory::Meta(_) = self.memory {
             return Ok(Storage::meta(self.nbytes));
         }
         let r = self.read_host("clone")?;
-        Ok(Storage::host_from_bytes(r.bytes()))
+        Storage::try_host_from_bytes(r.bytes())
     }
 }
 

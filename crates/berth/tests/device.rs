@@ -69,3 +69,45 @@ fn cuda_1_without_a_gpu_is_a_typed_error_not_a_panic() {
     assert!(matches!(e, Error::Cuda(_)), "{e:?}");
     assert!(e.to_string().contains("not available"), "{e}");
 }
+
+#[test]
+fn index_0_of_the_single_devices_parses_to_the_device_and_prints_without_it() {
+    for (s, d) in [
+        ("cpu:0", Device::Cpu),
+        ("mps:0", Device::Mps),
+        ("meta:0", Device::Meta),
+    ] {
+        let p: Device = s.parse().unwrap();
+        assert_eq!(p, d, "{s}");
+        assert_eq!(p.index(), None, "{s}");
+        assert_eq!(p.to_string(), s.trim_end_matches(":0"));
+    }
+    let x = berth::Tensor::zeros(&[2], berth::DType::F32, "cpu:0".parse().unwrap()).unwrap();
+    assert_eq!(x.device(), Device::Cpu);
+}
+
+#[test]
+fn another_index_of_a_single_device_is_a_typed_error_naming_the_valid_forms() {
+    for (s, name, i) in [
+        ("cpu:1", "cpu", 1),
+        ("meta:2", "meta", 2),
+        ("mps:7", "mps", 7),
+    ] {
+        let e = s.parse::<Device>().unwrap_err();
+        assert_eq!(e.input, s);
+        assert_eq!(
+            e.reason,
+            format!(
+                "berth has a single {name} device, so index {i} does not exist; use `{name}` or \
+                 `{name}:0`"
+            )
+        );
+    }
+    // The grammar's other rules still hold for these kinds.
+    assert!("cpu:00"
+        .parse::<Device>()
+        .unwrap_err()
+        .reason
+        .contains("leading zero"));
+    assert!("cpu:".parse::<Device>().is_err());
+}

@@ -126,3 +126,20 @@ fn module_to_device_and_to_empty() {
         (Device::Cpu, &[2usize, 3][..])
     );
 }
+
+#[test]
+fn linear_with_zero_features_works_as_in_torch() {
+    let x = Tensor::ones(&[5, 784], DType::F32, Device::Cpu).unwrap();
+    let l = Linear::new(784, 0, Device::Cpu).unwrap();
+    assert_eq!(l.weight.shape(), &[0, 784]);
+    let y = l.forward(&x).unwrap();
+    assert_eq!(y.shape(), &[5, 0]);
+    assert_eq!(y.numel(), 0);
+    // No inputs: the output is the bias, which is U(-0, 0) = 0 (torch: fan_in 0 → bound 0).
+    let l0 = Linear::new(0, 3, Device::Cpu).unwrap();
+    let y0 = l0
+        .forward(&Tensor::ones(&[5, 0], DType::F32, Device::Cpu).unwrap())
+        .unwrap();
+    assert_eq!(y0.shape(), &[5, 3]);
+    assert_eq!(v(&y0), vec![0.0; 15]);
+}

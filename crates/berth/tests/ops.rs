@@ -332,3 +332,99 @@ fn item_reads_one_element_and_rejects_more() {
     let e = t(&[1.0], &[1]).to_vec::<f64>().unwrap_err();
     assert!(matches!(e, Error::ElementType { .. }), "{e:?}");
 }
+
+fn bools(v: &[bool]) -> Tensor {
+    Tensor::from_slice(v, &[v.len()], Device::Cpu).unwrap()
+}
+
+/// The stored bytes of a bool tensor (a cast to u8 reads them unchanged).
+fn bytes(t: &Tensor) -> Vec<u8> {
+    assert_eq!(t.dtype(), DType::Bool);
+    t.to_dtype(DType::U8).unwrap().to_vec::<u8>().unwrap()
+}
+
+#[track_caller]
+fn bool_err(r: berth::Result<impl std::fmt::Debug>, op: &str, message: &str) {
+    let e = r.unwrap_err();
+    assert!(
+        matches!(&e, Error::BoolArithmetic { op: o, message: m, .. } if *o == op && *m == message),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string()
+            .starts_with(&format!("{op}: {message} (in berth: ")),
+        "{e}"
+    );
+}
+
+#[test]
+fn bool_arithmetic_stays_bool_or_is_refused_as_in_torch() {
+    let s = bools(&[true, true, false, false]);
+    let t = bools(&[true, false, true, false]);
+    // add is logical or (True + True is True), mul logical and.
+    let sum = s.add(&s).unwrap();
+    assert_eq!(sum.dtype(), DType::Bool);
+    assert_eq!(bytes(&sum), vec![1, 1, 0, 0]);
+    assert_eq!(v(&sum), vec![1.0, 1.0, 0.0, 0.0]);
+    assert_eq!(bytes(&s.add(&t).unwrap()), vec![1, 1, 1, 0]);
+    assert_eq!(bytes(&s.mul(&t).unwrap()), vec![1, 0, 0, 0]);
+    assert_eq!(bytes(&s.maximum(&t).unwrap()), vec![1, 1, 1, 0]);
+    assert_eq!(bytes(&s.minimum(&t).unwrap()), vec![1, 0, 0, 0]);
+    assert_eq!(s.add(&s).unwrap().sum().unwrap().item::<i64>().unwrap(), 2);
+    // Scalars convert to bool (non-zero → true).
+    assert_eq!(bytes(&s.add_scalar(5.0).unwrap()), vec![1, 1, 1, 1]);
+    assert_eq!(bytes(&s.add_scalar(0.0).unwrap()), vec![1, 1, 0, 0]);
+    assert_eq!(bytes(&s.mul_scalar(2.0).unwrap()), vec![1, 1, 0, 0]);
+    assert_eq!(bytes(&s.mul_scalar(0.0).unwrap()), vec![0, 0, 0, 0]);
+    // Subtraction and negation have no bool meaning: PyTorch's errors.
+    let two = "Subtraction, the `-` operator, with two bool tensors is not supported. Use the \
+               `^` or `logical_xor()` operator instead.";
+    let one = "Subtraction, the `-` operator, with a bool tensor is not supported. If you are \
+               trying to invert a mask, use the `~` or `logical_not()` operator instead.";
+    let neg = "Negation, the `-` operator, on a bool tensor is not supported. If you are trying \
+               to invert a mask, use the `~` or `logical_not()` operator instead.";
+    bool_err(s.sub(&t), "sub", two);
+    bool_err(s.sub_scalar(1.0), "sub", one);
+    bool_err(s.rsub_scalar(1.0), "sub", one);
+    bool_err(s.neg(), "neg", neg);
+    // The alternatives the messages name exist: ne is xor, eq_scalar(0) is not.
+    assert_eq!(bytes(&s.ne(&t).unwrap()), vec![0, 1, 1, 0]);
+    assert_eq!(bytes(&s.eq_scalar(0.0).unwrap()), vec![0, 0, 1, 1]);
+    // The same rules in place.
+    let u = s.clone().unwrap();
+    u.add_(&s).unwrap();
+    assert_eq!(bytes(&u), vec![1, 1, 0, 0]);
+    u.add_scalar_(3.0).unwrap();
+    assert_eq!(bytes(&u), vec![1, 1, 1, 1]);
+    u.mul_(&t).unwrap();
+    assert_eq!(bytes(&u), vec![1, 0, 1, 0]);
+    u.add_scaled_(&s, 2.0).unwrap();
+    assert_eq!(bytes(&u), vec![1, 1, 1, 0]);
+    bool_err(u.sub_(&t), "sub", two);
+    assert_eq!(bytes(&u), vec![1, 1, 1, 0]);
+    // And on meta, before any kernel.
+    let m = Tensor::zeros(&[2], DType::Bool, Device::Meta).unwrap();
+    bool_err(m.sub(&m), "sub", two);
+    bool_err(m.neg(), "neg", neg);
+}
+
+#[test]
+fn matmul_with_an_empty_inner_dimension_is_zeros() {
+    let a = Tensor::zeros(&[2, 0], DType::F32, Device::Cpu).unwrap();
+    let b = Tensor::zeros(&[0, 4], DType::F32, Device::Cpu).unwrap();
+    let c = a.matmul(&b).unwrap();
+    assert_eq!(c.shape(), &[2, 4]);
+    assert_eq!(v(&c), vec![0.0; 8]);
+    let batched = Tensor::ones(&[3, 2, 0], DType::F64, Device::Cpu)
+        .unwrap()
+        .matmul(&Tensor::ones(&[0, 4], DType::F64, Device::Cpu).unwrap())
+        .unwrap();
+    assert_eq!(batched.shape(), &[3, 2, 4]);
+    assert_eq!(batched.to_vec::<f64>().unwrap(), vec![0.0; 24]);
+    let e = Tensor::zeros(&[0], DType::F32, Device::Cpu).unwrap();
+    let dot = e.matmul(&e).unwrap();
+    assert_eq!((dot.shape(), dot.item::<f32>().unwrap()), (&[][..], 0.0));
+    let m = Tensor::zeros(&[2, 0], DType::F32, Device::Meta).unwrap();
+    let mb = Tensor::zeros(&[0, 4], DType::F32, Device::Meta).unwrap();
+    assert_eq!(m.matmul(&mb).unwrap().shape(), &[2, 4]);
+}

@@ -15,6 +15,7 @@ mod device;
 mod meta;
 mod nn;
 mod ops;
+mod sizes;
 mod storage;
 mod to;
 mod views;

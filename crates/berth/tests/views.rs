@@ -106,3 +106,79 @@ fn out_of_range_dims_are_typed_errors() {
     assert_eq!(x.reshape_infer(&[-1, 2]).unwrap().shape(), &[3, 2]);
     assert_eq!(x.flatten(0, -1).unwrap().shape(), &[6]);
 }
+
+#[test]
+fn views_of_zero_size_tensors_follow_compute_stride() {
+    let z = Tensor::zeros(&[2, 0], DType::F32, Device::Cpu).unwrap();
+    assert!(z.is_contiguous());
+    // The same shape keeps the strides; another gets resize's strides (a size 0 counts as 1).
+    let same = z.view(&[2, 0]).unwrap();
+    assert_eq!(
+        (same.shape(), same.strides()),
+        (&[2usize, 0][..], &[1usize, 1][..])
+    );
+    assert!(same.shares_storage(&z));
+    let other = z.view(&[0, 5]).unwrap();
+    assert_eq!(
+        (other.shape(), other.strides()),
+        (&[0usize, 5][..], &[5usize, 1][..])
+    );
+    assert_eq!(z.view(&[0]).unwrap().shape(), &[0]);
+    // Through a transpose (strides no longer row-major) as well.
+    let zt = z.t().unwrap();
+    assert_eq!(zt.view(&[0, 3]).unwrap().shape(), &[0, 3]);
+    assert_eq!(zt.reshape(&[3, 0, 1]).unwrap().shape(), &[3, 0, 1]);
+    assert!(zt.reshape(&[0]).unwrap().shares_storage(&z));
+    // The element count must still match.
+    assert!(z.view(&[1]).is_err());
+}
+
+#[track_caller]
+fn overlap(r: berth::Result<()>, op: &str) {
+    let e = r.unwrap_err();
+    assert!(
+        matches!(&e, berth::Error::InternalOverlap { op: o, shape, strides }
+            if *o == op && shape == &[4usize, 3] && strides == &[0usize, 1]),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{op}: unsupported operation: more than one element of the written-to tensor refers \
+             to a single memory location. Please clone() the tensor before performing the \
+             operation. (shape [4, 3], strides [0, 1])"
+        )
+    );
+}
+
+#[test]
+fn in_place_writes_through_an_expanded_view_are_refused() {
+    let b = Tensor::zeros(&[3], DType::F32, Device::Cpu).unwrap();
+    let e = b.unsqueeze(0).unwrap().expand(&[4, 3]).unwrap();
+    let ones = Tensor::ones(&[4, 3], DType::F32, Device::Cpu).unwrap();
+    overlap(e.add_scalar_(1.0), "add");
+    overlap(e.mul_scalar_(2.0), "mul");
+    overlap(e.add_(&ones), "add");
+    overlap(e.sub_(&ones), "sub");
+    overlap(e.mul_(&ones), "mul");
+    overlap(e.div_(&ones), "div");
+    overlap(e.add_scaled_(&ones, 0.5), "add");
+    overlap(e.copy_(&ones), "copy_");
+    overlap(e.copy_(&ones.to_dtype(DType::F64).unwrap()), "copy_");
+    // Nothing was written (before: b became [4, 4, 4]).
+    assert_eq!(v(&b), vec![0.0, 0.0, 0.0]);
+    // The same check on meta.
+    let m = Tensor::zeros(&[3], DType::F32, Device::Meta).unwrap();
+    let me = m.unsqueeze(0).unwrap().expand(&[4, 3]).unwrap();
+    overlap(me.add_scalar_(1.0), "add");
+    // fill_ is idempotent, so PyTorch allows it on overlapping memory, and so does berth.
+    e.fill_(2.0).unwrap();
+    assert_eq!(v(&b), vec![2.0, 2.0, 2.0]);
+    // A size-1 dimension with stride 0 is no overlap; the clone() is writable.
+    let one = b.unsqueeze(0).unwrap().expand(&[1, 3]).unwrap();
+    one.add_scalar_(1.0).unwrap();
+    assert_eq!(v(&b), vec![3.0, 3.0, 3.0]);
+    let c = e.clone().unwrap();
+    c.add_scalar_(1.0).unwrap();
+    assert_eq!(v(&c), vec![4.0; 12]);
+}

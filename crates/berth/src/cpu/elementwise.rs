@@ -112,7 +112,7 @@ fn conv(v: f64, to: DType) -> f64 {
 pub(crate) fn copy(dst: View<'_>, src: View<'_>) -> Result<()> {
     if dst.storage.id() == src.storage.id() {
         // Aliased copy: stage the source (PyTorch errors on some overlaps; staging is safe).
-        let tmp = crate::Storage::host_from_bytes(src.storage.read_host("copy_")?.bytes());
+        let tmp = crate::Storage::try_host_from_bytes(src.storage.read_host("copy_")?.bytes())?;
         return copy(
             dst,
             View {
@@ -132,9 +132,17 @@ pub(crate) fn copy(dst: View<'_>, src: View<'_>) -> Result<()> {
     }
     // A cast goes through f64 in two single-dispatch passes (8 + 8 instantiations instead
     // of 64): read the source in row-major order, then write the destination.
-    let vals: Vec<f64> = with_repr!(src.dtype, S => {
+    // The staging buffer is as large as the tensor (in f64): allocated fallibly, like storage.
+    let n = src.layout.numel();
+    let mut vals: Vec<f64> = Vec::new();
+    vals.try_reserve_exact(n)
+        .map_err(|_| crate::Error::HostOutOfMemory {
+            device: crate::Device::Cpu,
+            requested_bytes: n.saturating_mul(std::mem::size_of::<f64>()),
+        })?;
+    with_repr!(src.dtype, S => {
         let a = s.typed::<S>();
-        src.layout.indices().map(|i| conv(a[i].to_c().to_f64(), dst.dtype)).collect()
+        vals.extend(src.layout.indices().map(|i| conv(a[i].to_c().to_f64(), dst.dtype)));
     });
     let dense = Layout::contiguous(dst.layout.shape());
     with_repr!(dst.dtype, D => {

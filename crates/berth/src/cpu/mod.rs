@@ -219,7 +219,7 @@ impl DeviceKernels for CpuKernels {
     }
 
     fn alloc(&self, _device: Device, nbytes: usize) -> Result<Storage> {
-        Ok(Storage::host_zeroed(nbytes))
+        Storage::try_host_zeroed(nbytes)
     }
 
     fn copy(&self, dst: View<'_>, src: View<'_>) -> Result<()> {

@@ -268,7 +268,7 @@ fn dtoh(
         return Ok(dst);
     }
     super::sync_point("copy_dtoh")?;
-    let dst = host_destination(nbytes);
+    let dst = host_destination(nbytes)?;
     if nbytes > 0 {
         let mut guard = dst.write_host("to")?;
         stage_dtoh(dev, &mut guard.bytes_mut()[..nbytes], sptr, &stream)?;
@@ -304,13 +304,19 @@ impl ExternalHostMemory for MappedHostMemory {
 /// A host storage of `nbytes` bytes that a copy will overwrite entirely: a huge-page mapping
 /// from [`MAPPED_DESTINATION_MIN_BYTES`] on (zero until written, like every fresh mapping),
 /// else a zeroed allocation (also when the mapping fails).
-fn host_destination(nbytes: usize) -> Storage {
+///
+/// # Errors
+/// [`crate::Error::HostOutOfMemory`] when neither can be had.
+fn host_destination(nbytes: usize) -> Result<Storage> {
     if nbytes >= MAPPED_DESTINATION_MIN_BYTES {
         if let Ok(map) = Mapping::new(nbytes, Pages::Huge) {
-            return Storage::host_external(Box::new(MappedHostMemory { map, len: nbytes }));
+            return Ok(Storage::host_external(Box::new(MappedHostMemory {
+                map,
+                len: nbytes,
+            })));
         }
     }
-    Storage::host_zeroed(nbytes)
+    Storage::try_host_zeroed(nbytes)
 }
 
 /// Blocking copy of CUDA tensor `src` into the existing host tensor `dst` (`dst.copy_(src)`):

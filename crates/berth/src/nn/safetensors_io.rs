@@ -88,7 +88,7 @@ pub fn load_state_dict_file(path: impl AsRef<Path>) -> Result<StateDict> {
     let mut out = StateDict::new();
     for (name, view) in st.iter() {
         let dtype = from_st(view.dtype(), name)?;
-        let storage = crate::Storage::host_from_bytes(view.data());
+        let storage = crate::Storage::try_host_from_bytes(view.data())?;
         let t = Tensor::from_contiguous(storage, view.shape(), dtype);
         debug_assert_eq!(t.device(), Device::Cpu);
         out.insert(name.to_string(), t);

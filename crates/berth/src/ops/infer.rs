@@ -54,12 +54,90 @@ pub fn require_float(op: &'static str, dtype: DType) -> Result<()> {
 /// Output dtype of a unary op.
 ///
 /// # Errors
-/// Float-only ops on integer dtypes.
+/// Float-only ops on integer dtypes; [`Error::BoolArithmetic`] for `neg` of a bool tensor
+/// (PyTorch: "Negation, the `-` operator, on a bool tensor is not supported ...").
 pub fn unary(op: UnaryOp, a: &Tensor) -> Result<DType> {
     if op.float_only() {
         require_float(op.name(), a.dtype())?;
     }
+    if op == UnaryOp::Neg && a.dtype() == DType::Bool {
+        return Err(Error::BoolArithmetic {
+            op: "neg",
+            message: crate::error::BOOL_NEG,
+            instead: crate::error::BOOL_NOT_INSTEAD,
+        });
+    }
     Ok(a.dtype())
+}
+
+/// The op a kernel runs to compute `op` on operands of `dtype` (`with_scalar`: the other
+/// operand is a scalar). A bool tensor holds bytes 0 and 1 only, so for bool the result
+/// must stay 0 or 1, with PyTorch's meaning: `add` is logical or (`True + True` is `True`,
+/// run as `maximum`), `mul`, `maximum` and `minimum` are logical and / or / and as they
+/// stand. Every device gets the same rule: it is decided here, before any kernel.
+///
+/// # Errors
+/// [`Error::BoolArithmetic`] for `sub` on bool, with PyTorch's message (`sub_check`): "with
+/// two bool tensors ... Use the `^` or `logical_xor()` operator instead" for two tensors,
+/// "with a bool tensor ... use the `~` or `logical_not()` operator instead" with a scalar.
+pub fn kernel_op(op: BinaryOp, dtype: DType, with_scalar: bool) -> Result<BinaryOp> {
+    if dtype != DType::Bool {
+        return Ok(op);
+    }
+    match op {
+        BinaryOp::Add => Ok(BinaryOp::Maximum),
+        BinaryOp::Sub if with_scalar => Err(Error::BoolArithmetic {
+            op: "sub",
+            message: crate::error::BOOL_SUB_SCALAR,
+            instead: crate::error::BOOL_NOT_INSTEAD,
+        }),
+        BinaryOp::Sub => Err(Error::BoolArithmetic {
+            op: "sub",
+            message: crate::error::BOOL_SUB,
+            instead: crate::error::BOOL_XOR_INSTEAD,
+        }),
+        _ => Ok(op),
+    }
+}
+
+/// The scalar a kernel gets for an operand of `dtype`: for bool 0 or 1 (a scalar is
+/// converted to the tensor's dtype, and non-zero converts to `true`, as PyTorch's
+/// `Scalar::to<bool>`), so `bool_tensor.add_scalar(5.0)` is logical or with `true`.
+pub fn kernel_scalar(s: f64, dtype: DType) -> f64 {
+    if dtype == DType::Bool {
+        f64::from(u8::from(s != 0.0))
+    } else {
+        s
+    }
+}
+
+/// Check that `value` can be written as `dtype` (`full`, `fill_`), by PyTorch's rule
+/// ([`DType::holds`]).
+///
+/// # Errors
+/// [`Error::ValueOverflow`]: "value cannot be converted to type `uint8_t` without overflow".
+pub fn fill_value(op: &'static str, value: f64, dtype: DType) -> Result<()> {
+    if !dtype.holds(value) {
+        return Err(Error::ValueOverflow { op, value, dtype });
+    }
+    Ok(())
+}
+
+/// Check that a tensor about to be written in place has no two elements at one memory
+/// location (PyTorch's `assert_no_internal_overlap`; [`crate::Layout::has_internal_overlap`]).
+/// Without it, `x.expand([4, 3]).add_scalar_(1.0)` would add 1 four times to each element.
+///
+/// # Errors
+/// [`Error::InternalOverlap`] naming `op`, the shape and the strides.
+pub fn no_internal_overlap(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.layout().has_internal_overlap() {
+        return Err(Error::InternalOverlap {
+            op,
+            shape: t.shape().to_vec(),
+            strides: t.strides().to_vec(),
+        });
+    }
+    Ok(())
 }
 
 /// Output shape and dtype of a broadcasting binary op.
@@ -185,7 +263,8 @@ pub struct MatmulPlan {
 /// Plan `a @ b` with `torch.matmul`'s rules (1-D, 2-D and batched with broadcast batch dims).
 ///
 /// # Errors
-/// [`Error::MatmulShape`] when the inner sizes differ; 0-dim operands; device/dtype mismatch.
+/// [`Error::MatmulShape`] when the inner sizes differ; 0-dim operands; device/dtype mismatch;
+/// [`Error::NumelOverflow`] when a broadcast operand's element count overflows.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<MatmulPlan> {
     same_device("matmul", a, b)?;
     let dtype = same_dtype("matmul", a, b)?;
@@ -221,6 +300,9 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<MatmulPlan> {
     let (m, n) = (ls[ls.len() - 2], rs[rs.len() - 1]);
     let with = |x: &[usize]| batch.iter().chain(x).copied().collect::<Vec<_>>();
     let kernel_shape = with(&[m, n]);
+    // The operands are viewed broadcast to these shapes: they must be describable too.
+    crate::layout::checked_numel(&with(&[m, k1]), "matmul")?;
+    crate::layout::checked_numel(&with(&[k1, n]), "matmul")?;
     let mut out_shape = batch.clone();
     if !a1 {
         out_shape.push(m);

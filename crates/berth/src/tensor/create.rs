@@ -11,8 +11,15 @@ impl Tensor {
     /// (`torch.full`). On meta nothing is allocated.
     ///
     /// # Errors
-    /// An unusable device (`cuda:5` with one GPU, `mps`), allocation failure.
+    /// 1. [`Error::ValueOverflow`] when `value` does not fit `dtype` (PyTorch: "value cannot be
+    ///    converted to type `uint8_t` without overflow"; NaN and ±inf never fit an integer dtype;
+    ///    bool takes any value, non-zero → `true`).
+    /// 2. [`Error::NumelOverflow`] / [`Error::StorageSizeOverflow`] for a shape too large to
+    ///    describe, on every device (meta too).
+    /// 3. An unusable device (`cuda:5` with one GPU, `mps`); out of memory
+    ///    ([`Error::HostOutOfMemory`] on the CPU).
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        crate::ops::infer::fill_value("full", value, dtype)?;
         let device = device.canonical()?;
         let t = alloc_tensor(device, shape, dtype, "full")?;
         if !(device.is_meta() || device.is_cpu() && value == 0.0) {
@@ -56,22 +63,77 @@ impl Tensor {
     }
 
     /// `[start, start + step, ...)` up to `end` exclusive (`torch.arange`); the length is
-    /// `ceil((end - start) / step)`.
+    /// `ceil((end - start) / step)`. The checks and their order are PyTorch's
+    /// (`aten/src/ATen/native/RangeFactories.cpp`).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a zero step or one pointing away from `end`.
+    /// [`Error::InvalidArgument`] with PyTorch's message:
+    /// 1. "step must be nonzero" for a zero or NaN step;
+    /// 2. "unsupported range: 0 -> inf" for a NaN or infinite `start` or `end`;
+    /// 3. "upper bound and larger bound inconsistent with step sign" for a step pointing away
+    ///    from `end`;
+    /// 4. "invalid size, possible overflow?" for a length beyond `i64::MAX`.
+    ///
+    /// Then the errors of [`Tensor::full`] (a length too large to allocate is
+    /// [`Error::StorageSizeOverflow`] or [`Error::HostOutOfMemory`], never a panic).
     pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: Device) -> Result<Tensor> {
-        if step == 0.0 || !step.is_finite() || ((end - start) * step) < 0.0 {
-            return Err(Error::InvalidArgument {
-                op: "arange",
-                what: format!(
-                    "step {step} must be non-zero and point from start {start} toward end {end}"
-                ),
-            });
+        let bad = |what: String| Error::InvalidArgument { op: "arange", what };
+        // PyTorch prints doubles with `<<`: `nan`, `inf`, `-inf`.
+        let show = |x: f64| {
+            if x.is_nan() {
+                "nan".to_string()
+            } else {
+                x.to_string()
+            }
+        };
+        if step == 0.0 || step.is_nan() {
+            return Err(bad(format!(
+                "step must be nonzero (got {}); pass a positive or negative step",
+                show(step)
+            )));
         }
-        let n = ((end - start) / step).ceil().max(0.0) as usize;
-        let v: Vec<f64> = (0..n).map(|i| start + i as f64 * step).collect();
-        Tensor::from_f64s(&v, &[n], dtype, device)
+        if !start.is_finite() || !end.is_finite() {
+            return Err(bad(format!(
+                "unsupported range: {} -> {} (start and end must be finite numbers)",
+                show(start),
+                show(end)
+            )));
+        }
+        if !((step > 0.0 && end >= start) || (step < 0.0 && end <= start)) {
+            return Err(bad(format!(
+                "upper bound and larger bound inconsistent with step sign (start {}, end {}, \
+                 step {}: a positive step needs end >= start, a negative one end <= start)",
+                show(start),
+                show(end),
+                show(step)
+            )));
+        }
+        let size = ((end - start) / step).ceil();
+        if !(size >= 0.0 && size <= i64::MAX as f64) {
+            return Err(bad(format!(
+                "invalid size, possible overflow? ({} -> {} by {} has {size} elements, more \
+                 than {})",
+                show(start),
+                show(end),
+                show(step),
+                i64::MAX
+            )));
+        }
+        let n = size as usize;
+        // Computed in f64 on the CPU (checked and fallible like any tensor), then converted.
+        let t = alloc_tensor(Device::Cpu, &[n], DType::F64, "arange")?;
+        {
+            let mut w = t.storage().write_host("arange")?;
+            for (i, o) in w.typed_mut::<f64>().iter_mut().enumerate() {
+                *o = start + i as f64 * step;
+            }
+        }
+        let t = if dtype == DType::F64 {
+            t
+        } else {
+            t.to_dtype(dtype)?
+        };
+        t.to_device(device)
     }
 
     /// Uniform samples on `[0, 1)` from the global generator (`torch.rand`; seed it with
@@ -159,9 +221,10 @@ impl Tensor {
     /// A tensor holding `data` with `shape` on `device` (`torch.tensor`).
     ///
     /// # Errors
-    /// [`Error::DataLength`] when `data.len()` is not the product of `shape`; device errors.
+    /// [`Error::DataLength`] when `data.len()` is not the product of `shape`;
+    /// [`Error::NumelOverflow`]; device errors; out of memory.
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: Device) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
+        let n = crate::layout::checked_numel(shape, "from_slice")?;
         if n != data.len() {
             return Err(Error::DataLength {
                 op: "from_slice",
@@ -171,7 +234,7 @@ impl Tensor {
             });
         }
         let device = device.canonical()?;
-        let nbytes = n * T::DTYPE.size_in_bytes();
+        let nbytes = crate::layout::checked_nbytes(shape, T::DTYPE, "from_slice")?;
         if device.is_meta() {
             return Ok(Tensor::from_contiguous(
                 Storage::meta(nbytes),
@@ -179,7 +242,7 @@ impl Tensor {
                 T::DTYPE,
             ));
         }
-        let storage = Storage::host_zeroed(nbytes);
+        let storage = Storage::try_host_zeroed(nbytes)?;
         {
             let mut w = storage.write_host("from_slice")?;
             for (o, &v) in w.typed_mut::<T::Repr>().iter_mut().zip(data) {
@@ -209,22 +272,6 @@ impl Tensor {
             w.typed_mut::<T::Repr>()[0] = value.to_repr();
         }
         Tensor::from_contiguous(storage, &[], T::DTYPE)
-    }
-
-    /// `f64` values converted to `dtype`, on `device`.
-    pub(crate) fn from_f64s(
-        v: &[f64],
-        shape: &[usize],
-        dtype: DType,
-        device: Device,
-    ) -> Result<Tensor> {
-        let t = Tensor::from_slice(v, shape, Device::Cpu)?;
-        let t = if dtype == DType::F64 {
-            t
-        } else {
-            t.to_dtype(dtype)?
-        };
-        t.to_device(device)
     }
 
     /// Concatenate along `dim` (`torch.cat`): every tensor has the same rank, dtype and device,
@@ -265,7 +312,8 @@ impl Tensor {
                     ),
                 });
             }
-            shape[d] += t.shape()[d];
+            // Saturates: an overflowing total is then refused by `alloc_tensor`.
+            shape[d] = shape[d].saturating_add(t.shape()[d]);
         }
         let out = alloc_tensor(first.device(), &shape, first.dtype(), "cat")?;
         if !first.device().is_meta() {
@@ -291,7 +339,8 @@ impl Tensor {
     /// Stack along a new dimension `dim` (`torch.stack`): all tensors have the same shape.
     ///
     /// # Errors
-    /// As [`Tensor::cat`], plus differing shapes.
+    /// As [`Tensor::cat`], plus differing shapes; [`Error::DimOutOfRange`] with `op: "stack"`
+    /// for a `dim` outside `[-rank-1, rank]`.
     pub fn stack(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
         let first = tensors.first().ok_or_else(|| Error::InvalidArgument {
             op: "stack",
@@ -307,10 +356,12 @@ impl Tensor {
                 ),
             });
         }
+        // The new dimension ranges over [-rank-1, rank]; checked here so the error names stack.
+        let d = crate::layout::wrap_dim(dim, first.rank() + 1, "stack")? as isize;
         let views = tensors
             .iter()
-            .map(|t| t.unsqueeze(dim))
+            .map(|t| t.unsqueeze(d))
             .collect::<Result<Vec<_>>>()?;
-        Tensor::cat(&views.iter().collect::<Vec<_>>(), dim)
+        Tensor::cat(&views.iter().collect::<Vec<_>>(), d)
     }
 }

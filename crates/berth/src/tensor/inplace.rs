@@ -3,6 +3,12 @@
 //! alias sees the result (see the aliasing model on [`crate::Storage`]). The right-hand side
 //! must broadcast to `self`'s shape; when it shares `self`'s storage it is read into a
 //! temporary first, so `x.add_(&x)` is well defined.
+//!
+//! `self` itself must not have two elements at one memory location (a dimension of size > 1
+//! with stride 0, as after `expand`): PyTorch's `assert_no_internal_overlap`, a typed
+//! [`Error::InternalOverlap`] here, checked before any kernel on every device. `fill_` and
+//! `zero_` are the exception, as in PyTorch: writing one value is idempotent, so overlap is
+//! harmless.
 
 use super::Tensor;
 use crate::backend::View;
@@ -35,11 +41,13 @@ impl Tensor {
     }
 
     fn binary_(&self, op: BinaryOp, rhs: &Tensor) -> Result<()> {
-        infer::binary(op.name(), op.float_only(), self, rhs)?;
+        let (_, dtype) = infer::binary(op.name(), op.float_only(), self, rhs)?;
+        let kop = infer::kernel_op(op, dtype, false)?;
+        infer::no_internal_overlap(op.name(), self)?;
         let (r, l) = self.inplace_rhs(op.name(), rhs)?;
         if let Some(k) = self.kernels(op.name())? {
             k.binary(
-                op,
+                kop,
                 View::of(self),
                 None,
                 View {
@@ -53,24 +61,28 @@ impl Tensor {
     }
 
     fn scalar_(&self, op: BinaryOp, s: f64) -> Result<()> {
-        infer::scalar(op, self)?;
+        let dtype = infer::scalar(op, self)?;
+        let kop = infer::kernel_op(op, dtype, true)?;
+        let s = infer::kernel_scalar(s, dtype);
+        infer::no_internal_overlap(op.name(), self)?;
         if let Some(k) = self.kernels(op.name())? {
-            k.scalar(op, View::of(self), None, s, false)?;
+            k.scalar(kop, View::of(self), None, s, false)?;
         }
         Ok(())
     }
 
-    /// `self += rhs` (broadcast to `self`'s shape).
+    /// `self += rhs` (broadcast to `self`'s shape; logical or for bool, as [`Tensor::add`]).
     ///
     /// # Errors
-    /// Shape that does not broadcast to `self`; dtype or device mismatch.
+    /// [`Error::InternalOverlap`] when `self` has elements sharing memory (`expand`); shape
+    /// that does not broadcast to `self`; dtype or device mismatch.
     pub fn add_(&self, rhs: &Tensor) -> Result<()> {
         self.binary_(BinaryOp::Add, rhs)
     }
     /// `self -= rhs`.
     ///
     /// # Errors
-    /// As [`Tensor::add_`].
+    /// As [`Tensor::add_`]; [`Error::BoolArithmetic`] for bool.
     pub fn sub_(&self, rhs: &Tensor) -> Result<()> {
         self.binary_(BinaryOp::Sub, rhs)
     }
@@ -88,17 +100,17 @@ impl Tensor {
     pub fn div_(&self, rhs: &Tensor) -> Result<()> {
         self.binary_(BinaryOp::Div, rhs)
     }
-    /// `self += s`.
+    /// `self += s` (`s` converted to the dtype; for bool logical or with `s != 0`).
     ///
     /// # Errors
-    /// Device errors.
+    /// [`Error::InternalOverlap`]; device errors.
     pub fn add_scalar_(&self, s: f64) -> Result<()> {
         self.scalar_(BinaryOp::Add, s)
     }
-    /// `self *= s`.
+    /// `self *= s` (`s` converted to the dtype; for bool logical and with `s != 0`).
     ///
     /// # Errors
-    /// Device errors.
+    /// [`Error::InternalOverlap`]; device errors.
     pub fn mul_scalar_(&self, s: f64) -> Result<()> {
         self.scalar_(BinaryOp::Mul, s)
     }
@@ -123,9 +135,11 @@ impl Tensor {
     /// (`non_blocking=False`).
     ///
     /// # Errors
-    /// Shape that does not broadcast; the CPU or a CUDA device against meta; reading a meta
-    /// `src` into a real tensor; transfer errors.
+    /// [`Error::InternalOverlap`] when `self` has elements sharing memory (`expand`); shape
+    /// that does not broadcast; the CPU or a CUDA device against meta; reading a meta `src`
+    /// into a real tensor; transfer errors.
     pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        infer::no_internal_overlap("copy_", self)?;
         if src.device().is_meta() && !self.device().is_meta() {
             return Err(Error::MetaNoData { op: "copy_" });
         }
@@ -177,11 +191,14 @@ impl Tensor {
         self.copy_(&moved)
     }
 
-    /// Set every element to `value` (converted to the dtype).
+    /// Set every element to `value` (converted to the dtype). Allowed on a view whose
+    /// elements share memory (`expand`), as PyTorch's `fill_`: the write is idempotent.
     ///
     /// # Errors
-    /// Device errors.
+    /// [`Error::ValueOverflow`] when `value` does not fit the dtype (as [`Tensor::full`]);
+    /// device errors.
     pub fn fill_(&self, value: f64) -> Result<()> {
+        infer::fill_value("fill_", value, self.dtype())?;
         if let Some(k) = self.kernels("fill_")? {
             k.fill(View::of(self), value)?;
         }

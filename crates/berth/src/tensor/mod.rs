@@ -46,10 +46,15 @@ impl Tensor {
     /// device memory from the CUDA runtime), checked: the layout must fit in the storage.
     ///
     /// # Errors
+    /// [`crate::Error::NumelOverflow`] for a shape whose element count overflows;
     /// [`crate::Error::Shape`] when the layout reaches past `storage.nbytes()`.
     pub fn from_parts(storage: Arc<Storage>, layout: Layout, dtype: DType) -> Result<Tensor> {
-        let need = layout.required_elements() * dtype.size_in_bytes();
-        if need > storage.nbytes() {
+        crate::layout::checked_numel(layout.shape(), "from_parts")?;
+        let need = layout
+            .checked_required_elements()
+            .and_then(|n| n.checked_mul(dtype.size_in_bytes()));
+        if need.is_none_or(|need| need > storage.nbytes()) {
+            let need = need.map_or_else(|| "more than usize::MAX".to_string(), |n| n.to_string());
             return Err(crate::Error::Shape {
                 op: "from_parts",
                 what: format!(
@@ -147,7 +152,8 @@ impl Tensor {
 
     /// `numel × element_size`, in bytes (PyTorch's `nbytes`; a view counts its own elements).
     pub fn nbytes(&self) -> usize {
-        self.numel() * self.element_size()
+        // Fits: every tensor's shape passed `layout::checked_nbytes` or is a view of one.
+        self.numel().saturating_mul(self.element_size())
     }
 
     /// Whether the elements are dense and row-major.

@@ -36,20 +36,23 @@ impl Tensor {
 
     pub(crate) fn binary_op(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
         let (shape, dtype) = infer::binary(op.name(), op.float_only(), self, rhs)?;
+        let kop = infer::kernel_op(op, dtype, false)?;
         let out = alloc_tensor(self.device(), &shape, dtype, op.name())?;
         if let Some(k) = self.kernels(op.name())? {
             let la = self.layout().broadcast_to(&shape, op.name())?;
             let lb = rhs.layout().broadcast_to(&shape, op.name())?;
-            k.binary(op, View::of(&out), Some(view(self, &la)), view(rhs, &lb))?;
+            k.binary(kop, View::of(&out), Some(view(self, &la)), view(rhs, &lb))?;
         }
         Ok(out)
     }
 
     pub(crate) fn scalar_op(&self, op: BinaryOp, s: f64, scalar_first: bool) -> Result<Tensor> {
         let dtype = infer::scalar(op, self)?;
+        let kop = infer::kernel_op(op, dtype, true)?;
+        let s = infer::kernel_scalar(s, dtype);
         let out = alloc_tensor(self.device(), self.shape(), dtype, op.name())?;
         if let Some(k) = self.kernels(op.name())? {
-            k.scalar(op, View::of(&out), Some(View::of(self)), s, scalar_first)?;
+            k.scalar(kop, View::of(&out), Some(View::of(self)), s, scalar_first)?;
         }
         Ok(out)
     }
@@ -85,7 +88,8 @@ impl Tensor {
         Ok(out)
     }
 
-    /// `self + rhs` with broadcasting.
+    /// `self + rhs` with broadcasting. On bool it is logical or (`true + true` is `true`,
+    /// PyTorch's result), so a bool tensor only ever holds 0 and 1.
     ///
     /// # Errors
     /// Shapes that do not broadcast; different devices or dtypes.
@@ -95,11 +99,13 @@ impl Tensor {
     /// `self - rhs` with broadcasting.
     ///
     /// # Errors
-    /// As [`Tensor::add`].
+    /// As [`Tensor::add`]; [`Error::BoolArithmetic`] for bool (PyTorch: "Subtraction, the `-`
+    /// operator, with two bool tensors is not supported. Use the `^` or `logical_xor()`
+    /// operator instead.").
     pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary_op(BinaryOp::Sub, rhs)
     }
-    /// `self * rhs` elementwise with broadcasting.
+    /// `self * rhs` elementwise with broadcasting (logical and on bool).
     ///
     /// # Errors
     /// As [`Tensor::add`].
@@ -135,7 +141,7 @@ impl Tensor {
         self.binary_op(BinaryOp::Minimum, rhs)
     }
 
-    /// `self + s`.
+    /// `self + s` (`s` converted to the dtype; on bool logical or with `s != 0`).
     ///
     /// # Errors
     /// Device errors.
@@ -145,18 +151,18 @@ impl Tensor {
     /// `self - s`.
     ///
     /// # Errors
-    /// Device errors.
+    /// [`Error::BoolArithmetic`] for bool; device errors.
     pub fn sub_scalar(&self, s: f64) -> Result<Tensor> {
         self.scalar_op(BinaryOp::Sub, s, false)
     }
     /// `s - self` (`torch.rsub`).
     ///
     /// # Errors
-    /// Device errors.
+    /// [`Error::BoolArithmetic`] for bool; device errors.
     pub fn rsub_scalar(&self, s: f64) -> Result<Tensor> {
         self.scalar_op(BinaryOp::Sub, s, true)
     }
-    /// `self * s`.
+    /// `self * s` (`s` converted to the dtype; on bool logical and with `s != 0`).
     ///
     /// # Errors
     /// Device errors.
@@ -181,7 +187,9 @@ impl Tensor {
     /// `-self`.
     ///
     /// # Errors
-    /// Device errors.
+    /// [`Error::BoolArithmetic`] for bool (PyTorch: "Negation, the `-` operator, on a bool
+    /// tensor is not supported. ..."; use a comparison or `eq_scalar(0.0)` to invert a mask);
+    /// device errors.
     pub fn neg(&self) -> Result<Tensor> {
         self.unary_op(UnaryOp::Neg)
     }
@@ -366,12 +374,22 @@ impl Tensor {
     /// Matrix product with `torch.matmul`'s rules: 1-D·1-D, 2-D, and batched with broadcast
     /// batch dimensions.
     ///
+    /// An inner dimension of 0 gives zeros (`[2, 0] @ [0, 4]` is a 2×4 zero matrix, as
+    /// PyTorch).
+    ///
     /// # Errors
     /// [`Error::MatmulShape`] when inner sizes differ (the same on meta and every device).
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         let plan = infer::matmul(self, rhs)?;
         let out = alloc_tensor(self.device(), &plan.kernel_shape, plan.dtype, "matmul")?;
-        if let Some(k) = self.kernels("matmul")? {
+        let inner = plan.lhs_shape[plan.lhs_shape.len() - 1];
+        if inner == 0 {
+            // A sum over no terms: zeros, as PyTorch (`[2, 0] @ [0, 4]` is a 2×4 zero matrix).
+            // Filled here so every device gives it, whatever its GEMM does with k = 0.
+            if let Some(k) = self.kernels("matmul")? {
+                k.fill(View::of(&out), 0.0)?;
+            }
+        } else if let Some(k) = self.kernels("matmul")? {
             let a = self.reshape(&shape_2d(self.shape(), true))?;
             let b = rhs.reshape(&shape_2d(rhs.shape(), false))?;
             let la = a.layout().broadcast_to(&plan.lhs_shape, "matmul")?;

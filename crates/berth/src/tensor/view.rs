@@ -2,11 +2,11 @@
 //! `narrow`, `select`, `unsqueeze`, `squeeze`, `expand`, `flatten`), and `resize_`.
 
 use super::Tensor;
-use crate::layout::wrap_dim;
+use crate::layout::{checked_numel, wrap_dim};
 use crate::{Error, Layout, Result};
 
 fn check_numel(op: &'static str, from: &[usize], to: &[usize]) -> Result<()> {
-    let (a, b) = (from.iter().product::<usize>(), to.iter().product::<usize>());
+    let (a, b) = (from.iter().product::<usize>(), checked_numel(to, op)?);
     if a != b {
         return Err(Error::Shape {
             op,
@@ -21,7 +21,8 @@ impl Tensor {
     ///
     /// # Errors
     /// [`Error::Shape`] when the element count differs or the strides do not allow a view
-    /// (then use [`Tensor::reshape`], which copies).
+    /// (then use [`Tensor::reshape`], which copies); [`Error::NumelOverflow`] when `shape`'s
+    /// element count overflows.
     pub fn view(&self, shape: &[usize]) -> Result<Tensor> {
         check_numel("view", self.shape(), shape)?;
         match self.layout().view_as(shape) {
@@ -40,7 +41,7 @@ impl Tensor {
     /// A view when the strides allow it, else a contiguous copy (`Tensor.reshape`).
     ///
     /// # Errors
-    /// [`Error::Shape`] when the element count differs.
+    /// [`Error::Shape`] when the element count differs; [`Error::NumelOverflow`].
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         check_numel("reshape", self.shape(), shape)?;
         match self.layout().view_as(shape) {
@@ -54,11 +55,6 @@ impl Tensor {
     /// # Errors
     /// More than one `-1`, a negative size, or a count that does not divide.
     pub fn reshape_infer(&self, shape: &[isize]) -> Result<Tensor> {
-        let known: usize = shape
-            .iter()
-            .filter(|&&d| d >= 0)
-            .map(|&d| d as usize)
-            .product();
         let holes = shape.iter().filter(|&&d| d == -1).count();
         if holes > 1 || shape.iter().any(|&d| d < -1) {
             return Err(Error::Shape {
@@ -68,6 +64,12 @@ impl Tensor {
                 ),
             });
         }
+        let sizes: Vec<usize> = shape
+            .iter()
+            .filter(|&&d| d >= 0)
+            .map(|&d| d as usize)
+            .collect();
+        let known = checked_numel(&sizes, "reshape")?;
         let fill = if holes == 1 {
             if known == 0 || !self.numel().is_multiple_of(known) {
                 return Err(Error::Shape {
@@ -229,12 +231,17 @@ impl Tensor {
         Ok(self.with_layout(self.layout().squeeze(Some(d))))
     }
 
-    /// Broadcast to `shape` without copying (`Tensor.expand`; stride 0 on grown dims).
+    /// Broadcast to `shape` without copying (`Tensor.expand`; stride 0 on grown dims). The
+    /// result cannot be written in place (its elements share memory; see
+    /// [`Error::InternalOverlap`]); `clone()` it first.
     ///
     /// # Errors
-    /// [`Error::ExpandMismatch`].
+    /// [`Error::ExpandMismatch`]; [`Error::NumelOverflow`] when `shape`'s element count
+    /// overflows.
     pub fn expand(&self, shape: &[usize]) -> Result<Tensor> {
-        Ok(self.with_layout(self.layout().broadcast_to(shape, "expand")?))
+        let l = self.layout().broadcast_to(shape, "expand")?;
+        checked_numel(shape, "expand")?;
+        Ok(self.with_layout(l))
     }
 
     /// Alias of [`Tensor::expand`].
@@ -251,9 +258,11 @@ impl Tensor {
     /// `x.detach().resize_(5)` leaves `x` as it was).
     ///
     /// # Errors
-    /// Device errors when new storage is needed.
+    /// [`Error::NumelOverflow`] / [`Error::StorageSizeOverflow`]; device errors (out of
+    /// memory) when new storage is needed.
     pub fn resize_(&mut self, shape: &[usize]) -> Result<&mut Self> {
-        let need = (self.storage_offset() + shape.iter().product::<usize>()) * self.element_size();
+        let nbytes = crate::layout::checked_nbytes(shape, self.dtype(), "resize_")?;
+        let need = (self.storage_offset() * self.element_size()).saturating_add(nbytes);
         if need <= self.storage().nbytes() {
             let l = Layout::from_parts(
                 shape.to_vec(),

@@ -1,0 +1,134 @@
+//! Shapes too large to describe or to allocate: typed errors on every creation path and on
+//! views, never a wrapped size, a panic or an abort.
+
+use berth::{DType, Device, Error, Tensor};
+
+/// `[1 << 62, 8]` has 2^65 elements: the product wraps to 0 in `usize`.
+const WRAPS: [usize; 2] = [1 << 62, 8];
+
+#[track_caller]
+fn numel_overflow(r: berth::Result<Tensor>, op: &str, shape: &[usize]) {
+    let e = r.unwrap_err();
+    match &e {
+        Error::NumelOverflow { op: o, shape: s } => {
+            assert_eq!((*o, s.as_slice()), (op, shape), "{e}");
+        }
+        _ => panic!("expected NumelOverflow, got {e:?}"),
+    }
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{op}: numel: integer multiplication overflow: the number of elements of shape \
+             {shape:?} does not fit in isize (the product of the sizes, counting a size 0 as 1, \
+             must be at most 9223372036854775807); use smaller sizes"
+        )
+    );
+}
+
+#[test]
+fn creating_a_shape_whose_element_count_overflows_is_a_typed_error() {
+    for device in [Device::Cpu, Device::Meta] {
+        numel_overflow(Tensor::zeros(&WRAPS, DType::F32, device), "full", &WRAPS);
+        numel_overflow(Tensor::ones(&WRAPS, DType::U8, device), "full", &WRAPS);
+        numel_overflow(Tensor::empty(&WRAPS, DType::F32, device), "empty", &WRAPS);
+        numel_overflow(Tensor::rand(&WRAPS, DType::F32, device), "rand", &WRAPS);
+        numel_overflow(
+            Tensor::from_slice::<f32>(&[], &[1 << 62, 8, 0], device),
+            "from_slice",
+            &[1 << 62, 8, 0],
+        );
+    }
+    numel_overflow(
+        Tensor::zeros(&[usize::MAX, 2], DType::F32, Device::Meta),
+        "full",
+        &[usize::MAX, 2],
+    );
+    // A size 0 makes the tensor empty, but the other sizes must still be describable (PyTorch
+    // refuses them too, in the stride calculation).
+    numel_overflow(
+        Tensor::zeros(&[0, 1 << 62, 8], DType::F32, Device::Cpu),
+        "full",
+        &[0, 1 << 62, 8],
+    );
+    let empty = Tensor::zeros(&[0, 1 << 40], DType::F32, Device::Cpu).unwrap();
+    assert_eq!((empty.numel(), empty.nbytes()), (0, 0));
+}
+
+#[test]
+fn a_count_that_fits_but_whose_bytes_do_not_is_a_storage_size_error() {
+    for device in [Device::Cpu, Device::Meta] {
+        let e = Tensor::zeros(&[1 << 62], DType::F32, device).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::StorageSizeOverflow { op: "full", shape, dtype: DType::F32, numel }
+                    if shape == &[1usize << 62] && *numel == 1 << 62
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "full: Storage size calculation overflowed: shape [4611686018427387904] of f32 \
+             needs 4611686018427387904 elements × 4 bytes, more than 9223372036854775807 \
+             bytes; use smaller sizes or a smaller dtype"
+        );
+    }
+}
+
+#[test]
+fn meta_sizes_are_exact_up_to_the_limit() {
+    let m = Tensor::zeros(&[1 << 40, 2], DType::F32, Device::Meta).unwrap();
+    assert_eq!((m.numel(), m.nbytes()), (1 << 41, 1 << 43));
+    assert_eq!(m.storage().nbytes(), 1 << 43);
+}
+
+#[test]
+fn views_to_an_overflowing_shape_are_typed_errors() {
+    let empty = Tensor::zeros(&[0], DType::F32, Device::Cpu).unwrap();
+    // Before: the target's product wrapped to 0 and matched the empty tensor.
+    numel_overflow(empty.view(&WRAPS), "view", &WRAPS);
+    numel_overflow(empty.reshape(&WRAPS), "reshape", &WRAPS);
+    numel_overflow(empty.reshape_infer(&[-1, 1 << 62, 8]), "reshape", &WRAPS);
+    let row = Tensor::zeros(&[1, 8], DType::F32, Device::Cpu).unwrap();
+    numel_overflow(row.expand(&WRAPS), "expand", &WRAPS);
+    let mut r = Tensor::zeros(&[2], DType::F32, Device::Cpu).unwrap();
+    numel_overflow(r.resize_(&WRAPS).map(|t| t.alias()), "resize_", &WRAPS);
+    assert_eq!(r.shape(), &[2]);
+}
+
+#[test]
+fn an_allocation_the_system_refuses_is_a_typed_out_of_memory_error() {
+    // 2^60 bytes: fits the size checks, exceeds any machine's address space.
+    let e = Tensor::zeros(&[1 << 58], DType::F32, Device::Cpu).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::HostOutOfMemory {
+                device: Device::Cpu,
+                requested_bytes
+            } if requested_bytes == 1 << 60
+        ),
+        "{e:?}"
+    );
+    assert!(e.is_out_of_memory());
+    assert_eq!(
+        e.to_string(),
+        "cpu: out of memory: DefaultCPUAllocator: not enough memory: you tried to allocate \
+         1152921504606846976 bytes (1073741824.00 GiB); free some tensors or use smaller shapes"
+    );
+    // Every CPU allocation path reports it the same way.
+    let big = Tensor::zeros(&[1 << 57], DType::U8, Device::Meta).unwrap();
+    let e = big.to_empty(Device::Cpu).unwrap_err();
+    assert!(
+        matches!(e, Error::HostOutOfMemory { device: Device::Cpu, requested_bytes } if requested_bytes == 1 << 57),
+        "{e:?}"
+    );
+    let e = Tensor::arange(0.0, 1e18, 1.0, DType::F64, Device::Cpu).unwrap_err();
+    assert!(
+        matches!(e, Error::HostOutOfMemory { requested_bytes, .. } if requested_bytes == 8_000_000_000_000_000_000),
+        "{e:?}"
+    );
+    // The process goes on allocating.
+    let ok = Tensor::ones(&[4], DType::F32, Device::Cpu).unwrap();
+    assert_eq!(ok.to_vec::<f32>().unwrap(), vec![1.0; 4]);
+}

@@ -285,7 +285,8 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
     ///
     /// # Errors
     /// [`DataError::InvalidOption`] with PyTorch's message for: negative `num_workers`, negative
-    /// `timeout`, `prefetch_factor` without workers, negative (or zero) `prefetch_factor`,
+    /// (or NaN) `timeout`, a `timeout` too large for a [`Duration`] (infinity included: 0 is
+    /// "no limit"), `prefetch_factor` without workers, negative (or zero) `prefetch_factor`,
     /// `persistent_workers` without workers, `sampler` with `shuffle`, `batch_sampler` with
     /// `batch_size`/`shuffle`/`sampler`/`drop_last`, `batch_size = 0`; and a positive `timeout`
     /// without workers. [`DataError::Spawn`] is not possible here (workers start lazily).
@@ -296,12 +297,18 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
                 "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.",
             ));
         }
-        if self.timeout_secs < 0.0 || !self.timeout_secs.is_finite() {
+        if self.timeout_secs.is_nan() || self.timeout_secs < 0.0 {
             return Err(DataError::option(
                 "timeout",
                 "timeout option should be non-negative",
             ));
         }
+        let Ok(timeout) = Duration::try_from_secs_f64(self.timeout_secs) else {
+            return Err(DataError::option(
+                "timeout",
+                "timeout option is too large: at most u64::MAX seconds; use 0 for no limit",
+            ));
+        };
         let num_workers = self.num_workers as usize;
         let prefetch_factor = match (num_workers, self.prefetch_factor) {
             (0, Some(_)) => {
@@ -401,7 +408,7 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
             num_workers,
             prefetch_factor,
             persistent_workers: self.persistent_workers,
-            timeout: Duration::from_secs_f64(self.timeout_secs),
+            timeout,
             generator,
             pool: Mutex::new(None),
         })

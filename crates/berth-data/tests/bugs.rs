@@ -129,6 +129,16 @@ fn bug_24_option_validation_messages_are_pytorchs() {
         "timeout option should be non-negative"
     );
     assert_eq!(
+        msg(b().num_workers(1).timeout(f64::NAN)),
+        "timeout option should be non-negative"
+    );
+    for huge in [1e20, f64::INFINITY] {
+        assert_eq!(
+            msg(b().num_workers(1).timeout(huge)),
+            "timeout option is too large: at most u64::MAX seconds; use 0 for no limit"
+        );
+    }
+    assert_eq!(
         msg(b()
             .shuffle(true)
             .sampler(berth_data::SequentialSampler::new(10))),

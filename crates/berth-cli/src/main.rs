@@ -38,6 +38,7 @@ enum Command {
 
 fn main() {
     restore_sigpipe();
+    report_stdout_errors();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info(a) => info::run(a),
@@ -72,6 +73,30 @@ fn restore_sigpipe() {
 /// Elsewhere there is no `SIGPIPE`: nothing to restore.
 #[cfg(not(unix))]
 fn restore_sigpipe() {}
+
+/// Turns a failed write to standard output (other than a closed pipe, see [`restore_sigpipe`])
+/// into berth's one-line error with status 1.
+///
+/// `println!` panics when stdout cannot be written ("failed printing to stdout: No space left
+/// on device", e.g. `berth info > /dev/full`), which would print a backtrace and exit with 101.
+/// The output goes through `println!` in every subcommand, so the panic hook, not each call,
+/// handles it; every other panic keeps the default hook (a bug report, status 101).
+fn report_stdout_errors() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if let Some(cause) = msg.strip_prefix("failed printing to stdout: ") {
+            eprintln!("berth: error: cannot write to standard output: {cause}");
+            std::process::exit(1);
+        }
+        default(info);
+    }));
+}
 
 /// The one-line text of an error: each error of the chain joined by ": ", leaving out a source
 /// whose text the line already holds.

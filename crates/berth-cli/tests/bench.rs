@@ -80,3 +80,47 @@ fn dataloader_bench_into_a_closed_pipe_ends_quietly() {
         assert_eq!(out.status.signal(), Some(13), "ended by SIGPIPE: {err}");
     }
 }
+
+#[test]
+fn dataloader_zero_and_huge_counts_name_the_flag() {
+    let bench = |extra: &[&'static str]| -> Vec<&'static str> {
+        ["bench", "dataloader", "--samples", "64"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect()
+    };
+    assert_usage_error(
+        &bench(&["--features", "0"]),
+        "--features 0: must be at least 1 (e.g. --features 784)",
+    );
+    assert_usage_error(
+        &bench(&["--features", "4", "--batch-size", "0"]),
+        "--batch-size 0: must be at least 1 (e.g. --batch-size 256)",
+    );
+    assert_usage_error(
+        &bench(&["--features", "4", "--epochs", "18446744073709551615"]),
+        "--epochs 18446744073709551615: at most 10000 timed epochs per figure (e.g. --epochs 5)",
+    );
+}
+
+/// `berth info > /dev/full`: a failed write to stdout is one error line with status 1, not a
+/// panic with a backtrace.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_failed_write_to_stdout_is_an_error_not_a_panic() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full on linux");
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .arg("info")
+        .stdout(Stdio::from(full))
+        .output()
+        .expect("berth runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err,
+        "berth: error: cannot write to standard output: No space left on device (os error 28)\n"
+    );
+}

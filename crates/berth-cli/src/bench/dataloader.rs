@@ -91,12 +91,30 @@ fn memcpy_secs(src: &[u8], dst: &mut [u8]) -> f64 {
     t0.elapsed().as_secs_f64()
 }
 
+/// The most timed epochs per figure: the medians keep one timing per epoch, and more than this
+/// measures nothing a median of fewer would not.
+const MAX_EPOCHS: usize = 10_000;
+
 /// Runs the DataLoader benchmark.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.samples == 0 || args.features == 0 || args.batch_size == 0 || args.epochs == 0 {
-        return Err(crate::UsageError(
-            "--samples, --features, --batch-size and --epochs must be positive".into(),
-        )
+    for (flag, value, example) in [
+        ("--samples", args.samples, 60_000),
+        ("--features", args.features, 784),
+        ("--batch-size", args.batch_size, 256),
+        ("--epochs", args.epochs, 5),
+    ] {
+        if value == 0 {
+            return Err(crate::UsageError(format!(
+                "{flag} 0: must be at least 1 (e.g. {flag} {example})"
+            ))
+            .into());
+        }
+    }
+    if args.epochs > MAX_EPOCHS {
+        return Err(crate::UsageError(format!(
+            "--epochs {}: at most {MAX_EPOCHS} timed epochs per figure (e.g. --epochs 5)",
+            args.epochs
+        ))
         .into());
     }
     for &w in &args.workers {

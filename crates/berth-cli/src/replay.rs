@@ -300,10 +300,19 @@ fn cuda_index(args: &ReplayArgs) -> anyhow::Result<Option<usize>> {
     if args.device == "sim" {
         return Ok(None);
     }
-    let device: berth::Device = args
-        .device
-        .parse()
-        .map_err(|e| UsageError(format!("--device {}: {e} (or sim)", args.device)))?;
+    if args.device.starts_with("sim") {
+        return Err(UsageError(format!(
+            "--device {}: the simulated device takes no index; use --device sim, or cuda:N for a GPU",
+            args.device
+        ))
+        .into());
+    }
+    let device: berth::Device = args.device.parse().map_err(|e| {
+        UsageError(format!(
+            "--device {}: {e}; or sim for the simulated device",
+            args.device
+        ))
+    })?;
     let sim_only: Vec<&str> = [
         ("--capacity", args.capacity.is_some()),
         ("--real-addrs", args.real_addrs),

@@ -131,6 +131,25 @@ fn replay_bad_flags_are_status_2() {
 }
 
 #[test]
+fn replay_device_messages_do_not_contradict_themselves() {
+    let trace = data("small_two_stream.trace.json");
+    let out = berth(&["replay", "--device", "sim:0", trace.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "berth: error: --device sim:0: the simulated device takes no index; use --device sim, or cuda:N for a GPU\n"
+    );
+    let out = berth(&["replay", "--device", "tpu", trace.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.starts_with("berth: error: --device tpu: "), "{err}");
+    assert!(
+        err.ends_with("; or sim for the simulated device\n"),
+        "{err}"
+    );
+}
+
+#[test]
 fn replay_table_shows_pytorch_figures_for_known_traces() {
     let trace = data("small_two_stream.trace.json");
     let out = berth(&["replay", "--policy", "paged", trace.to_str().unwrap()]);

@@ -99,6 +99,20 @@ fn new_user_errors_are_one_line_with_status_2() {
     assert_usage_error(&["train", "--device", "tpu"], "expected one of cpu, cuda");
     assert_usage_error(&["train", "--batch-size", "0"], "--batch-size 0");
     assert_usage_error(
+        &[
+            "train",
+            "--device",
+            "meta",
+            "--hidden",
+            "18446744073709551615",
+        ],
+        "--hidden 18446744073709551615: fc1.weight would be [18446744073709551615, 784] f32",
+    );
+    assert_usage_error(
+        &["train", "--device", "meta", "--batch-size", "4611686018427387904"],
+        "--batch-size 4611686018427387904: one batch's activations would be [4611686018427387904, 784] f32",
+    );
+    assert_usage_error(
         &["train", "--epochs", "0"],
         "berth: error: --epochs 0: the number of epochs must be at least 1 (e.g. --epochs 5)",
     );

@@ -121,6 +121,34 @@ fn check_train_args(a: &TrainArgs) -> anyhow::Result<()> {
         )
         .into());
     }
+    // The largest tensors of a step, as f32: fc1.weight [hidden, 784] and the activations
+    // [batch, max(784, hidden)]. A size whose byte count overflows is a usage error naming the
+    // flag here, not an overflow error from deep inside the model.
+    let f32_bytes = |rows: usize, cols: usize| {
+        rows.checked_mul(cols)
+            .and_then(|n| n.checked_mul(4))
+            .filter(|&b| b <= isize::MAX as usize)
+    };
+    if f32_bytes(a.hidden, mlp::INPUTS).is_none() {
+        return Err(UsageError(format!(
+            "--hidden {}: fc1.weight would be [{}, {}] f32, more than {} bytes; use a smaller --hidden (e.g. --hidden 256)",
+            a.hidden,
+            a.hidden,
+            mlp::INPUTS,
+            isize::MAX
+        ))
+        .into());
+    }
+    if f32_bytes(a.batch_size, a.hidden.max(mlp::INPUTS)).is_none() {
+        return Err(UsageError(format!(
+            "--batch-size {}: one batch's activations would be [{}, {}] f32, more than {} bytes; use a smaller --batch-size (e.g. --batch-size 64)",
+            a.batch_size,
+            a.batch_size,
+            a.hidden.max(mlp::INPUTS),
+            isize::MAX
+        ))
+        .into());
+    }
     if !(a.lr.is_finite() && a.lr > 0.0) {
         return Err(UsageError(format!(
             "--lr {}: the learning rate must be a positive number (e.g. --lr 0.05)",

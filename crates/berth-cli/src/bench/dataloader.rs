@@ -30,7 +30,7 @@ pub struct Args {
     /// Worker counts to measure, comma-separated (each at most 1024).
     #[arg(long, value_delimiter = ',', default_value = "0,1,2,4")]
     pub workers: Vec<usize>,
-    /// Timed epochs per figure (the median is reported), after one warm-up epoch.
+    /// Timed epochs per figure (the median is reported; at most 10000), after one warm-up epoch.
     #[arg(long, default_value_t = 3)]
     pub epochs: usize,
 }

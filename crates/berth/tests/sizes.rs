@@ -132,3 +132,55 @@ fn an_allocation_the_system_refuses_is_a_typed_out_of_memory_error() {
     let ok = Tensor::ones(&[4], DType::F32, Device::Cpu).unwrap();
     assert_eq!(ok.to_vec::<f32>().unwrap(), vec![1.0; 4]);
 }
+
+#[test]
+fn arange_allocates_its_output_in_the_target_dtype_first() {
+    // Meta: no data at all, however long (was 59 s and 19.5 GB for 1e9 elements).
+    let start = std::time::Instant::now();
+    let m = Tensor::arange(0.0, 1e9, 1.0, DType::F32, Device::Meta).unwrap();
+    assert_eq!(
+        (m.shape(), m.dtype(), m.nbytes(), m.device()),
+        (
+            &[1_000_000_000usize][..],
+            DType::F32,
+            4_000_000_000,
+            Device::Meta
+        )
+    );
+    let m = Tensor::arange(0.0, 1e18, 1.0, DType::F32, Device::Meta).unwrap();
+    assert_eq!(m.nbytes(), 4_000_000_000_000_000_000);
+    let m = Tensor::arange(0.0, 2e18, 1.0, DType::F32, Device::Meta).unwrap();
+    assert_eq!(m.numel(), 2_000_000_000_000_000_000);
+    assert!(start.elapsed() < std::time::Duration::from_secs(5));
+    // Too large in f32 (3e18 × 4 bytes > isize::MAX): the error names f32, on meta too.
+    for device in [Device::Meta, Device::Cpu] {
+        let e = Tensor::arange(0.0, 3e18, 1.0, DType::F32, device).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::StorageSizeOverflow { op: "arange", shape, dtype: DType::F32, numel }
+                    if shape == &[3_000_000_000_000_000_000usize] && *numel == 3_000_000_000_000_000_000
+            ),
+            "{e:?}"
+        );
+    }
+    // On the CPU the out-of-memory error names the bytes of f32, not of an f64 staging buffer.
+    let e = Tensor::arange(0.0, 1e18, 1.0, DType::F32, Device::Cpu).unwrap_err();
+    assert!(
+        matches!(e, Error::HostOutOfMemory { device: Device::Cpu, requested_bytes } if requested_bytes == 4_000_000_000_000_000_000),
+        "{e:?}"
+    );
+    // Values are unchanged: computed as start + i * step, converted to the dtype.
+    let a = Tensor::arange(-1.0, 1.0, 0.5, DType::F16, Device::Cpu).unwrap();
+    assert_eq!(
+        a.to_vec::<half::f16>().unwrap(),
+        [-1.0f32, -0.5, 0.0, 0.5].map(half::f16::from_f32).to_vec()
+    );
+    let a = Tensor::arange(5.0, 0.0, -2.0, DType::I32, Device::Cpu).unwrap();
+    assert_eq!(a.to_vec::<i32>().unwrap(), vec![5, 3, 1]);
+    let a = Tensor::arange(0.0, 3.0, 1.0, DType::Bool, Device::Cpu).unwrap();
+    assert_eq!(a.to_vec::<bool>().unwrap(), vec![false, true, true]);
+    let a = Tensor::arange(0.0, 40000.0, 1.0, DType::F32, Device::Cpu).unwrap();
+    let v = a.to_vec::<f32>().unwrap();
+    assert_eq!((v.len(), v[0], v[39999]), (40000, 0.0, 39999.0));
+}

@@ -165,6 +165,25 @@ pub(crate) fn fill(dst: View<'_>, value: f64) -> Result<()> {
     Ok(())
 }
 
+/// Fill the dense host tensor `dst` with `start + i * step` (computed in f64, then converted
+/// to `dst`'s dtype as [`copy`] converts: `torch.arange` into the output, no staging buffer).
+pub(crate) fn arange(dst: View<'_>, start: f64, step: f64) -> Result<()> {
+    let mut w = dst.storage.write_host("arange")?;
+    with_repr!(dst.dtype, D => {
+        let o = w.typed_mut::<D>();
+        let n = dst.layout.numel().min(o.len());
+        let f = |(i, o): (usize, &mut D)| {
+            *o = D::from_c(<D as Num>::C::from_f64(conv(start + i as f64 * step, dst.dtype)));
+        };
+        if n >= PAR_MIN {
+            o[..n].par_iter_mut().enumerate().for_each(f);
+        } else {
+            o[..n].iter_mut().enumerate().for_each(f);
+        }
+    });
+    Ok(())
+}
+
 pub(crate) fn unary(op: UnaryOp, dst: View<'_>, src: Option<View<'_>>) -> Result<()> {
     with_repr!(dst.dtype, T => {
         let f = |x: T| T::from_c(<T as Num>::C::unary(op, x.to_c()));

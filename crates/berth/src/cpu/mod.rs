@@ -298,6 +298,11 @@ impl DeviceKernels for CpuKernels {
 
 /// A stored element as `f64`.
 #[inline]
+/// `torch.arange` into the dense host tensor `dst`: element `i` is `start + i * step`.
+pub(crate) fn arange(dst: View<'_>, start: f64, step: f64) -> Result<()> {
+    elementwise::arange(dst, start, step)
+}
+
 pub(crate) fn num_to_f64<T: Num>(x: T) -> f64 {
     x.to_c().to_f64()
 }

@@ -74,8 +74,9 @@ impl Tensor {
     ///    from `end`;
     /// 4. "invalid size, possible overflow?" for a length beyond `i64::MAX`.
     ///
-    /// Then the errors of [`Tensor::full`] (a length too large to allocate is
-    /// [`Error::StorageSizeOverflow`] or [`Error::HostOutOfMemory`], never a panic).
+    /// Then the errors of [`Tensor::full`], for the length in `dtype` (a length too large to
+    /// allocate is [`Error::StorageSizeOverflow`] or [`Error::HostOutOfMemory`] naming the
+    /// bytes of `dtype`, never a panic). On meta nothing is allocated, however long.
     pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: Device) -> Result<Tensor> {
         let bad = |what: String| Error::InvalidArgument { op: "arange", what };
         // PyTorch prints doubles with `<<`: `nan`, `inf`, `-inf`.
@@ -120,20 +121,20 @@ impl Tensor {
             )));
         }
         let n = size as usize;
-        // Computed in f64 on the CPU (checked and fallible like any tensor), then converted.
-        let t = alloc_tensor(Device::Cpu, &[n], DType::F64, "arange")?;
-        {
-            let mut w = t.storage().write_host("arange")?;
-            for (i, o) in w.typed_mut::<f64>().iter_mut().enumerate() {
-                *o = start + i as f64 * step;
-            }
+        // The output is checked and allocated in its own dtype first: on meta nothing more is
+        // done (no data at all), and a size error or out of memory names the bytes of `dtype`.
+        let device = device.canonical()?;
+        if device.is_meta() {
+            return alloc_tensor(device, &[n], dtype, "arange");
         }
-        let t = if dtype == DType::F64 {
-            t
+        // Filled on the host straight into a tensor of `dtype` (no f64 buffer), then moved.
+        let t = alloc_tensor(Device::Cpu, &[n], dtype, "arange")?;
+        crate::cpu::arange(View::of(&t), start, step)?;
+        if device.is_cpu() {
+            Ok(t)
         } else {
-            t.to_dtype(dtype)?
-        };
-        t.to_device(device)
+            t.to_device(device)
+        }
     }
 
     /// Uniform samples on `[0, 1)` from the global generator (`torch.rand`; seed it with

@@ -184,3 +184,49 @@ fn arange_allocates_its_output_in_the_target_dtype_first() {
     let v = a.to_vec::<f32>().unwrap();
     assert_eq!((v.len(), v[0], v[39999]), (40000, 0.0, 39999.0));
 }
+
+/// An out-of-memory error for exactly `bytes` host bytes.
+#[track_caller]
+fn host_oom(r: berth::Result<impl std::fmt::Debug>, bytes: usize) {
+    let e = r.unwrap_err();
+    assert!(
+        matches!(e, Error::HostOutOfMemory { device: Device::Cpu, requested_bytes } if requested_bytes == bytes),
+        "expected HostOutOfMemory of {bytes} bytes, got {e:?}"
+    );
+}
+
+#[test]
+fn reading_a_huge_expanded_tensor_is_a_typed_out_of_memory_error_not_an_abort() {
+    // 2^38 elements over one real f32: the views are free, index or value lists are not.
+    const N: usize = 1 << 38;
+    let x = Tensor::zeros(&[1], DType::F32, Device::Cpu)
+        .unwrap()
+        .expand(&[N])
+        .unwrap();
+    // Reductions list the 2^38 reduced offsets (8 bytes each).
+    host_oom(x.sum(), N * 8);
+    host_oom(x.mean(), N * 8);
+    host_oom(x.max(), N * 8);
+    host_oom(x.argmax(), N * 8);
+    // Reads list the values: 4 bytes each as f32, 8 as f64.
+    host_oom(x.to_vec::<f32>(), N * 4);
+    host_oom(x.to_vec_f64(), N * 8);
+    // An f16 matmul makes an f32 copy of each (expanded) operand: [2^19, 2^19] × 4 bytes.
+    let a = Tensor::zeros(&[1, 1], DType::F16, Device::Cpu)
+        .unwrap()
+        .expand(&[1 << 19, 1 << 19])
+        .unwrap();
+    let b = Tensor::zeros(&[1 << 19, 1], DType::F16, Device::Cpu).unwrap();
+    host_oom(a.matmul(&b), N * 4);
+    // The process goes on.
+    let ok = Tensor::ones(&[4], DType::F32, Device::Cpu).unwrap();
+    assert_eq!(
+        ok.expand(&[2, 4])
+            .unwrap()
+            .sum()
+            .unwrap()
+            .item::<f32>()
+            .unwrap(),
+        8.0
+    );
+}

@@ -134,15 +134,9 @@ pub(crate) fn copy(dst: View<'_>, src: View<'_>) -> Result<()> {
     // of 64): read the source in row-major order, then write the destination.
     // The staging buffer is as large as the tensor (in f64): allocated fallibly, like storage.
     let n = src.layout.numel();
-    let mut vals: Vec<f64> = Vec::new();
-    vals.try_reserve_exact(n)
-        .map_err(|_| crate::Error::HostOutOfMemory {
-            device: crate::Device::Cpu,
-            requested_bytes: n.saturating_mul(std::mem::size_of::<f64>()),
-        })?;
-    with_repr!(src.dtype, S => {
+    let vals: Vec<f64> = with_repr!(src.dtype, S => {
         let a = s.typed::<S>();
-        vals.extend(src.layout.indices().map(|i| conv(a[i].to_c().to_f64(), dst.dtype)));
+        super::try_collect(n, src.layout.indices().map(|i| conv(a[i].to_c().to_f64(), dst.dtype)))?
     });
     let dense = Layout::contiguous(dst.layout.shape());
     with_repr!(dst.dtype, D => {

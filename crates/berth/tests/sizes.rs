@@ -28,8 +28,13 @@ fn numel_overflow(r: berth::Result<Tensor>, op: &str, shape: &[usize]) {
 #[test]
 fn creating_a_shape_whose_element_count_overflows_is_a_typed_error() {
     for device in [Device::Cpu, Device::Meta] {
-        numel_overflow(Tensor::zeros(&WRAPS, DType::F32, device), "full", &WRAPS);
-        numel_overflow(Tensor::ones(&WRAPS, DType::U8, device), "full", &WRAPS);
+        numel_overflow(Tensor::zeros(&WRAPS, DType::F32, device), "zeros", &WRAPS);
+        numel_overflow(Tensor::ones(&WRAPS, DType::U8, device), "ones", &WRAPS);
+        numel_overflow(
+            Tensor::full(&WRAPS, 2.0, DType::F32, device),
+            "full",
+            &WRAPS,
+        );
         numel_overflow(Tensor::empty(&WRAPS, DType::F32, device), "empty", &WRAPS);
         numel_overflow(Tensor::rand(&WRAPS, DType::F32, device), "rand", &WRAPS);
         numel_overflow(
@@ -40,14 +45,14 @@ fn creating_a_shape_whose_element_count_overflows_is_a_typed_error() {
     }
     numel_overflow(
         Tensor::zeros(&[usize::MAX, 2], DType::F32, Device::Meta),
-        "full",
+        "zeros",
         &[usize::MAX, 2],
     );
     // A size 0 makes the tensor empty, but the other sizes must still be describable (PyTorch
     // refuses them too, in the stride calculation).
     numel_overflow(
         Tensor::zeros(&[0, 1 << 62, 8], DType::F32, Device::Cpu),
-        "full",
+        "zeros",
         &[0, 1 << 62, 8],
     );
     let empty = Tensor::zeros(&[0, 1 << 40], DType::F32, Device::Cpu).unwrap();
@@ -61,14 +66,14 @@ fn a_count_that_fits_but_whose_bytes_do_not_is_a_storage_size_error() {
         assert!(
             matches!(
                 &e,
-                Error::StorageSizeOverflow { op: "full", shape, dtype: DType::F32, numel }
+                Error::StorageSizeOverflow { op: "zeros", shape, dtype: DType::F32, numel }
                     if shape == &[1usize << 62] && *numel == 1 << 62
             ),
             "{e:?}"
         );
         assert_eq!(
             e.to_string(),
-            "full: Storage size calculation overflowed: shape [4611686018427387904] of f32 \
+            "zeros: Storage size calculation overflowed: shape [4611686018427387904] of f32 \
              needs 4611686018427387904 elements × 4 bytes, more than 9223372036854775807 \
              bytes; use smaller sizes or a smaller dtype"
         );
@@ -229,4 +234,51 @@ fn reading_a_huge_expanded_tensor_is_a_typed_out_of_memory_error_not_an_abort() 
             .unwrap(),
         8.0
     );
+}
+
+#[test]
+fn every_constructor_names_itself_in_its_errors() {
+    for (r, op) in [
+        (Tensor::zeros(&WRAPS, DType::F32, Device::Meta), "zeros"),
+        (Tensor::ones(&WRAPS, DType::F32, Device::Meta), "ones"),
+        (Tensor::full(&WRAPS, 1.0, DType::F32, Device::Meta), "full"),
+        (Tensor::empty(&WRAPS, DType::F32, Device::Meta), "empty"),
+        (Tensor::rand(&WRAPS, DType::F32, Device::Meta), "rand"),
+        (Tensor::randn(&WRAPS, DType::F32, Device::Meta), "randn"),
+    ] {
+        numel_overflow(r, op, &WRAPS);
+    }
+    // [3, 2^60] f32 has a describable count but 3 × 2^62 bytes.
+    #[track_caller]
+    fn storage_overflow(r: berth::Result<impl std::fmt::Debug>, op: &str) {
+        let e = r.unwrap_err();
+        assert!(
+            matches!(&e, Error::StorageSizeOverflow { op: o, dtype: DType::F32, numel, .. }
+                if *o == op && *numel == 3 << 60),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().starts_with(&format!("{op}: Storage size")),
+            "{e}"
+        );
+    }
+    let x = Tensor::zeros(&[1 << 60], DType::F32, Device::Meta).unwrap();
+    storage_overflow(Tensor::stack(&[&x, &x, &x], 0), "stack");
+    storage_overflow(Tensor::cat(&[&x, &x, &x], 0), "cat");
+    storage_overflow(berth::nn::Linear::new(1 << 60, 3, Device::Meta), "Linear");
+    storage_overflow(
+        Tensor::randn(&[3, 1 << 60], DType::F32, Device::Meta),
+        "randn",
+    );
+    // Dtype checks name the function too.
+    let e = Tensor::randn(&[2], DType::I64, Device::Cpu).unwrap_err();
+    assert!(
+        matches!(e, Error::UnsupportedDType { op: "randn", .. }),
+        "{e:?}"
+    );
+    let e = Tensor::ones(&[2], DType::U8, Device::Cpu)
+        .unwrap()
+        .to_empty(Device::Meta)
+        .unwrap();
+    assert_eq!((e.shape(), e.dtype()), (&[2usize][..], DType::U8));
 }

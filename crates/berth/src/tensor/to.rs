@@ -148,7 +148,7 @@ impl Tensor {
     /// # Errors
     /// The device cannot be used; allocation failure.
     pub fn to_empty(&self, device: Device) -> Result<Tensor> {
-        let mut t = Tensor::empty(self.shape(), self.dtype(), device)?;
+        let mut t = Tensor::empty_op("to_empty", self.shape(), self.dtype(), device)?;
         t.requires_grad = self.requires_grad;
         Ok(t)
     }

@@ -111,9 +111,42 @@ impl Device {
         }
     }
 
-    /// A device from its parts.
-    pub const fn new(kind: DeviceKind, index: Option<u16>) -> Device {
-        Device { kind, index }
+    /// A device from its parts, as parsing builds it: `Device::new(kind, index)` is the device
+    /// `"<kind>:<index>".parse()` gives, so it displays in the canonical form and parses back.
+    /// berth has a single cpu, mps and meta device: for them the index 0 gives the index-less
+    /// device (`Device::new(DeviceKind::Cpu, Some(0)) == Device::Cpu`, as `"cpu:0"`); CUDA
+    /// takes any index (checked against the device count on use).
+    ///
+    /// ```
+    /// use berth::{Device, DeviceKind};
+    /// assert_eq!(Device::new(DeviceKind::Cpu, Some(0)).unwrap(), Device::Cpu);
+    /// assert_eq!(Device::new(DeviceKind::Cuda, Some(1)).unwrap(), Device::Cuda(1));
+    /// assert!(Device::new(DeviceKind::Cpu, Some(1)).is_err());
+    /// ```
+    ///
+    /// # Errors
+    /// [`ParseDeviceError`] for cpu, mps or meta with an index other than 0 (`cpu:1` does not
+    /// exist; use `cpu` or `cpu:0`), with the same message as parsing `"cpu:1"`.
+    pub fn new(
+        kind: DeviceKind,
+        index: Option<u16>,
+    ) -> std::result::Result<Device, ParseDeviceError> {
+        let index = match (kind, index) {
+            (DeviceKind::Cuda, i) | (_, i @ None) => i,
+            // The one device of its kind: `cpu:0` is `cpu`, as `torch.device("cpu:0")`.
+            (_, Some(0)) => None,
+            (_, Some(i)) => {
+                let name = kind.as_str();
+                return Err(ParseDeviceError {
+                    input: format!("{name}:{i}"),
+                    reason: format!(
+                        "berth has a single {name} device, so index {i} does not exist; use \
+                         `{name}` or `{name}:0`"
+                    ),
+                });
+            }
+        };
+        Ok(Device { kind, index })
     }
 
     /// The kind (`cpu`, `cuda`, ...).
@@ -235,18 +268,12 @@ impl FromStr for Device {
                 Some(v)
             }
         };
-        let index = match (kind, index) {
-            (DeviceKind::Cuda, i) | (_, i @ None) => i,
-            // The one device of its kind: `cpu:0` is `cpu`, as `torch.device("cpu:0")`.
-            (_, Some(0)) => None,
-            (_, Some(i)) => {
-                return Err(err(&format!(
-                    "berth has a single {name} device, so index {i} does not exist; use \
-                     `{name}` or `{name}:0`"
-                )))
-            }
-        };
-        Ok(Device { kind, index })
+        // The same rules as `Device::new` (cpu:0 is cpu; cpu:1 does not exist), with `s` as
+        // the input named by the error.
+        Device::new(kind, index).map_err(|e| ParseDeviceError {
+            input: s.to_string(),
+            reason: e.reason,
+        })
     }
 }
 

@@ -111,3 +111,54 @@ fn another_index_of_a_single_device_is_a_typed_error_naming_the_valid_forms() {
         .contains("leading zero"));
     assert!("cpu:".parse::<Device>().is_err());
 }
+
+#[test]
+fn device_new_builds_what_parsing_builds() {
+    // Index 0 of the single cpu / mps / meta device is the index-less device.
+    for (kind, d) in [
+        (DeviceKind::Cpu, Device::Cpu),
+        (DeviceKind::Mps, Device::Mps),
+        (DeviceKind::Meta, Device::Meta),
+    ] {
+        assert_eq!(Device::new(kind, Some(0)).unwrap(), d);
+        assert_eq!(Device::new(kind, None).unwrap(), d);
+        let s = format!("{}:0", kind.as_str());
+        assert_eq!(s.parse::<Device>().unwrap(), d);
+        assert_eq!(d.to_string(), kind.as_str());
+        // Any other index does not exist: the same typed error as parsing `cpu:1`.
+        let e = Device::new(kind, Some(1)).unwrap_err();
+        let parsed = format!("{}:1", kind.as_str())
+            .parse::<Device>()
+            .unwrap_err();
+        assert_eq!(e, parsed);
+    }
+    let e = Device::new(DeviceKind::Cpu, Some(1)).unwrap_err();
+    assert_eq!(e.input, "cpu:1");
+    assert_eq!(
+        e.reason,
+        "berth has a single cpu device, so index 1 does not exist; use `cpu` or `cpu:0`"
+    );
+    // CUDA keeps its index (or none); Display is canonical and parses back.
+    assert_eq!(
+        Device::new(DeviceKind::Cuda, Some(0)).unwrap(),
+        Device::Cuda(0)
+    );
+    assert_eq!(
+        Device::new(DeviceKind::Cuda, Some(3)).unwrap().to_string(),
+        "cuda:3"
+    );
+    assert_eq!(
+        Device::new(DeviceKind::Cuda, None).unwrap(),
+        Device::CudaCurrent
+    );
+    for d in [
+        Device::Cpu,
+        Device::Meta,
+        Device::Mps,
+        Device::Cuda(7),
+        Device::CudaCurrent,
+    ] {
+        let back = Device::new(d.kind(), d.index()).unwrap();
+        assert_eq!((back, back.to_string().parse::<Device>().unwrap()), (d, d));
+    }
+}

@@ -28,8 +28,13 @@ fn numel_overflow(r: berth::Result<Tensor>, op: &str, shape: &[usize]) {
 #[test]
 fn creating_a_shape_whose_element_count_overflows_is_a_typed_error() {
     for device in [Device::Cpu, Device::Meta] {
-        numel_overflow(Tensor::zeros(&WRAPS, DType::F32, device), "full", &WRAPS);
-        numel_overflow(Tensor::ones(&WRAPS, DType::U8, device), "full", &WRAPS);
+        numel_overflow(Tensor::zeros(&WRAPS, DType::F32, device), "zeros", &WRAPS);
+        numel_overflow(Tensor::ones(&WRAPS, DType::U8, device), "ones", &WRAPS);
+        numel_overflow(
+            Tensor::full(&WRAPS, 2.0, DType::F32, device),
+            "full",
+            &WRAPS,
+        );
         numel_overflow(Tensor::empty(&WRAPS, DType::F32, device), "empty", &WRAPS);
         numel_overflow(Tensor::rand(&WRAPS, DType::F32, device), "rand", &WRAPS);
         numel_overflow(
@@ -40,14 +45,14 @@ fn creating_a_shape_whose_element_count_overflows_is_a_typed_error() {
     }
     numel_overflow(
         Tensor::zeros(&[usize::MAX, 2], DType::F32, Device::Meta),
-        "full",
+        "zeros",
         &[usize::MAX, 2],
     );
     // A size 0 makes the tensor empty, but the other sizes must still be describable (PyTorch
     // refuses them too, in the stride calculation).
     numel_overflow(
         Tensor::zeros(&[0, 1 << 62, 8], DType::F32, Device::Cpu),
-        "full",
+        "zeros",
         &[0, 1 << 62, 8],
     );
     let empty = Tensor::zeros(&[0, 1 << 40], DType::F32, Device::Cpu).unwrap();
@@ -61,14 +66,14 @@ fn a_count_that_fits_but_whose_bytes_do_not_is_a_storage_size_error() {
         assert!(
             matches!(
                 &e,
-                Error::StorageSizeOverflow { op: "full", shape, dtype: DType::F32, numel }
+                Error::StorageSizeOverflow { op: "zeros", shape, dtype: DType::F32, numel }
                     if shape == &[1usize << 62] && *numel == 1 << 62
             ),
             "{e:?}"
         );
         assert_eq!(
             e.to_string(),
-            "full: Storage size calculation overflowed: shape [4611686018427387904] of f32 \
+            "zeros: Storage size calculation overflowed: shape [4611686018427387904] of f32 \
              needs 4611686018427387904 elements × 4 bytes, more than 9223372036854775807 \
              bytes; use smaller sizes or a smaller dtype"
         );
@@ -131,4 +136,149 @@ fn an_allocation_the_system_refuses_is_a_typed_out_of_memory_error() {
     // The process goes on allocating.
     let ok = Tensor::ones(&[4], DType::F32, Device::Cpu).unwrap();
     assert_eq!(ok.to_vec::<f32>().unwrap(), vec![1.0; 4]);
+}
+
+#[test]
+fn arange_allocates_its_output_in_the_target_dtype_first() {
+    // Meta: no data at all, however long (was 59 s and 19.5 GB for 1e9 elements).
+    let start = std::time::Instant::now();
+    let m = Tensor::arange(0.0, 1e9, 1.0, DType::F32, Device::Meta).unwrap();
+    assert_eq!(
+        (m.shape(), m.dtype(), m.nbytes(), m.device()),
+        (
+            &[1_000_000_000usize][..],
+            DType::F32,
+            4_000_000_000,
+            Device::Meta
+        )
+    );
+    let m = Tensor::arange(0.0, 1e18, 1.0, DType::F32, Device::Meta).unwrap();
+    assert_eq!(m.nbytes(), 4_000_000_000_000_000_000);
+    let m = Tensor::arange(0.0, 2e18, 1.0, DType::F32, Device::Meta).unwrap();
+    assert_eq!(m.numel(), 2_000_000_000_000_000_000);
+    assert!(start.elapsed() < std::time::Duration::from_secs(5));
+    // Too large in f32 (3e18 × 4 bytes > isize::MAX): the error names f32, on meta too.
+    for device in [Device::Meta, Device::Cpu] {
+        let e = Tensor::arange(0.0, 3e18, 1.0, DType::F32, device).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::StorageSizeOverflow { op: "arange", shape, dtype: DType::F32, numel }
+                    if shape == &[3_000_000_000_000_000_000usize] && *numel == 3_000_000_000_000_000_000
+            ),
+            "{e:?}"
+        );
+    }
+    // On the CPU the out-of-memory error names the bytes of f32, not of an f64 staging buffer.
+    let e = Tensor::arange(0.0, 1e18, 1.0, DType::F32, Device::Cpu).unwrap_err();
+    assert!(
+        matches!(e, Error::HostOutOfMemory { device: Device::Cpu, requested_bytes } if requested_bytes == 4_000_000_000_000_000_000),
+        "{e:?}"
+    );
+    // Values are unchanged: computed as start + i * step, converted to the dtype.
+    let a = Tensor::arange(-1.0, 1.0, 0.5, DType::F16, Device::Cpu).unwrap();
+    assert_eq!(
+        a.to_vec::<half::f16>().unwrap(),
+        [-1.0f32, -0.5, 0.0, 0.5].map(half::f16::from_f32).to_vec()
+    );
+    let a = Tensor::arange(5.0, 0.0, -2.0, DType::I32, Device::Cpu).unwrap();
+    assert_eq!(a.to_vec::<i32>().unwrap(), vec![5, 3, 1]);
+    let a = Tensor::arange(0.0, 3.0, 1.0, DType::Bool, Device::Cpu).unwrap();
+    assert_eq!(a.to_vec::<bool>().unwrap(), vec![false, true, true]);
+    let a = Tensor::arange(0.0, 40000.0, 1.0, DType::F32, Device::Cpu).unwrap();
+    let v = a.to_vec::<f32>().unwrap();
+    assert_eq!((v.len(), v[0], v[39999]), (40000, 0.0, 39999.0));
+}
+
+/// An out-of-memory error for exactly `bytes` host bytes.
+#[track_caller]
+fn host_oom(r: berth::Result<impl std::fmt::Debug>, bytes: usize) {
+    let e = r.unwrap_err();
+    assert!(
+        matches!(e, Error::HostOutOfMemory { device: Device::Cpu, requested_bytes } if requested_bytes == bytes),
+        "expected HostOutOfMemory of {bytes} bytes, got {e:?}"
+    );
+}
+
+#[test]
+fn reading_a_huge_expanded_tensor_is_a_typed_out_of_memory_error_not_an_abort() {
+    // 2^38 elements over one real f32: the views are free, index or value lists are not.
+    const N: usize = 1 << 38;
+    let x = Tensor::zeros(&[1], DType::F32, Device::Cpu)
+        .unwrap()
+        .expand(&[N])
+        .unwrap();
+    // Reductions list the 2^38 reduced offsets (8 bytes each).
+    host_oom(x.sum(), N * 8);
+    host_oom(x.mean(), N * 8);
+    host_oom(x.max(), N * 8);
+    host_oom(x.argmax(), N * 8);
+    // Reads list the values: 4 bytes each as f32, 8 as f64.
+    host_oom(x.to_vec::<f32>(), N * 4);
+    host_oom(x.to_vec_f64(), N * 8);
+    // An f16 matmul makes an f32 copy of each (expanded) operand: [2^19, 2^19] × 4 bytes.
+    let a = Tensor::zeros(&[1, 1], DType::F16, Device::Cpu)
+        .unwrap()
+        .expand(&[1 << 19, 1 << 19])
+        .unwrap();
+    let b = Tensor::zeros(&[1 << 19, 1], DType::F16, Device::Cpu).unwrap();
+    host_oom(a.matmul(&b), N * 4);
+    // The process goes on.
+    let ok = Tensor::ones(&[4], DType::F32, Device::Cpu).unwrap();
+    assert_eq!(
+        ok.expand(&[2, 4])
+            .unwrap()
+            .sum()
+            .unwrap()
+            .item::<f32>()
+            .unwrap(),
+        8.0
+    );
+}
+
+#[test]
+fn every_constructor_names_itself_in_its_errors() {
+    for (r, op) in [
+        (Tensor::zeros(&WRAPS, DType::F32, Device::Meta), "zeros"),
+        (Tensor::ones(&WRAPS, DType::F32, Device::Meta), "ones"),
+        (Tensor::full(&WRAPS, 1.0, DType::F32, Device::Meta), "full"),
+        (Tensor::empty(&WRAPS, DType::F32, Device::Meta), "empty"),
+        (Tensor::rand(&WRAPS, DType::F32, Device::Meta), "rand"),
+        (Tensor::randn(&WRAPS, DType::F32, Device::Meta), "randn"),
+    ] {
+        numel_overflow(r, op, &WRAPS);
+    }
+    // [3, 2^60] f32 has a describable count but 3 × 2^62 bytes.
+    #[track_caller]
+    fn storage_overflow(r: berth::Result<impl std::fmt::Debug>, op: &str) {
+        let e = r.unwrap_err();
+        assert!(
+            matches!(&e, Error::StorageSizeOverflow { op: o, dtype: DType::F32, numel, .. }
+                if *o == op && *numel == 3 << 60),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().starts_with(&format!("{op}: Storage size")),
+            "{e}"
+        );
+    }
+    let x = Tensor::zeros(&[1 << 60], DType::F32, Device::Meta).unwrap();
+    storage_overflow(Tensor::stack(&[&x, &x, &x], 0), "stack");
+    storage_overflow(Tensor::cat(&[&x, &x, &x], 0), "cat");
+    storage_overflow(berth::nn::Linear::new(1 << 60, 3, Device::Meta), "Linear");
+    storage_overflow(
+        Tensor::randn(&[3, 1 << 60], DType::F32, Device::Meta),
+        "randn",
+    );
+    // Dtype checks name the function too.
+    let e = Tensor::randn(&[2], DType::I64, Device::Cpu).unwrap_err();
+    assert!(
+        matches!(e, Error::UnsupportedDType { op: "randn", .. }),
+        "{e:?}"
+    );
+    let e = Tensor::ones(&[2], DType::U8, Device::Cpu)
+        .unwrap()
+        .to_empty(Device::Meta)
+        .unwrap();
+    assert_eq!((e.shape(), e.dtype()), (&[2usize][..], DType::U8));
 }

@@ -134,15 +134,9 @@ pub(crate) fn copy(dst: View<'_>, src: View<'_>) -> Result<()> {
     // of 64): read the source in row-major order, then write the destination.
     // The staging buffer is as large as the tensor (in f64): allocated fallibly, like storage.
     let n = src.layout.numel();
-    let mut vals: Vec<f64> = Vec::new();
-    vals.try_reserve_exact(n)
-        .map_err(|_| crate::Error::HostOutOfMemory {
-            device: crate::Device::Cpu,
-            requested_bytes: n.saturating_mul(std::mem::size_of::<f64>()),
-        })?;
-    with_repr!(src.dtype, S => {
+    let vals: Vec<f64> = with_repr!(src.dtype, S => {
         let a = s.typed::<S>();
-        vals.extend(src.layout.indices().map(|i| conv(a[i].to_c().to_f64(), dst.dtype)));
+        super::try_collect(n, src.layout.indices().map(|i| conv(a[i].to_c().to_f64(), dst.dtype)))?
     });
     let dense = Layout::contiguous(dst.layout.shape());
     with_repr!(dst.dtype, D => {
@@ -161,6 +155,25 @@ pub(crate) fn fill(dst: View<'_>, value: f64) -> Result<()> {
         let one = [0u8];
         let l = dummy(dst.layout.shape());
         apply2::<D, u8, u8, _>(w.typed_mut::<D>(), dst.layout, &one, &l, &one, &l, |_, _, _| v);
+    });
+    Ok(())
+}
+
+/// Fill the dense host tensor `dst` with `start + i * step` (computed in f64, then converted
+/// to `dst`'s dtype as [`copy`] converts: `torch.arange` into the output, no staging buffer).
+pub(crate) fn arange(dst: View<'_>, start: f64, step: f64) -> Result<()> {
+    let mut w = dst.storage.write_host("arange")?;
+    with_repr!(dst.dtype, D => {
+        let o = w.typed_mut::<D>();
+        let n = dst.layout.numel().min(o.len());
+        let f = |(i, o): (usize, &mut D)| {
+            *o = D::from_c(<D as Num>::C::from_f64(conv(start + i as f64 * step, dst.dtype)));
+        };
+        if n >= PAR_MIN {
+            o[..n].par_iter_mut().enumerate().for_each(f);
+        } else {
+            o[..n].iter_mut().enumerate().for_each(f);
+        }
     });
     Ok(())
 }

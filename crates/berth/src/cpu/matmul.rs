@@ -109,19 +109,28 @@ fn gemm_native<T: Pod + 'static>(
 }
 
 /// A dense f32 copy of a strided operand (for half types), with a contiguous layout.
-fn to_f32<T: Num>(x: &[T], l: &Layout) -> (Vec<f32>, Layout) {
-    let v: Vec<f32> = l.indices().map(|i| x[i].to_c().to_f64() as f32).collect();
-    (v, Layout::contiguous(l.shape()))
+///
+/// # Errors
+/// [`crate::Error::HostOutOfMemory`] when the copy (4 bytes an element of `l`, expanded
+/// dimensions included) cannot be had.
+fn to_f32<T: Num>(x: &[T], l: &Layout) -> Result<(Vec<f32>, Layout)> {
+    let v = super::try_collect(l.numel(), l.indices().map(|i| x[i].to_c().to_f64() as f32))?;
+    Ok((v, Layout::contiguous(l.shape())))
 }
 
-fn matmul_via_f32<T: Num>(out: &mut [T], a: &[T], la: &Layout, b: &[T], lb: &Layout) {
-    let (a32, la32) = to_f32(a, la);
-    let (b32, lb32) = to_f32(b, lb);
-    let mut o32 = vec![0f32; out.len()];
+/// Half-type matmul through f32 copies of the operands and the output.
+///
+/// # Errors
+/// As [`to_f32`].
+fn matmul_via_f32<T: Num>(out: &mut [T], a: &[T], la: &Layout, b: &[T], lb: &Layout) -> Result<()> {
+    let (a32, la32) = to_f32(a, la)?;
+    let (b32, lb32) = to_f32(b, lb)?;
+    let mut o32 = super::try_vec(out.len(), 0f32)?;
     gemm_native(&mut o32, &a32, &la32, &b32, &lb32, 0.0, 1.0);
     for (o, v) in out.iter_mut().zip(o32) {
         *o = T::from_c(<T::C as super::Scalar>::from_f64(v as f64));
     }
+    Ok(())
 }
 
 fn matmul_int<T: Num>(out: &mut [T], a: &[T], la: &Layout, b: &[T], lb: &Layout) {
@@ -159,8 +168,8 @@ pub(crate) fn matmul(dst: View<'_>, lhs: View<'_>, rhs: View<'_>) -> Result<()> 
     match lhs.dtype {
         DType::F32 => go!(f32, gemm_native, 0.0f32, 1.0f32),
         DType::F64 => go!(f64, gemm_native, 0.0f64, 1.0f64),
-        DType::F16 => go!(f16, matmul_via_f32),
-        DType::BF16 => go!(bf16, matmul_via_f32),
+        DType::F16 => go!(f16, matmul_via_f32)?,
+        DType::BF16 => go!(bf16, matmul_via_f32)?,
         DType::I64 => go!(i64, matmul_int),
         DType::I32 => go!(i32, matmul_int),
         DType::U8 | DType::Bool => go!(u8, matmul_int),

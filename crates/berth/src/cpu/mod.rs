@@ -298,6 +298,37 @@ impl DeviceKernels for CpuKernels {
 
 /// A stored element as `f64`.
 #[inline]
+/// `torch.arange` into the dense host tensor `dst`: element `i` is `start + i * step`.
+pub(crate) fn arange(dst: View<'_>, start: f64, step: f64) -> Result<()> {
+    elementwise::arange(dst, start, step)
+}
+
+/// Collect the `n` items of `iter` into a `Vec` whose memory is requested fallibly, as tensor
+/// storage is: index and value lists the size of a tensor (an expanded one can have 2^38
+/// elements over one real one) must be a typed out-of-memory error, never an abort.
+///
+/// # Errors
+/// [`crate::Error::HostOutOfMemory`] (device `cpu`, `n × size_of::<T>()` bytes) when the
+/// system allocator refuses.
+pub(crate) fn try_collect<T>(n: usize, iter: impl Iterator<Item = T>) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| crate::Error::HostOutOfMemory {
+            device: Device::Cpu,
+            requested_bytes: n.saturating_mul(std::mem::size_of::<T>()),
+        })?;
+    v.extend(iter.take(n));
+    Ok(v)
+}
+
+/// `n` copies of `value` in a fallibly allocated `Vec` (as [`try_collect`]).
+///
+/// # Errors
+/// As [`try_collect`].
+pub(crate) fn try_vec<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
+    try_collect(n, std::iter::repeat_n(value, n))
+}
+
 pub(crate) fn num_to_f64<T: Num>(x: T) -> f64 {
     x.to_c().to_f64()
 }

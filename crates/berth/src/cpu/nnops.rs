@@ -8,18 +8,21 @@ use crate::backend::{RandomDist, View};
 use crate::{DType, Error, Layout, Result};
 
 /// Row start offsets, row length and in-row stride of a layout whose last dim is the row.
-fn rows(l: &Layout) -> (Vec<usize>, usize, usize) {
+///
+/// # Errors
+/// [`crate::Error::HostOutOfMemory`] when the list of row starts cannot be had.
+fn rows(l: &Layout) -> Result<(Vec<usize>, usize, usize)> {
     let r = l.rank();
     let outer = Layout::from_parts(
         l.shape()[..r - 1].to_vec(),
         l.strides()[..r - 1].to_vec(),
         l.offset(),
     );
-    (
-        outer.indices().collect(),
+    Ok((
+        super::try_collect(outer.numel(), outer.indices())?,
         l.shape()[r - 1],
         l.strides()[r - 1],
-    )
+    ))
 }
 
 /// `(max, log(sum(exp(x - max))))` of one row.
@@ -34,7 +37,7 @@ pub(crate) fn softmax(dst: View<'_>, src: View<'_>, log: bool) -> Result<()> {
     let op = if log { "log_softmax" } else { "softmax" };
     let s = In::new(src, op)?;
     let mut w = dst.storage.write_host(op)?;
-    let (starts, len, stride) = rows(src.layout);
+    let (starts, len, stride) = rows(src.layout)?;
     if len == 0 {
         return Ok(());
     }
@@ -73,13 +76,12 @@ pub(crate) fn cross_entropy(
     };
     let s = In::new(logits, op)?;
     let t = In::new(targets, op)?;
-    let (starts, classes, stride) = rows(logits.layout);
+    let (starts, classes, stride) = rows(logits.layout)?;
     let batch = starts.len();
-    let tg: Vec<i64> = targets
-        .layout
-        .indices()
-        .map(|i| t.typed::<i64>()[i])
-        .collect();
+    let tg: Vec<i64> = super::try_collect(
+        targets.layout.numel(),
+        targets.layout.indices().map(|i| t.typed::<i64>()[i]),
+    )?;
     if let Some(&bad) = tg.iter().find(|&&v| v < 0 || v as usize >= classes) {
         return Err(Error::InvalidArgument {
             op,

@@ -113,7 +113,16 @@ fn fold_slice<T: Num>(op: ReduceOp, xs: &[T], base: usize) -> State {
     })
 }
 
-fn reduce_typed<T: Num>(op: ReduceOp, out: &mut [f64], src: &[T], l: &Layout, dims: &[usize]) {
+/// # Errors
+/// [`crate::Error::HostOutOfMemory`] when the index lists (as many as the elements reduced
+/// and kept) cannot be had.
+fn reduce_typed<T: Num>(
+    op: ReduceOp,
+    out: &mut [f64],
+    src: &[T],
+    l: &Layout,
+    dims: &[usize],
+) -> Result<()> {
     let rank = l.rank();
     let kept: Vec<usize> = (0..rank).filter(|d| !dims.contains(d)).collect();
     let count: usize = dims.iter().map(|&d| l.shape()[d]).product();
@@ -130,13 +139,13 @@ fn reduce_typed<T: Num>(op: ReduceOp, out: &mut [f64], src: &[T], l: &Layout, di
             fold_slice(op, xs, 0)
         };
         out[0] = write(finish(op, s, count));
-        return;
+        return Ok(());
     }
     let pick = |ds: &[usize], v: &[usize]| ds.iter().map(|&d| v[d]).collect::<Vec<_>>();
     let kept_l = Layout::from_parts(pick(&kept, l.shape()), pick(&kept, l.strides()), l.offset());
     let red_l = Layout::from_parts(pick(dims, l.shape()), pick(dims, l.strides()), 0);
-    let red: Vec<usize> = red_l.indices().collect();
-    let starts: Vec<usize> = kept_l.indices().collect();
+    let red = super::try_collect(red_l.numel(), red_l.indices())?;
+    let starts = super::try_collect(kept_l.numel(), kept_l.indices())?;
     let one = |o: usize| {
         let base = starts[o];
         let s = red.iter().enumerate().fold(init(op), |s, (i, &r)| {
@@ -151,6 +160,7 @@ fn reduce_typed<T: Num>(op: ReduceOp, out: &mut [f64], src: &[T], l: &Layout, di
     } else {
         out.iter_mut().enumerate().for_each(|(o, x)| *x = one(o));
     }
+    Ok(())
 }
 
 pub(crate) fn reduce(op: ReduceOp, dst: View<'_>, src: View<'_>, dims: &[usize]) -> Result<()> {
@@ -159,8 +169,8 @@ pub(crate) fn reduce(op: ReduceOp, dst: View<'_>, src: View<'_>, dims: &[usize])
     let n = dst.layout.numel();
     let off = dst.layout.offset();
     // Values go through f64: one dispatch on the source, one on the destination.
-    let mut vals = vec![0f64; n];
-    with_repr!(src.dtype, T => reduce_typed::<T>(op, &mut vals, s.typed::<T>(), src.layout, dims));
+    let mut vals = super::try_vec(n, 0f64)?;
+    with_repr!(src.dtype, T => reduce_typed::<T>(op, &mut vals, s.typed::<T>(), src.layout, dims))?;
     with_repr!(dst.dtype, O => {
         for (o, &x) in w.typed_mut::<O>()[off..off + n].iter_mut().zip(&vals) {
             *o = O::from_c(<O as Num>::C::from_f64(x));

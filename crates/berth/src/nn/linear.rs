@@ -48,10 +48,20 @@ impl Linear {
             low: -bound,
             high: bound,
         };
-        let weight = Tensor::random(&[out_features, in_features], dtype, device, dist, g)?
-            .with_requires_grad(true);
+        let weight = Tensor::random_op(
+            "Linear",
+            &[out_features, in_features],
+            dtype,
+            device,
+            dist,
+            g,
+        )?
+        .with_requires_grad(true);
         let bias = if bias {
-            Some(Tensor::random(&[out_features], dtype, device, dist, g)?.with_requires_grad(true))
+            Some(
+                Tensor::random_op("Linear", &[out_features], dtype, device, dist, g)?
+                    .with_requires_grad(true),
+            )
         } else {
             None
         };

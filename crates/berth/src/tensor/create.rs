@@ -19,11 +19,22 @@ impl Tensor {
     /// 3. An unusable device (`cuda:5` with one GPU, `mps`); out of memory
     ///    ([`Error::HostOutOfMemory`] on the CPU).
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
-        crate::ops::infer::fill_value("full", value, dtype)?;
+        Tensor::full_op("full", shape, value, dtype, device)
+    }
+
+    /// [`Tensor::full`] whose errors name `op` (`zeros`, `ones`, ...), the function called.
+    pub(crate) fn full_op(
+        op: &'static str,
+        shape: &[usize],
+        value: f64,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        crate::ops::infer::fill_value(op, value, dtype)?;
         let device = device.canonical()?;
-        let t = alloc_tensor(device, shape, dtype, "full")?;
+        let t = alloc_tensor(device, shape, dtype, op)?;
         if !(device.is_meta() || device.is_cpu() && value == 0.0) {
-            kernels_for(device, "full")?.fill(View::of(&t), value)?;
+            kernels_for(device, op)?.fill(View::of(&t), value)?;
         }
         Ok(t)
     }
@@ -33,7 +44,7 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::full`].
     pub fn zeros(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
-        Tensor::full(shape, 0.0, dtype, device)
+        Tensor::full_op("zeros", shape, 0.0, dtype, device)
     }
 
     /// Ones (`torch.ones`).
@@ -41,7 +52,7 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::full`].
     pub fn ones(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
-        Tensor::full(shape, 1.0, dtype, device)
+        Tensor::full_op("ones", shape, 1.0, dtype, device)
     }
 
     /// A tensor whose contents are unspecified (`torch.empty`; the CPU happens to zero-fill,
@@ -50,8 +61,18 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::full`].
     pub fn empty(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::empty_op("empty", shape, dtype, device)
+    }
+
+    /// [`Tensor::empty`] whose errors name `op` (`to_empty`, ...), the function called.
+    pub(crate) fn empty_op(
+        op: &'static str,
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
         let device = device.canonical()?;
-        alloc_tensor(device, shape, dtype, "empty")
+        alloc_tensor(device, shape, dtype, op)
     }
 
     /// A zero-filled tensor with the shape, dtype and device of `other` (`torch.zeros_like`).
@@ -59,7 +80,13 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::full`].
     pub fn zeros_like(other: &Tensor) -> Result<Tensor> {
-        Tensor::zeros(other.shape(), other.dtype(), other.device())
+        Tensor::full_op(
+            "zeros_like",
+            other.shape(),
+            0.0,
+            other.dtype(),
+            other.device(),
+        )
     }
 
     /// `[start, start + step, ...)` up to `end` exclusive (`torch.arange`); the length is
@@ -74,8 +101,9 @@ impl Tensor {
     ///    from `end`;
     /// 4. "invalid size, possible overflow?" for a length beyond `i64::MAX`.
     ///
-    /// Then the errors of [`Tensor::full`] (a length too large to allocate is
-    /// [`Error::StorageSizeOverflow`] or [`Error::HostOutOfMemory`], never a panic).
+    /// Then the errors of [`Tensor::full`], for the length in `dtype` (a length too large to
+    /// allocate is [`Error::StorageSizeOverflow`] or [`Error::HostOutOfMemory`] naming the
+    /// bytes of `dtype`, never a panic). On meta nothing is allocated, however long.
     pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: Device) -> Result<Tensor> {
         let bad = |what: String| Error::InvalidArgument { op: "arange", what };
         // PyTorch prints doubles with `<<`: `nan`, `inf`, `-inf`.
@@ -120,20 +148,20 @@ impl Tensor {
             )));
         }
         let n = size as usize;
-        // Computed in f64 on the CPU (checked and fallible like any tensor), then converted.
-        let t = alloc_tensor(Device::Cpu, &[n], DType::F64, "arange")?;
-        {
-            let mut w = t.storage().write_host("arange")?;
-            for (i, o) in w.typed_mut::<f64>().iter_mut().enumerate() {
-                *o = start + i as f64 * step;
-            }
+        // The output is checked and allocated in its own dtype first: on meta nothing more is
+        // done (no data at all), and a size error or out of memory names the bytes of `dtype`.
+        let device = device.canonical()?;
+        if device.is_meta() {
+            return alloc_tensor(device, &[n], dtype, "arange");
         }
-        let t = if dtype == DType::F64 {
-            t
+        // Filled on the host straight into a tensor of `dtype` (no f64 buffer), then moved.
+        let t = alloc_tensor(Device::Cpu, &[n], dtype, "arange")?;
+        crate::cpu::arange(View::of(&t), start, step)?;
+        if device.is_cpu() {
+            Ok(t)
         } else {
-            t.to_dtype(dtype)?
-        };
-        t.to_device(device)
+            t.to_device(device)
+        }
     }
 
     /// Uniform samples on `[0, 1)` from the global generator (`torch.rand`; seed it with
@@ -197,7 +225,8 @@ impl Tensor {
         )
     }
 
-    /// Samples of `dist` from `g` (uniform bounds / normal parameters in `dist`).
+    /// Samples of `dist` from `g` (uniform bounds / normal parameters in `dist`). Errors name
+    /// `rand` for a uniform `dist`, `randn` for a normal one.
     ///
     /// # Errors
     /// As [`Tensor::rand`].
@@ -208,12 +237,28 @@ impl Tensor {
         dist: RandomDist,
         g: &mut Generator,
     ) -> Result<Tensor> {
-        crate::ops::infer::require_float("rand", dtype)?;
+        let op = match dist {
+            RandomDist::Uniform { .. } => "rand",
+            RandomDist::Normal { .. } => "randn",
+        };
+        Tensor::random_op(op, shape, dtype, device, dist, g)
+    }
+
+    /// [`Tensor::random`] whose errors name `op` (`randn`, `Linear`, ...), the function called.
+    pub(crate) fn random_op(
+        op: &'static str,
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+        dist: RandomDist,
+        g: &mut Generator,
+    ) -> Result<Tensor> {
+        crate::ops::infer::require_float(op, dtype)?;
         let device = device.canonical()?;
-        let t = alloc_tensor(device, shape, dtype, "rand")?;
+        let t = alloc_tensor(device, shape, dtype, op)?;
         if !device.is_meta() {
             let (seed, offset) = g.advance(t.numel() as u64);
-            kernels_for(device, "rand")?.random(View::of(&t), dist, seed, offset)?;
+            kernels_for(device, op)?.random(View::of(&t), dist, seed, offset)?;
         }
         Ok(t)
     }
@@ -280,22 +325,27 @@ impl Tensor {
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty list; shape, dtype or device mismatch.
     pub fn cat(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
+        Tensor::cat_op("cat", tensors, dim)
+    }
+
+    /// [`Tensor::cat`] whose errors name `op` (`stack`), the function called.
+    fn cat_op(op: &'static str, tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
         let first = tensors.first().ok_or_else(|| Error::InvalidArgument {
-            op: "cat",
+            op,
             what: "expected a non-empty list of tensors".into(),
         })?;
-        let d = crate::layout::wrap_dim(dim, first.rank().max(1), "cat")?;
+        let d = crate::layout::wrap_dim(dim, first.rank().max(1), op)?;
         if first.rank() == 0 {
             return Err(Error::Shape {
-                op: "cat",
+                op,
                 what: "zero-dimensional tensors cannot be concatenated; use stack".into(),
             });
         }
         let mut shape = first.shape().to_vec();
         shape[d] = 0;
         for t in tensors {
-            crate::ops::infer::same_device("cat", first, t)?;
-            crate::ops::infer::same_dtype("cat", first, t)?;
+            crate::ops::infer::same_device(op, first, t)?;
+            crate::ops::infer::same_dtype(op, first, t)?;
             let ok = t.rank() == first.rank()
                 && t.shape()
                     .iter()
@@ -304,7 +354,7 @@ impl Tensor {
                     .all(|(i, (a, b))| i == d || a == b);
             if !ok {
                 return Err(Error::Shape {
-                    op: "cat",
+                    op,
                     what: format!(
                         "sizes of tensors must match except in dimension {d}: got {:?} and {:?}",
                         first.shape(),
@@ -315,9 +365,9 @@ impl Tensor {
             // Saturates: an overflowing total is then refused by `alloc_tensor`.
             shape[d] = shape[d].saturating_add(t.shape()[d]);
         }
-        let out = alloc_tensor(first.device(), &shape, first.dtype(), "cat")?;
+        let out = alloc_tensor(first.device(), &shape, first.dtype(), op)?;
         if !first.device().is_meta() {
-            let k = kernels_for(first.device(), "cat")?;
+            let k = kernels_for(first.device(), op)?;
             let mut off = 0;
             for t in tensors {
                 let len = t.shape()[d];
@@ -362,6 +412,6 @@ impl Tensor {
             .iter()
             .map(|t| t.unsqueeze(d))
             .collect::<Result<Vec<_>>>()?;
-        Tensor::cat(&views.iter().collect::<Vec<_>>(), d)
+        Tensor::cat_op("stack", &views.iter().collect::<Vec<_>>(), d)
     }
 }

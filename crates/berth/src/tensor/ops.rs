@@ -296,7 +296,8 @@ impl Tensor {
     /// Sum of all elements (0-dim; integers and bool sum to `i64`).
     ///
     /// # Errors
-    /// Device errors.
+    /// Device errors; [`crate::Error::HostOutOfMemory`] on the CPU when the offsets of the
+    /// elements reduced (8 bytes each, expanded dimensions included) cannot be listed.
     pub fn sum(&self) -> Result<Tensor> {
         self.reduce_op(ReduceOp::Sum, None, false)
     }

@@ -148,7 +148,7 @@ impl Tensor {
     /// # Errors
     /// The device cannot be used; allocation failure.
     pub fn to_empty(&self, device: Device) -> Result<Tensor> {
-        let mut t = Tensor::empty(self.shape(), self.dtype(), device)?;
+        let mut t = Tensor::empty_op("to_empty", self.shape(), self.dtype(), device)?;
         t.requires_grad = self.requires_grad;
         Ok(t)
     }
@@ -159,6 +159,8 @@ impl Tensor {
     /// # Errors
     /// 1. [`Error::ElementType`] when `T` is not the tensor's dtype.
     /// 2. [`Error::MetaNoData`] for meta tensors (BUG-07).
+    /// 3. [`Error::HostOutOfMemory`] when the host cannot hold the elements (an expanded
+    ///    tensor has as many as its shape says, whatever its storage).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         if self.dtype() != T::DTYPE {
             return Err(Error::ElementType {
@@ -168,17 +170,20 @@ impl Tensor {
             });
         }
         self.read_host("to_vec", |l, s| {
-            l.indices().map(|i| T::from_repr(s[i])).collect()
-        })
+            crate::cpu::try_collect(l.numel(), l.indices().map(|i| T::from_repr(s[i])))
+        })?
     }
 
     /// The elements converted to `f64`, whatever the dtype.
     ///
     /// # Errors
-    /// [`Error::MetaNoData`] for meta tensors.
+    /// [`Error::MetaNoData`] for meta tensors; [`Error::HostOutOfMemory`] as
+    /// [`Tensor::to_vec`].
     pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
         crate::cpu::with_repr!(self.dtype(), R => {
-            self.read_host("to_vec", |l, s: &[R]| l.indices().map(|i| crate::cpu::num_to_f64(s[i])).collect())
+            self.read_host("to_vec", |l, s: &[R]| {
+                crate::cpu::try_collect(l.numel(), l.indices().map(|i| crate::cpu::num_to_f64(s[i])))
+            })?
         })
     }
 

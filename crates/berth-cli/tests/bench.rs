@@ -52,7 +52,11 @@ fn dataloader_workers_are_capped() {
 
 #[test]
 fn dataloader_bench_into_a_closed_pipe_ends_quietly() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+    // The read end is closed before berth starts, so its first write meets a closed pipe
+    // whatever the timing (a pipe closed after spawn could take the output into its buffer).
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
         .args([
             "bench",
             "dataloader",
@@ -65,11 +69,10 @@ fn dataloader_bench_into_a_closed_pipe_ends_quietly() {
             "--epochs",
             "1",
         ])
-        .stdout(Stdio::piped())
+        .stdout(writer)
         .stderr(Stdio::piped())
         .spawn()
         .expect("berth runs");
-    drop(child.stdout.take());
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");

@@ -167,7 +167,11 @@ fn replay_table_shows_pytorch_figures_for_known_traces() {
 fn replay_into_a_closed_pipe_ends_quietly() {
     // `berth replay --json ... | head -1`: the reader is gone before berth writes.
     let trace = data("small_two_stream.trace.json");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+    // The read end is closed before berth starts, so its first write meets a closed pipe
+    // whatever the timing (a pipe closed after spawn could take the output into its buffer).
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
         .args([
             "replay",
             "--json",
@@ -175,11 +179,10 @@ fn replay_into_a_closed_pipe_ends_quietly() {
             "all",
             trace.to_str().unwrap(),
         ])
-        .stdout(Stdio::piped())
+        .stdout(writer)
         .stderr(Stdio::piped())
         .spawn()
         .expect("berth runs");
-    drop(child.stdout.take());
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");

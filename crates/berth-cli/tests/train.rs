@@ -217,14 +217,17 @@ fn a_bad_berth_data_dir_names_the_variable() {
 #[test]
 fn training_into_a_closed_pipe_ends_quietly() {
     // `berth train --epochs 1 | head -1`: the reader is gone before berth writes.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+    // The read end is closed before berth starts, so its first write meets a closed pipe
+    // whatever the timing (a pipe closed after spawn could take the output into its buffer).
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
         .args(["train", "--device", "cpu", "--epochs", "1"])
         .env_remove("BERTH_DATA_DIR")
-        .stdout(Stdio::piped())
+        .stdout(writer)
         .stderr(Stdio::piped())
         .spawn()
         .expect("berth runs");
-    drop(child.stdout.take());
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");

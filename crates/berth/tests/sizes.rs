@@ -202,13 +202,16 @@ fn host_oom(r: berth::Result<impl std::fmt::Debug>, bytes: usize) {
 
 #[test]
 fn reading_a_huge_expanded_tensor_is_a_typed_out_of_memory_error_not_an_abort() {
-    // 2^38 elements over one real f32: the views are free, index or value lists are not.
-    const N: usize = 1 << 38;
+    // 2^46 elements over one real f32: the views are free, index or value lists are not. Every
+    // list below is 2^48 bytes or more, beyond x86-64's 47-bit user address space, so the
+    // system refuses it even where memory is overcommitted (a 2^41-byte request succeeded on a
+    // 128 GiB GPU host with overcommit and was then killed while being filled).
+    const N: usize = 1 << 46;
     let x = Tensor::zeros(&[1], DType::F32, Device::Cpu)
         .unwrap()
         .expand(&[N])
         .unwrap();
-    // Reductions list the 2^38 reduced offsets (8 bytes each).
+    // Reductions list the 2^46 reduced offsets (8 bytes each).
     host_oom(x.sum(), N * 8);
     host_oom(x.mean(), N * 8);
     host_oom(x.max(), N * 8);
@@ -216,12 +219,12 @@ fn reading_a_huge_expanded_tensor_is_a_typed_out_of_memory_error_not_an_abort() 
     // Reads list the values: 4 bytes each as f32, 8 as f64.
     host_oom(x.to_vec::<f32>(), N * 4);
     host_oom(x.to_vec_f64(), N * 8);
-    // An f16 matmul makes an f32 copy of each (expanded) operand: [2^19, 2^19] × 4 bytes.
+    // An f16 matmul makes an f32 copy of each (expanded) operand: [2^23, 2^23] × 4 bytes.
     let a = Tensor::zeros(&[1, 1], DType::F16, Device::Cpu)
         .unwrap()
-        .expand(&[1 << 19, 1 << 19])
+        .expand(&[1 << 23, 1 << 23])
         .unwrap();
-    let b = Tensor::zeros(&[1 << 19, 1], DType::F16, Device::Cpu).unwrap();
+    let b = Tensor::zeros(&[1 << 23, 1], DType::F16, Device::Cpu).unwrap();
     host_oom(a.matmul(&b), N * 4);
     // The process goes on.
     let ok = Tensor::ones(&[4], DType::F32, Device::Cpu).unwrap();

@@ -3,6 +3,8 @@
 
 use std::process::{Command, Output, Stdio};
 
+mod common;
+
 fn berth(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_berth"))
         .args(args)
@@ -52,28 +54,18 @@ fn dataloader_workers_are_capped() {
 
 #[test]
 fn dataloader_bench_into_a_closed_pipe_ends_quietly() {
-    // The read end is closed before berth starts, so its first write meets a closed pipe
-    // whatever the timing (a pipe closed after spawn could take the output into its buffer).
-    let (reader, writer) = std::io::pipe().expect("a pipe");
-    drop(reader);
-    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args([
-            "bench",
-            "dataloader",
-            "--samples",
-            "256",
-            "--features",
-            "4",
-            "--workers",
-            "0",
-            "--epochs",
-            "1",
-        ])
-        .stdout(writer)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("berth runs");
-    let out = child.wait_with_output().unwrap();
+    let out = common::berth_into_closed_pipe(&[
+        "bench",
+        "dataloader",
+        "--samples",
+        "256",
+        "--features",
+        "4",
+        "--workers",
+        "0",
+        "--epochs",
+        "1",
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert_ne!(out.status.code(), Some(101), "{err}");

@@ -3,7 +3,9 @@
 //! reference figures only for the reference traces themselves, and a quiet end in a closed pipe.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
+
+mod common;
 
 fn data(file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -167,23 +169,13 @@ fn replay_table_shows_pytorch_figures_for_known_traces() {
 fn replay_into_a_closed_pipe_ends_quietly() {
     // `berth replay --json ... | head -1`: the reader is gone before berth writes.
     let trace = data("small_two_stream.trace.json");
-    // The read end is closed before berth starts, so its first write meets a closed pipe
-    // whatever the timing (a pipe closed after spawn could take the output into its buffer).
-    let (reader, writer) = std::io::pipe().expect("a pipe");
-    drop(reader);
-    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args([
-            "replay",
-            "--json",
-            "--policy",
-            "all",
-            trace.to_str().unwrap(),
-        ])
-        .stdout(writer)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("berth runs");
-    let out = child.wait_with_output().unwrap();
+    let out = common::berth_into_closed_pipe(&[
+        "replay",
+        "--json",
+        "--policy",
+        "all",
+        trace.to_str().unwrap(),
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert!(err.is_empty(), "no message at all: {err}");

@@ -2,7 +2,9 @@
 //! test accuracy ≥ 75%), save → eval reproducing the accuracy, the meta prediction, and the
 //! new-user errors (one line, exit status 2, no panic).
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
+
+mod common;
 
 fn berth(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_berth"))
@@ -217,18 +219,7 @@ fn a_bad_berth_data_dir_names_the_variable() {
 #[test]
 fn training_into_a_closed_pipe_ends_quietly() {
     // `berth train --epochs 1 | head -1`: the reader is gone before berth writes.
-    // The read end is closed before berth starts, so its first write meets a closed pipe
-    // whatever the timing (a pipe closed after spawn could take the output into its buffer).
-    let (reader, writer) = std::io::pipe().expect("a pipe");
-    drop(reader);
-    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(["train", "--device", "cpu", "--epochs", "1"])
-        .env_remove("BERTH_DATA_DIR")
-        .stdout(writer)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("berth runs");
-    let out = child.wait_with_output().unwrap();
+    let out = common::berth_into_closed_pipe(&["train", "--device", "cpu", "--epochs", "1"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert_ne!(out.status.code(), Some(101), "{err}");

@@ -154,11 +154,9 @@ impl Layout {
 
     /// The number of elements (1 for a 0-dim tensor). Every tensor's shape passed
     /// [`checked_numel`]; for a layout built from an unchecked shape an overflowing product
-    /// saturates at `usize::MAX` rather than wrapping (to 0, which would read as empty).
+    /// saturates at `usize::MAX` rather than wrapping (to 0, which would read as empty); a size 0
+    /// anywhere still gives 0 (`usize::MAX.saturating_mul(0) == 0`).
     pub fn numel(&self) -> usize {
-        if self.shape.contains(&0) {
-            return 0;
-        }
         self.shape
             .iter()
             .fold(1usize, |acc, &d| acc.saturating_mul(d))

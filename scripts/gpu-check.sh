@@ -14,8 +14,8 @@ SHARED="${SHARED:-$( [ -d ../shared ] && echo ../shared || echo /work/shared )}"
 
 echo "== building release binaries into $CARGO_TARGET_DIR" >&2
 cargo build --release -p berth-cli >&2
-# Executables found through cargo's JSON: the test binaries of berth (the GPU tests) and
-# berth-data (pinned collate and the device prefetcher), and berth-alloc's criterion bench.
+# Executables found through cargo's JSON: the test binaries of berth-cuda and berth (the GPU
+# tests) and berth-data (pinned collate and the device prefetcher), and berth-alloc's criterion bench.
 executables() {
   python3 -c 'import json,sys
 for l in sys.stdin:
@@ -24,7 +24,7 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] != ["bin"]:
         print(m["package_id"].split("#")[0].split("/")[-1].split("@")[0] + "-" + m["target"]["name"] + "\t" + m["executable"])'
 }
-mapfile -t TESTS < <(cargo test --release -p berth -p berth-data --no-run --message-format=json 2>/dev/null | executables)
+mapfile -t TESTS < <(cargo test --release -p berth-cuda -p berth -p berth-data --no-run --message-format=json 2>/dev/null | executables)
 mapfile -t BENCHES < <(cargo bench -p berth-alloc --bench replay --no-run --message-format=json 2>/dev/null | executables)
 
 rm -rf .gpu && mkdir -p .gpu/shared

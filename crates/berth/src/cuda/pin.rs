@@ -4,6 +4,7 @@
 //! `Tensor::is_pinned()` lives with the tensor (it asks the storage, which never touches the
 //! driver: BUG-06's "`is_pinned` creates no context").
 
+use super::copy::parallel_copy;
 use super::pinned::with_fill_source;
 use super::transfer::alloc_pinned_storage;
 use super::CudaError;
@@ -24,8 +25,8 @@ impl Tensor {
     /// A block of 4 MiB or more that the pinned cache cannot serve is mapped with transparent
     /// huge pages, filled by a parallel copy of `self` (which faults its pages) and page-locked
     /// with one `cuMemHostRegister`, instead of `cuMemHostAlloc` + copy (see Note [Filled
-    /// first pins] in `cuda/pinned.rs`); it is cached and reused like any pinned block, and
-    /// unregistered and unmapped when the cache frees it.
+    /// first pins] in berth-cuda's `pinned.rs`); it is cached and reused like any pinned block,
+    /// and unregistered and unmapped when the cache frees it.
     ///
     /// # Errors
     /// 1. [`CudaError::CannotPin`] for a device or meta tensor: "cannot pin
@@ -51,7 +52,7 @@ impl Tensor {
         let dst = dst?;
         if !filled {
             let mut to = dst.write_host("pin_memory")?;
-            super::transfer::parallel_copy(&mut to.bytes_mut()[..src.nbytes()], from.bytes());
+            parallel_copy(&mut to.bytes_mut()[..src.nbytes()], from.bytes());
         }
         drop(from);
         Ok(Tensor::from_storage(

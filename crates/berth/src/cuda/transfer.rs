@@ -1,5 +1,6 @@
 //! Transfers behind `.to()`: cpu→cuda, cuda→cpu, cuda:i→cuda:j, and the device memory and
-//! pinned memory that tensor storages hold.
+//! pinned memory that tensor storages hold. The byte-level copies and staging pipelines they
+//! use are berth-cuda's ([`copy`](super::copy); re-exported here under their old paths).
 //!
 //! - **Device memory** comes from the device's caching allocator on the current stream
 //!   ([`alloc_storage`]); [`CudaMemory`] is the tensor layer's [`DeviceMemory`].
@@ -19,22 +20,19 @@
 //! - **device→device**: `cuMemcpyDtoDAsync` on one device, `cuMemcpyPeerAsync` across devices
 //!   (the driver uses peer access when the devices have it).
 
-use super::event::Event;
-use super::hostmem::{copy_by_huge_pages, Mapping, Pages};
+use super::copy::{
+    copy_dtod_async, copy_dtoh_async, copy_htod_async, copy_peer_async, stage_dtoh, stage_htod,
+    PinnedBuffer,
+};
+use super::hostmem::{Mapping, Pages};
 use super::memory::{allocator, host_allocator};
-use super::stream::{current_stream, Stream};
-use super::CudaError;
-use crate::alloc::{Allocation, DeviceAllocator, HostAllocation};
+use super::{current_stream, CudaError, Event, Stream};
+use crate::alloc::{Allocation, DeviceAllocator};
 use crate::storage::{DeviceMemory, ExternalHostMemory, PendingWork};
 use crate::{Device, Result, Storage, Tensor};
 use std::sync::Arc;
 
-/// Size of one staging block for pageable host→device copies, in bytes.
-pub const STAGING_CHUNK_BYTES: usize = 16 << 20;
-
-/// Size of one of the two staging blocks for blocking device→pageable-host copies, in bytes:
-/// 16 huge pages, one per host thread of the copy-out.
-pub const DTOH_STAGING_CHUNK_BYTES: usize = 32 << 20;
+pub use super::copy::{copy_dtod_raw, DTOH_STAGING_CHUNK_BYTES, STAGING_CHUNK_BYTES};
 
 /// A device allocation held by a tensor storage; returns to its caching allocator on drop.
 #[derive(Debug)]
@@ -70,7 +68,7 @@ impl DeviceMemory for CudaMemory {
 /// only after the streams that used it passed their events).
 #[derive(Debug)]
 pub struct PinnedMemory {
-    block: HostAllocation,
+    block: PinnedBuffer,
 }
 
 impl ExternalHostMemory for PinnedMemory {
@@ -134,11 +132,7 @@ pub fn alloc_storage(device: usize, nbytes: usize) -> Result<Storage> {
 /// # Errors
 /// [`CudaError::Unavailable`] or the pinned allocator's error.
 pub fn alloc_pinned_storage(nbytes: usize) -> Result<Storage> {
-    let block = host_allocator()?
-        .allocate(nbytes)
-        .map_err(|e| CudaError::HostAlloc {
-            message: e.to_string(),
-        })?;
+    let block = PinnedBuffer::new(nbytes)?;
     Ok(Storage::host_external(Box::new(PinnedMemory { block })))
 }
 
@@ -195,7 +189,10 @@ fn htod(
     if let Some(ext) = storage.external_host_memory().filter(|e| e.is_pinned()) {
         let guard = storage.read_host("to")?;
         let sptr = guard.bytes()[offset..].as_ptr();
-        ffi::htod_async(dev, dptr, sptr, nbytes, stream.as_raw())?;
+        // SAFETY: the source is `nbytes` bytes of a pinned block that stays out of reuse
+        // until the copy ran (`record_stream` below) and whose host writes wait for it (the
+        // pending event); `dptr` is the fresh allocation `dst`, of `nbytes` bytes on `dev`.
+        unsafe { copy_htod_async(dptr, sptr, nbytes, &stream)? };
         drop(guard);
         // Keep the pinned block from reuse until the copy ran, and make host writes wait.
         let _ = host_allocator()?.record_stream(ext.as_ptr(), stream.id());
@@ -203,47 +200,13 @@ fn htod(
     } else {
         let guard = storage.read_host("to")?;
         let bytes = &guard.bytes()[offset..offset + nbytes];
-        stage_htod(dev, dptr, bytes, &stream)?;
+        // SAFETY: `dptr` is the fresh allocation `dst`, of `nbytes` bytes on `dev`.
+        unsafe { stage_htod(dptr, bytes, &stream)? };
     }
     if !non_blocking {
         stream.synchronize_uncounted()?;
     }
     Ok(dst)
-}
-
-/// Pageable host→device through pinned staging blocks, pipelined: the DMA of one chunk runs
-/// while the CPU fills the next block. Returns once every chunk is queued.
-fn stage_htod(dev: usize, dptr: u64, bytes: &[u8], stream: &Stream) -> Result<()> {
-    let host = host_allocator()?;
-    for (i, chunk) in bytes.chunks(STAGING_CHUNK_BYTES).enumerate() {
-        let block = host
-            .allocate(chunk.len())
-            .map_err(|e| CudaError::HostAlloc {
-                message: e.to_string(),
-            })?;
-        // SAFETY: `block` is a fresh pinned block of at least `chunk.len()` bytes that no
-        // queued copy uses (the cache hands it out only after its events passed).
-        let dst = unsafe { std::slice::from_raw_parts_mut(block.as_ptr(), chunk.len()) };
-        parallel_copy(dst, chunk);
-        let at = dptr + (i * STAGING_CHUNK_BYTES) as u64;
-        ffi::htod_async(dev, at, block.as_ptr(), chunk.len(), stream.as_raw())?;
-        // The block goes back to the cache now, reusable once this stream passed the copy.
-        let _ = block.record_stream(stream.id());
-    }
-    Ok(())
-}
-
-/// `dst.copy_from_slice(src)` on several threads for large buffers.
-pub(crate) fn parallel_copy(dst: &mut [u8], src: &[u8]) {
-    use rayon::prelude::*;
-    const PIECE: usize = 1 << 20;
-    if src.len() < 4 * PIECE {
-        dst.copy_from_slice(src);
-    } else {
-        dst.par_chunks_mut(PIECE)
-            .zip(src.par_chunks(PIECE))
-            .for_each(|(d, s)| d.copy_from_slice(s));
-    }
 }
 
 fn dtoh(
@@ -260,7 +223,10 @@ fn dtoh(
         if nbytes > 0 {
             let ext = dst.external_host_memory().map(|e| e.as_ptr());
             if let Some(hptr) = ext {
-                ffi::dtoh_async(dev, hptr, sptr, nbytes, stream.as_raw())?;
+                // SAFETY: `hptr` is the fresh pinned block of `dst` (`nbytes` bytes), kept
+                // from reuse by `record_stream` and from host access by the pending event;
+                // `sptr` is `nbytes` bytes of `src`'s live device storage.
+                unsafe { copy_dtoh_async(hptr, sptr, nbytes, &stream)? };
                 let _ = host_allocator()?.record_stream(hptr, stream.id());
                 dst.add_pending_work(pending_after(&stream)?);
             }
@@ -271,7 +237,8 @@ fn dtoh(
     let dst = host_destination(nbytes)?;
     if nbytes > 0 {
         let mut guard = dst.write_host("to")?;
-        stage_dtoh(dev, &mut guard.bytes_mut()[..nbytes], sptr, &stream)?;
+        // SAFETY: `sptr` is `nbytes` bytes of `src`'s live device storage.
+        unsafe { stage_dtoh(&mut guard.bytes_mut()[..nbytes], sptr, &stream)? };
     }
     Ok(dst)
 }
@@ -338,11 +305,15 @@ pub fn copy_to_host(dst: &Tensor, src: &Tensor) -> Result<()> {
     let mut guard = storage.write_host("copy_")?;
     let out = &mut guard.bytes_mut()[at..at + c.nbytes];
     if pinned {
-        ffi::dtoh_async(c.dev, out.as_mut_ptr(), sptr, c.nbytes, c.stream.as_raw())?;
+        // SAFETY: `out` is `c.nbytes` bytes of `dst`'s pinned storage, write-locked by
+        // `guard` until the synchronisation below; `sptr` is `c.nbytes` bytes of the
+        // contiguous source's live device storage.
+        unsafe { copy_dtoh_async(out.as_mut_ptr(), sptr, c.nbytes, &c.stream)? };
         c.stream.synchronize_uncounted()?;
         Ok(())
     } else {
-        stage_dtoh(c.dev, out, sptr, &c.stream)
+        // SAFETY: `sptr` is `c.nbytes` bytes of the contiguous source's live device storage.
+        unsafe { stage_dtoh(out, sptr, &c.stream) }.map_err(Into::into)
     }
 }
 
@@ -363,9 +334,12 @@ pub fn copy_from_host(dst: &Tensor, src: &Tensor) -> Result<()> {
     let guard = storage.read_host("copy_")?;
     let bytes = &guard.bytes()[at..at + c.nbytes];
     if storage.is_pinned() {
-        ffi::htod_async(c.dev, dptr, bytes.as_ptr(), c.nbytes, c.stream.as_raw())?;
+        // SAFETY: `bytes` is read-locked by `guard` until the synchronisation below; `dptr`
+        // is `c.nbytes` bytes of `dst`'s contiguous device storage on the stream's device.
+        unsafe { copy_htod_async(dptr, bytes.as_ptr(), c.nbytes, &c.stream)? };
     } else {
-        stage_htod(c.dev, dptr, bytes, &c.stream)?;
+        // SAFETY: `dptr` is `c.nbytes` bytes of `dst`'s contiguous device storage on the stream's device.
+        unsafe { stage_htod(dptr, bytes, &c.stream)? };
     }
     // The source stays read-locked until the copies from it ran.
     c.stream.synchronize_uncounted()?;
@@ -373,11 +347,10 @@ pub fn copy_from_host(dst: &Tensor, src: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// The common start of [`copy_to_host`] and [`copy_from_host`], after their checks: the CUDA
-/// device of the pair, the device's current stream, the contiguous source, its element size
-/// (in bytes) and its size in bytes.
+/// The common start of [`copy_to_host`] and [`copy_from_host`], after their checks: the
+/// current stream of the pair's CUDA device, the contiguous source, its element size (in
+/// bytes) and its size in bytes.
 struct DirectCopy {
-    dev: usize,
     // Declared before `src` so that it drops first, as the locals it replaces did.
     stream: Stream,
     src: Tensor,
@@ -405,7 +378,6 @@ fn direct_copy(
     super::sync_point(sync)?;
     let stream = current_stream(dev)?;
     Ok(Some(DirectCopy {
-        dev,
         src,
         elem,
         nbytes,
@@ -431,63 +403,6 @@ fn check_copy_pair(dst: &Tensor, src: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// Blocking device→pageable host through two pinned staging blocks of
-/// [`DTOH_STAGING_CHUNK_BYTES`]: the DMA of chunk i+1 runs while the CPU copies chunk i out in
-/// huge-page pieces from several threads (PyTorch copies straight into pageable memory, which
-/// the driver stages itself).
-fn stage_dtoh(dev: usize, out: &mut [u8], sptr: u64, stream: &Stream) -> Result<()> {
-    let host = host_allocator()?;
-    let chunk = DTOH_STAGING_CHUNK_BYTES.min(out.len());
-    let err = |e: crate::alloc::host::HostAllocError| CudaError::HostAlloc {
-        message: e.to_string(),
-    };
-    let blocks = [
-        host.allocate(chunk).map_err(err)?,
-        host.allocate(chunk).map_err(err)?,
-    ];
-    let events = [Event::new(false), Event::new(false)];
-    let pieces: Vec<(usize, usize)> = (0..out.len())
-        .step_by(chunk)
-        .map(|at| (at, chunk.min(out.len() - at)))
-        .collect();
-    let issue = |i: usize| -> Result<()> {
-        let (at, len) = pieces[i];
-        ffi::dtoh_async(
-            dev,
-            blocks[i % 2].as_ptr(),
-            sptr + at as u64,
-            len,
-            stream.as_raw(),
-        )?;
-        events[i % 2].record_on(stream)?;
-        Ok(())
-    };
-    issue(0)?;
-    for i in 0..pieces.len() {
-        if i + 1 < pieces.len() {
-            issue(i + 1)?;
-        }
-        events[i % 2].synchronize_uncounted()?;
-        let (at, len) = pieces[i];
-        // SAFETY: the block holds `len` bytes that the DMA completed (its event passed), and
-        // no other copy writes it until the next `issue` for this slot, which comes after.
-        let src = unsafe { std::slice::from_raw_parts(blocks[i % 2].as_ptr(), len) };
-        copy_by_huge_pages(&mut out[at..at + len], src);
-    }
-    Ok(())
-}
-
-/// Copies `bytes` bytes from device address `src` to `dst` on `device`, ordered on the
-/// thread's current stream of `device` (`cuMemcpyDtoDAsync`). For benchmarks and kernels
-/// working on raw storages.
-///
-/// # Errors
-/// [`CudaError::InvalidDevice`], [`CudaError::Driver`].
-pub fn copy_dtod_raw(device: usize, dst: u64, src: u64, bytes: usize) -> Result<()> {
-    let stream = current_stream(device)?;
-    Ok(ffi::dtod_async(device, dst, src, bytes, stream.as_raw())?)
-}
-
 fn dtod(src: &Tensor, from: usize, to: usize, offset: usize, nbytes: usize) -> Result<Storage> {
     let stream = current_stream(to)?;
     let dst = alloc_storage(to, nbytes)?;
@@ -496,12 +411,16 @@ fn dtod(src: &Tensor, from: usize, to: usize, offset: usize, nbytes: usize) -> R
     }
     let sptr = src.storage().data_ptr() + offset as u64;
     if from == to {
-        ffi::dtod_async(to, dst.data_ptr(), sptr, nbytes, stream.as_raw())?;
+        // SAFETY: `dst` is a fresh allocation of `nbytes` bytes on `to`; `sptr` is `nbytes`
+        // bytes of `src`'s live storage on the same device, ordered on the same stream.
+        unsafe { copy_dtod_async(dst.data_ptr(), sptr, nbytes, &stream)? };
     } else {
         // The copy runs on the destination's stream: make it wait for the source's work.
         let src_stream = current_stream(from)?;
         stream.wait_stream(&src_stream)?;
-        ffi::peer_async(to, dst.data_ptr(), from, sptr, nbytes, stream.as_raw())?;
+        // SAFETY: `dst` is a fresh allocation of `nbytes` bytes on `to`; `sptr` is `nbytes`
+        // bytes of `src`'s live storage on `from`, kept from reuse by `record_stream` below.
+        unsafe { copy_peer_async(dst.data_ptr(), from, sptr, nbytes, &stream)? };
         if let Some(mem) = src.storage().device_memory() {
             if let Some(cm) = mem.as_any().downcast_ref::<CudaMemory>() {
                 let _ = cm.allocation().record_stream(stream.id());
@@ -509,127 +428,4 @@ fn dtod(src: &Tensor, from: usize, to: usize, offset: usize, nbytes: usize) -> R
         }
     }
     Ok(dst)
-}
-
-#[cfg(feature = "cuda")]
-mod ffi {
-    use super::super::context::bind;
-    use super::super::CudaError;
-    use cudarc::driver::sys;
-
-    fn r(
-        op: &'static str,
-        device: usize,
-        bytes: usize,
-        code: sys::CUresult,
-    ) -> Result<(), CudaError> {
-        code.result()
-            .map_err(|e| CudaError::from_driver(op, e, device, bytes))
-    }
-
-    fn s(raw: u64) -> sys::CUstream {
-        raw as usize as sys::CUstream
-    }
-
-    pub(super) fn htod_async(
-        dev: usize,
-        dst: u64,
-        src: *const u8,
-        n: usize,
-        stream: u64,
-    ) -> Result<(), CudaError> {
-        bind(dev)?;
-        // SAFETY: `src..src+n` is live host memory kept alive (and write-guarded) until the
-        // copy ran; `dst..dst+n` is a live allocation of this device.
-        r("cuMemcpyHtoDAsync", dev, n, unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), n, s(stream))
-        })
-    }
-
-    pub(super) fn dtoh_async(
-        dev: usize,
-        dst: *mut u8,
-        src: u64,
-        n: usize,
-        stream: u64,
-    ) -> Result<(), CudaError> {
-        bind(dev)?;
-        // SAFETY: `dst..dst+n` is host memory that outlives the copy (pinned block guarded by
-        // a pending event, or a buffer the caller synchronises on before releasing).
-        r("cuMemcpyDtoHAsync", dev, n, unsafe {
-            sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, n, s(stream))
-        })
-    }
-
-    pub(super) fn dtod_async(
-        dev: usize,
-        dst: u64,
-        src: u64,
-        n: usize,
-        stream: u64,
-    ) -> Result<(), CudaError> {
-        bind(dev)?;
-        // SAFETY: both ranges are live allocations of this device.
-        r("cuMemcpyDtoDAsync", dev, n, unsafe {
-            sys::cuMemcpyDtoDAsync_v2(dst, src, n, s(stream))
-        })
-    }
-
-    pub(super) fn peer_async(
-        to: usize,
-        dst: u64,
-        from: usize,
-        src: u64,
-        n: usize,
-        stream: u64,
-    ) -> Result<(), CudaError> {
-        let src_ctx = bind(from)?;
-        let dst_ctx = bind(to)?;
-        // SAFETY: both ranges are live allocations of their devices; contexts are retained.
-        r("cuMemcpyPeerAsync", to, n, unsafe {
-            sys::cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, n, s(stream))
-        })
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-mod ffi {
-    use super::super::CudaError;
-
-    fn no() -> Result<(), CudaError> {
-        Err(CudaError::unavailable(
-            "berth was built without the `cuda` feature",
-        ))
-    }
-    pub(super) fn htod_async(
-        _: usize,
-        _: u64,
-        _: *const u8,
-        _: usize,
-        _: u64,
-    ) -> Result<(), CudaError> {
-        no()
-    }
-    pub(super) fn dtoh_async(
-        _: usize,
-        _: *mut u8,
-        _: u64,
-        _: usize,
-        _: u64,
-    ) -> Result<(), CudaError> {
-        no()
-    }
-    pub(super) fn dtod_async(_: usize, _: u64, _: u64, _: usize, _: u64) -> Result<(), CudaError> {
-        no()
-    }
-    pub(super) fn peer_async(
-        _: usize,
-        _: u64,
-        _: usize,
-        _: u64,
-        _: usize,
-        _: u64,
-    ) -> Result<(), CudaError> {
-        no()
-    }
 }

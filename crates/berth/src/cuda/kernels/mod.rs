@@ -19,14 +19,13 @@
 //! their own width, as PyTorch's `opmath_type`.
 
 mod elementwise;
-mod error;
 mod module;
 mod prelude;
 mod reduce;
 mod softmax;
 
+pub use berth_cuda::KernelError;
 pub use elementwise::{binary, compare, copy, fill, unary, BinaryOp, CompareOp, UnaryOp};
-pub use error::KernelError;
 pub use reduce::{arg_reduce, sum, ArgReduce};
 pub use softmax::{cross_entropy, cross_entropy_backward, softmax, softmax_backward, Reduction};
 

@@ -6,7 +6,7 @@
 //! while NVRTC runs (compilation takes 100s of ms), so two threads may compile the same module
 //! at once; the first to finish wins and the other's module is unloaded.
 
-use super::error::KernelError;
+use super::KernelError;
 use super::{bind, module_source, ScalarType};
 use crate::cuda::CudaError;
 use cudarc::driver::{result as drv, sys as dsys};

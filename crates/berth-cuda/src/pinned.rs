@@ -15,10 +15,10 @@
 //! one `cuMemHostRegister`. Freeing it unregisters and unmaps. The block is cached and reused
 //! like any other.
 
-use super::backend::CudaEvent;
-use super::hostmem::{Mapping, Pages};
-use super::CudaError;
-use crate::alloc::{BackendError, HostBackend, StreamId};
+use crate::backend::CudaEvent;
+use crate::hostmem::{Mapping, Pages};
+use crate::{ffi, CudaError};
+use berth_alloc::{BackendError, HostBackend, StreamId};
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
@@ -38,8 +38,8 @@ thread_local! {
 /// Runs `alloc` (an allocation through the pinned caching allocator on this thread) so that a
 /// block of at least [`FILLED_PIN_MIN_BYTES`] that the backend has to create is filled from
 /// `src` as it is made; returns `alloc`'s result and whether the block already holds `src`
-/// (else the caller copies).
-pub(crate) fn with_fill_source<R>(src: &[u8], alloc: impl FnOnce() -> R) -> (R, bool) {
+/// (else the caller copies). berth's `pin_memory()` allocates through this.
+pub fn with_fill_source<R>(src: &[u8], alloc: impl FnOnce() -> R) -> (R, bool) {
     struct Reset;
     impl Drop for Reset {
         fn drop(&mut self) {
@@ -68,8 +68,8 @@ impl CudaHostBackend {
     /// # Errors
     /// [`CudaError::Unavailable`], [`CudaError::Driver`].
     pub fn new() -> Result<CudaHostBackend, CudaError> {
-        let device = super::current_device()?;
-        super::bind_context(device)?;
+        let device = crate::current_device()?;
+        crate::bind_context(device)?;
         Ok(CudaHostBackend {
             device,
             mapped: Mutex::new(BTreeMap::new()),
@@ -81,6 +81,7 @@ impl CudaHostBackend {
         let mut m = Mapping::new(bytes, Pages::Huge)?;
         m.fill_from(src);
         // Only the block's `bytes` are registered (the mapping may be longer).
+        // `m` stays mapped until `free_pinned` unregisters it (it is kept in `mapped` until then).
         ffi::host_register(self.device, m.as_ptr(), bytes)?;
         let p = NonNull::new(m.as_ptr()).ok_or_else(|| CudaError::HostAlloc {
             message: "mapping at a null address".into(),
@@ -139,7 +140,9 @@ impl HostBackend for CudaHostBackend {
         let addr = ptr.as_ptr() as usize;
         let mapping = self.mapped_lock().remove(&addr);
         match mapping {
-            Some(m) => match ffi::host_unregister(self.device, ptr.as_ptr()) {
+            // SAFETY: `ptr` starts a block registered by `alloc_filled`; the trait's contract
+            // says no queued work uses it.
+            Some(m) => match unsafe { ffi::host_unregister(self.device, ptr.as_ptr()) } {
                 // Dropping the mapping unmaps it.
                 Ok(()) => Ok(()),
                 Err(e) => {
@@ -148,7 +151,11 @@ impl HostBackend for CudaHostBackend {
                     Err(e.into())
                 }
             },
-            None => Ok(ffi::host_free(self.device, ptr.as_ptr())?),
+            None => {
+                // SAFETY: the trait's contract: `ptr` came from `alloc_pinned`, here from
+                // `cuMemHostAlloc` (not a mapped block), freed once, unused by queued work.
+                unsafe { ffi::host_free(self.device, ptr.as_ptr()) }.map_err(BackendError::from)
+            }
         }
     }
 
@@ -157,11 +164,13 @@ impl HostBackend for CudaHostBackend {
     }
 
     unsafe fn unregister(&self, ptr: NonNull<u8>, _bytes: usize) -> Result<(), BackendError> {
-        Ok(ffi::host_unregister(self.device, ptr.as_ptr())?)
+        // SAFETY: the trait's contract: `ptr` was registered by `register`, unused by queued
+        // work.
+        unsafe { ffi::host_unregister(self.device, ptr.as_ptr()) }.map_err(BackendError::from)
     }
 
     fn record_event(&self, stream: StreamId) -> Result<CudaEvent, BackendError> {
-        Ok(CudaEvent::record(super::stream::device_of(stream), stream)?)
+        Ok(CudaEvent::record(crate::stream::device_of(stream), stream)?)
     }
 
     fn query_event(&self, event: &CudaEvent) -> Result<bool, BackendError> {
@@ -173,102 +182,8 @@ impl HostBackend for CudaHostBackend {
     }
 
     fn is_pinned(&self, ptr: *const u8) -> bool {
-        ffi::is_host_pinned(self.device, ptr)
-    }
-}
-
-#[cfg(feature = "cuda")]
-pub(crate) mod ffi {
-    use super::super::context::bind;
-    use super::super::CudaError;
-    use cudarc::driver::sys;
-    use std::ffi::c_void;
-
-    fn r(
-        op: &'static str,
-        device: usize,
-        bytes: usize,
-        code: sys::CUresult,
-    ) -> Result<(), CudaError> {
-        code.result()
-            .map_err(|e| CudaError::from_driver(op, e, device, bytes))
-    }
-
-    pub(crate) fn host_alloc(device: usize, bytes: usize) -> Result<*mut u8, CudaError> {
-        bind(device)?;
-        let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; a context is current.
-        r("cuMemHostAlloc", device, bytes, unsafe {
-            sys::cuMemHostAlloc(&mut p, bytes, sys::CU_MEMHOSTALLOC_PORTABLE)
-        })?;
-        Ok(p.cast())
-    }
-
-    pub(crate) fn host_free(device: usize, p: *mut u8) -> Result<(), CudaError> {
-        bind(device)?;
-        // SAFETY: `p` came from `cuMemHostAlloc` (the caller's contract).
-        r("cuMemFreeHost", device, 0, unsafe {
-            sys::cuMemFreeHost(p.cast())
-        })
-    }
-
-    pub(crate) fn host_register(device: usize, p: *mut u8, bytes: usize) -> Result<(), CudaError> {
-        bind(device)?;
-        // SAFETY: `p..p+bytes` is live host memory owned by the caller.
-        r("cuMemHostRegister", device, bytes, unsafe {
-            sys::cuMemHostRegister_v2(p.cast(), bytes, sys::CU_MEMHOSTREGISTER_PORTABLE)
-        })
-    }
-
-    pub(crate) fn host_unregister(device: usize, p: *mut u8) -> Result<(), CudaError> {
-        bind(device)?;
-        // SAFETY: `p` was registered (the caller's contract).
-        r("cuMemHostUnregister", device, 0, unsafe {
-            sys::cuMemHostUnregister(p.cast())
-        })
-    }
-
-    /// `cuPointerGetAttribute(MEMORY_TYPE) == HOST`, asked only when the context exists
-    /// (BUG-06: `is_pinned` never creates one).
-    pub(super) fn is_host_pinned(device: usize, p: *const u8) -> bool {
-        if !super::super::is_initialized(device) || bind(device).is_err() {
-            return false;
-        }
-        let mut t: u32 = 0;
-        // SAFETY: a valid out-pointer of the attribute's type (`CUmemorytype`, 32 bits).
-        let code = unsafe {
-            sys::cuPointerGetAttribute(
-                (&mut t as *mut u32).cast(),
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                p as u64,
-            )
-        };
-        code == sys::CUresult::CUDA_SUCCESS && t == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-pub(crate) mod ffi {
-    use super::super::CudaError;
-
-    fn no<T>() -> Result<T, CudaError> {
-        Err(CudaError::unavailable(
-            "berth was built without the `cuda` feature",
-        ))
-    }
-    pub(crate) fn host_alloc(_: usize, _: usize) -> Result<*mut u8, CudaError> {
-        no()
-    }
-    pub(crate) fn host_free(_: usize, _: *mut u8) -> Result<(), CudaError> {
-        no()
-    }
-    pub(crate) fn host_register(_: usize, _: *mut u8, _: usize) -> Result<(), CudaError> {
-        no()
-    }
-    pub(crate) fn host_unregister(_: usize, _: *mut u8) -> Result<(), CudaError> {
-        no()
-    }
-    pub(super) fn is_host_pinned(_: usize, _: *const u8) -> bool {
-        false
+        // `cuPointerGetAttribute` is asked only when the context exists (BUG-06: `is_pinned`
+        // never creates one).
+        crate::is_initialized(self.device) && ffi::pointer_is_host(self.device, ptr)
     }
 }

@@ -4,9 +4,8 @@
 //! Every variant ends with a page-locked block holding a copy of the source; then the block is
 //! freed (timed apart) after its contents were checked against the source.
 
-use super::hostmem::{copy_by_huge_pages, Mapping, Pages};
-use super::pinned::ffi;
-use super::CudaError;
+use crate::hostmem::{copy_by_huge_pages, Mapping, Pages};
+use crate::{ffi, CudaError};
 use std::time::Instant;
 
 /// One way to pin a copy of host bytes.
@@ -103,7 +102,8 @@ pub fn run(variant: Variant, src: &[u8], device: usize) -> Result<Phases, CudaEr
         ph.total_ms = ms(t0);
         let same = dst == src;
         let t = Instant::now();
-        ffi::host_free(device, p)?;
+        // SAFETY: `p` came from `host_alloc` above, is freed once, and `dst` is not used after.
+        unsafe { ffi::host_free(device, p)? };
         ph.free_ms = ms(t);
         return if same { Ok(ph) } else { Err(mismatch()) };
     }
@@ -128,7 +128,7 @@ pub fn run(variant: Variant, src: &[u8], device: usize) -> Result<Phases, CudaEr
     let t = Instant::now();
     let base = m.as_ptr() as usize;
     let slices: Vec<(usize, usize)> = if variant == Variant::FillRegisterHugeSplit8 {
-        let per = n.div_ceil(8).next_multiple_of(super::hostmem::HUGE_PAGE);
+        let per = n.div_ceil(8).next_multiple_of(crate::hostmem::HUGE_PAGE);
         (0..n)
             .step_by(per)
             .map(|at| (at, per.min(n - at)))
@@ -176,7 +176,8 @@ pub fn run(variant: Variant, src: &[u8], device: usize) -> Result<Phases, CudaEr
     let t = Instant::now();
     let mut unreg_err = None;
     for (at, _) in registered {
-        if let Err(e) = ffi::host_unregister(device, (base + at) as *mut u8) {
+        // SAFETY: this slice was registered above; no copy uses it.
+        if let Err(e) = unsafe { ffi::host_unregister(device, (base + at) as *mut u8) } {
             unreg_err.get_or_insert(e);
         }
     }

@@ -9,11 +9,11 @@
 //!
 //! One pinned [`HostCachingAllocator`] over [`CudaHostBackend`] serves every pinned tensor.
 
-use super::backend::CudaBackend;
-use super::pinned::CudaHostBackend;
-use super::{check_device, driver::driver, CudaError};
-use crate::alloc::caching::CachingAllocator;
-use crate::alloc::{AllocatorConfig, DeviceAllocator, HostCachingAllocator, MemoryStats};
+use crate::backend::CudaBackend;
+use crate::pinned::CudaHostBackend;
+use crate::{check_device, driver::driver, CudaError};
+use berth_alloc::caching::CachingAllocator;
+use berth_alloc::{AllocatorConfig, DeviceAllocator, HostCachingAllocator, MemoryStats};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -145,7 +145,7 @@ pub fn memory_stats(device: usize) -> Result<BTreeMap<String, i64>, CudaError> {
 pub fn memory_summary(device: usize, abbreviated: bool) -> Result<String, CudaError> {
     check_device(device)?;
     let s = stats(device)?.unwrap_or_else(|| MemoryStats::new(None));
-    Ok(crate::alloc::summary::memory_summary(
+    Ok(berth_alloc::summary::memory_summary(
         &s,
         device as i32,
         abbreviated,
@@ -189,7 +189,7 @@ pub fn host_allocator() -> Result<&'static PinnedAllocator, CudaError> {
     Ok(HOST.get_or_init(|| HostCachingAllocator::with_config(backend, (&cfg).into())))
 }
 
-/// Whether `ptr` is pinned memory (`Tensor.is_pinned()` on a host tensor). Never creates the
+/// Whether `ptr` is pinned memory (what `is_pinned()` of a host tensor asks). Never creates the
 /// host allocator or a context (BUG-06): before any pinning nothing is pinned by berth.
 pub fn is_pinned_ptr(ptr: *const u8) -> bool {
     HOST.get().is_some_and(|h| h.is_pinned(ptr))
@@ -216,12 +216,12 @@ mod tests {
 
     #[test]
     fn bug_12_statistics_and_empty_cache_initialise_nothing() {
-        let before = super::super::contexts_created();
+        let before = crate::contexts_created();
         empty_cache().unwrap();
         host_empty_cache().unwrap();
         assert!(!is_pinned_ptr([1u8, 2].as_ptr()));
-        if !super::super::is_available() {
-            let _g = super::super::testing::fake_device_count(1);
+        if !crate::is_available() {
+            let _g = crate::testing::fake_device_count(1);
             assert_eq!(memory_allocated(0), Ok(0));
             assert_eq!(memory_reserved(0), Ok(0));
             assert!(memory_stats(0).unwrap().is_empty());
@@ -231,6 +231,6 @@ mod tests {
             );
             assert!(existing_allocator(0).is_none());
         }
-        assert_eq!(super::super::contexts_created(), before);
+        assert_eq!(crate::contexts_created(), before);
     }
 }

@@ -4,8 +4,8 @@
 //! As in PyTorch, the driver event is created lazily by the first `record`, on the recording
 //! stream's device; an event never recorded counts as complete.
 
-use super::stream::{current_stream_of_current_device, Stream};
-use super::{raw, CudaError};
+use crate::stream::{current_stream_of_current_device, Stream};
+use crate::{ffi, CudaError};
 use std::sync::Mutex;
 
 /// A CUDA event. `Send + Sync`; dropping it destroys the driver event.
@@ -70,12 +70,14 @@ impl Event {
                 })
             }
             None => {
-                let ev = raw::event_create(stream.device(), self.enable_timing)?;
+                let ev = ffi::event_create(stream.device(), self.enable_timing)?;
                 *state = Some((stream.device(), ev));
                 ev
             }
         };
-        raw::event_record(stream.device(), ev, stream.as_raw())
+        // SAFETY: `ev` is this event's live driver event, of `stream`'s device (checked above);
+        // `stream` (borrowed) keeps its handle alive.
+        unsafe { ffi::event_record(stream.device(), ev, stream.as_raw()) }
     }
 
     /// Makes `stream` wait for this event (`Event.wait(stream)`); the host does not wait.
@@ -93,7 +95,8 @@ impl Event {
     /// [`CudaError::Driver`].
     pub fn query(&self) -> Result<bool, CudaError> {
         match self.recorded() {
-            Some((device, ev)) => raw::event_query(device, ev),
+            // SAFETY: `self` owns the live driver event `ev`.
+            Some((device, ev)) => unsafe { ffi::event_query(device, ev) },
             None => Ok(true),
         }
     }
@@ -106,8 +109,9 @@ impl Event {
     pub fn synchronize(&self) -> Result<(), CudaError> {
         match self.recorded() {
             Some((device, ev)) => {
-                super::sync_debug::count_host_wait();
-                raw::event_sync(device, ev)
+                crate::sync_debug::count_host_wait();
+                // SAFETY: `self` owns the live driver event `ev`.
+                unsafe { ffi::event_sync(device, ev) }
             }
             None => Ok(()),
         }
@@ -116,7 +120,8 @@ impl Event {
     /// [`Event::synchronize`] without counting a host wait (the caller counted one).
     pub(crate) fn synchronize_uncounted(&self) -> Result<(), CudaError> {
         match self.recorded() {
-            Some((device, ev)) => raw::event_sync(device, ev),
+            // SAFETY: `self` owns the live driver event `ev`.
+            Some((device, ev)) => unsafe { ffi::event_sync(device, ev) },
             None => Ok(()),
         }
     }
@@ -144,10 +149,13 @@ impl Event {
                 actual: d1,
             });
         }
-        if !raw::event_query(d0, e0)? || !raw::event_query(d1, e1)? {
+        // SAFETY: `self` and `end` own the live driver events `e0` and `e1`.
+        if !unsafe { ffi::event_query(d0, e0)? } || !unsafe { ffi::event_query(d1, e1)? } {
             return Err(CudaError::EventNotReady);
         }
-        raw::event_elapsed(d0, e0, e1)
+        // SAFETY: both events are live, of device `d0`, made with timing (checked above) and
+        // completed (queried above).
+        unsafe { ffi::event_elapsed(d0, e0, e1) }
     }
 }
 
@@ -155,7 +163,8 @@ impl Drop for Event {
     fn drop(&mut self) {
         if let Some((device, ev)) = self.recorded() {
             // A failed destroy leaks one handle; a drop path never panics.
-            let _ = raw::event_destroy(device, ev);
+            // SAFETY: `self` owns `ev` and destroys it once, here.
+            let _ = unsafe { ffi::event_destroy(device, ev) };
         }
     }
 }

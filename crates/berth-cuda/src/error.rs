@@ -89,7 +89,7 @@ pub enum CudaError {
         greatest: i32,
     },
 
-    /// A synchronising operation ran while [`SyncDebugMode::Error`](super::SyncDebugMode) was set
+    /// A synchronising operation ran while [`SyncDebugMode::Error`](crate::SyncDebugMode) was set
     /// (`torch.cuda.set_sync_debug_mode("error")`).
     #[error("called a synchronizing CUDA operation: {op} (sync debug mode is 'error')")]
     SyncDebug {
@@ -107,7 +107,7 @@ pub enum CudaError {
     /// A failure of berth's kernels, cuBLAS or the device generator (`cuda::kernels`).
     #[cfg(feature = "cuda")]
     #[error(transparent)]
-    Kernel(#[from] super::kernels::KernelError),
+    Kernel(#[from] crate::KernelError),
 
     /// The device's caching allocator refused a request (its message is PyTorch's, e.g. "CUDA
     /// out of memory. Tried to allocate ..."); `out_of_memory` tells whether freeing memory

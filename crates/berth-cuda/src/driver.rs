@@ -5,7 +5,7 @@
 //! nothing in berth may call into `cudarc::driver` before [`driver`] returned `Ok` (house style
 //! 1.4). The answer is computed once per process and cached.
 
-use super::CudaError;
+use crate::{ffi, CudaError};
 use std::sync::OnceLock;
 
 /// What the probe found: the number of devices, or why CUDA cannot be used.
@@ -24,28 +24,21 @@ pub(crate) fn driver() -> Result<usize, CudaError> {
         .map_err(CudaError::unavailable)
 }
 
-#[cfg(not(feature = "cuda"))]
 fn probe() -> Result<usize, String> {
-    Err("berth was built without the `cuda` feature".into())
-}
-
-#[cfg(feature = "cuda")]
-fn probe() -> Result<usize, String> {
-    use cudarc::driver::{result, sys};
+    if !cfg!(feature = "cuda") {
+        return Err("berth was built without the `cuda` feature".into());
+    }
     if std::env::var_os("BERTH_DISABLE_CUDA").is_some_and(|v| !v.is_empty() && v != "0") {
         return Err("disabled by the BERTH_DISABLE_CUDA environment variable".into());
     }
-    // SAFETY: `is_culib_present` only tries `dlopen` on the candidate names; it calls no
-    // driver function.
-    if !unsafe { sys::is_culib_present() } {
+    if !ffi::driver_library_present() {
         return Err("the NVIDIA driver library (libcuda.so) was not found".into());
     }
     // A driver too old for one of the symbols cudarc resolves makes the loader panic: turn that
     // into a reason instead of aborting the caller.
     let outcome = std::panic::catch_unwind(|| -> Result<usize, String> {
-        result::init().map_err(|e| format!("cuInit failed: {:?}", e.0))?;
-        let count = result::device::get_count()
-            .map_err(|e| format!("cuDeviceGetCount failed: {:?}", e.0))?;
+        ffi::init().map_err(|e| failed("cuInit", e))?;
+        let count = ffi::device_get_count().map_err(|e| failed("cuDeviceGetCount", e))?;
         Ok(usize::try_from(count).unwrap_or(0))
     });
     match outcome {
@@ -55,12 +48,10 @@ fn probe() -> Result<usize, String> {
     }
 }
 
-/// Maps a driver result into [`CudaError`] through [`CudaError::from_driver`].
-#[cfg(feature = "cuda")]
-pub(crate) fn check<T>(
-    op: &'static str,
-    device: usize,
-    r: Result<T, cudarc::driver::DriverError>,
-) -> Result<T, CudaError> {
-    r.map_err(|e| CudaError::from_driver(op, e, device, 0))
+/// `"cuInit failed: CUDA_ERROR_NO_DEVICE"`: the probe's reason for a failed call.
+fn failed(op: &str, e: CudaError) -> String {
+    match e {
+        CudaError::Driver { name, .. } => format!("{op} failed: {name}"),
+        other => format!("{op} failed: {other}"),
+    }
 }

@@ -3,7 +3,7 @@
 //!
 //! A *sync point* is an operation that blocks the host until device work has run without the
 //! caller asking for a synchronisation by name: `item()`, `to_vec()` and blocking device→host
-//! copies. Tensor and transfer code calls [`sync_point`] right before blocking; in
+//! copies. berth's tensor and transfer code calls [`sync_point`] right before blocking; in
 //! [`SyncDebugMode::Warn`] it prints one line naming the op, in [`SyncDebugMode::Error`] it
 //! fails with [`CudaError::SyncDebug`]. Calls the user makes by name (`synchronize()`,
 //! `Event::synchronize`, `Stream::synchronize`) are never reported, as in PyTorch; every host
@@ -12,7 +12,7 @@
 //! The mode is **per thread** (PyTorch's is per process): a DataLoader worker or a parallel
 //! test cannot turn another thread's loop into errors.
 
-use super::CudaError;
+use crate::CudaError;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -1,9 +1,11 @@
 //! `KernelError`: failures of berth's own CUDA kernels, cuBLAS and the device generator.
+//!
+//! The kernels themselves live in berth (`berth::cuda::kernels`, `blas`, `rand`); the error
+//! type lives here so that [`CudaError::Kernel`](crate::CudaError) can carry it.
 
 /// Errors of the kernel layer (NVRTC, module loading, launches, cuBLAS).
 ///
-/// Converts into [`CudaError`](crate::cuda::CudaError) and from there into
-/// [`berth::Error`](crate::Error) with `?`.
+/// Converts into [`CudaError`](crate::CudaError) and from there into `berth::Error` with `?`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KernelError {
@@ -73,7 +75,8 @@ pub enum KernelError {
 
 impl KernelError {
     /// [`KernelError::InvalidArgument`] for `op`.
-    pub(crate) fn invalid(op: &'static str, what: impl Into<String>) -> Self {
+    #[doc(hidden)]
+    pub fn invalid(op: &'static str, what: impl Into<String>) -> Self {
         Self::InvalidArgument {
             op,
             what: what.into(),
@@ -83,8 +86,9 @@ impl KernelError {
 
 #[cfg(feature = "cuda")]
 impl KernelError {
-    /// Maps a cudarc driver error.
-    pub(crate) fn driver(op: &'static str, device: usize, e: cudarc::driver::DriverError) -> Self {
+    /// Maps a cudarc driver error of the kernel layer.
+    #[doc(hidden)]
+    pub fn driver(op: &'static str, device: usize, e: cudarc::driver::DriverError) -> Self {
         Self::Driver {
             op,
             device,

@@ -6,9 +6,9 @@
 //! streams are created non-blocking, as PyTorch's pool streams. A stream's [`StreamId`] is its
 //! raw handle, the value PyTorch's traces carry.
 
-use super::device::{check_device, current_device};
-use super::{raw, CudaError, Event};
-use crate::alloc::StreamId;
+use crate::device::{check_device, current_device};
+use crate::{ffi, CudaError, Event};
+use berth_alloc::StreamId;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -35,7 +35,9 @@ impl Drop for Inner {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&self.raw);
             // A failed destroy leaks one handle; a drop path never panics.
-            let _ = raw::stream_destroy(self.device, self.raw);
+            // SAFETY: `raw` was created by `stream_create` for this `Inner`, which destroys it
+            // once, here; no clone is left to use it.
+            let _ = unsafe { ffi::stream_destroy(self.device, self.raw) };
         }
     }
 }
@@ -70,7 +72,7 @@ pub(crate) fn device_of(id: StreamId) -> usize {
         .unwrap_or_else(|p| p.into_inner())
         .get(&id.0)
         .copied();
-    known.unwrap_or_else(super::device::current_index)
+    known.unwrap_or_else(crate::device::current_index)
 }
 
 thread_local! {
@@ -88,7 +90,7 @@ impl Stream {
     /// [`CudaError::Driver`].
     pub fn new(device: usize, priority: i32) -> Result<Stream, CudaError> {
         check_device(device)?;
-        let (least, greatest) = raw::priority_range(device)?;
+        let (least, greatest) = ffi::priority_range(device)?;
         if priority > least || priority < greatest {
             return Err(CudaError::InvalidPriority {
                 priority,
@@ -96,7 +98,7 @@ impl Stream {
                 greatest,
             });
         }
-        let raw = raw::stream_create(device, priority)?;
+        let raw = ffi::stream_create(device, priority)?;
         DEVICES
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -118,7 +120,7 @@ impl Stream {
     /// As [`Stream::new`].
     pub fn priority_range(device: usize) -> Result<(i32, i32), CudaError> {
         check_device(device)?;
-        raw::priority_range(device)
+        ffi::priority_range(device)
     }
 
     /// The default (legacy NULL) stream of `device` (`torch.cuda.default_stream(i)`). Creates
@@ -168,7 +170,8 @@ impl Stream {
     /// # Errors
     /// [`CudaError::Driver`] (e.g. an earlier kernel failed).
     pub fn query(&self) -> Result<bool, CudaError> {
-        raw::stream_query(self.inner.device, self.inner.raw)
+        // SAFETY: `self` keeps the stream alive (or it is the default stream, 0).
+        unsafe { ffi::stream_query(self.inner.device, self.inner.raw) }
     }
 
     /// Blocks the host until all work queued so far has completed (`Stream.synchronize()`).
@@ -178,14 +181,20 @@ impl Stream {
     /// # Errors
     /// [`CudaError::Driver`].
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        super::sync_debug::count_host_wait();
-        raw::stream_sync(self.inner.device, self.inner.raw)
+        crate::sync_debug::count_host_wait();
+        // SAFETY: `self` keeps the stream alive (or it is the default stream, 0).
+        unsafe { ffi::stream_sync(self.inner.device, self.inner.raw) }
     }
 
     /// Blocks until queued work completed without counting a host wait (the caller counted it
     /// through [`sync_point`](super::sync_point)).
-    pub(crate) fn synchronize_uncounted(&self) -> Result<(), CudaError> {
-        raw::stream_sync(self.inner.device, self.inner.raw)
+    ///
+    /// # Errors
+    /// [`CudaError::Driver`].
+    #[doc(hidden)]
+    pub fn synchronize_uncounted(&self) -> Result<(), CudaError> {
+        // SAFETY: `self` keeps the stream alive (or it is the default stream, 0).
+        unsafe { ffi::stream_sync(self.inner.device, self.inner.raw) }
     }
 
     /// Makes work queued on `self` from now on wait for `event` (`Stream.wait_event`); the host
@@ -195,7 +204,10 @@ impl Stream {
     /// [`CudaError::Driver`].
     pub fn wait_event(&self, event: &Event) -> Result<(), CudaError> {
         match event.recorded() {
-            Some((_, ev)) => raw::stream_wait_event(self.inner.device, self.inner.raw, ev),
+            // SAFETY: `self` keeps the stream alive and `event` (borrowed) its driver event.
+            Some((_, ev)) => unsafe {
+                ffi::stream_wait_event(self.inner.device, self.inner.raw, ev)
+            },
             None => Ok(()),
         }
     }
@@ -229,7 +241,7 @@ impl Stream {
     pub fn scope(&self) -> StreamGuard {
         let device = self.inner.device;
         let previous_stream = CURRENT.with(|c| c.borrow_mut().insert(device, self.clone()));
-        let previous_device = super::device::replace_current(device);
+        let previous_device = crate::device::replace_current(device);
         StreamGuard {
             device,
             previous_stream,
@@ -284,6 +296,6 @@ impl Drop for StreamGuard {
                 None => c.remove(&self.device),
             }
         });
-        super::device::replace_current(self.previous_device);
+        crate::device::replace_current(self.previous_device);
     }
 }

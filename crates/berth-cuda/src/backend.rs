@@ -8,13 +8,26 @@
 //! is recognised only in [`CudaError::from_driver`] and reaches the policy as the retryable
 //! [`BackendError::OutOfMemory`].
 
-use super::{raw, CudaError};
-use crate::alloc::{
+use crate::ffi::{self, Attribute};
+use crate::CudaError;
+use berth_alloc::{
     BackendError, DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The minimum granularity of virtual memory on `device`, or `None` when the device has no
+/// VMM support.
+fn vmm_granularity(device: usize) -> Result<Option<usize>, CudaError> {
+    let dev = ffi::device_get(device)?;
+    let supported = ffi::device_attribute(device, dev, Attribute::VirtualMemoryManagementSupported)
+        .unwrap_or(0);
+    if supported == 0 {
+        return Ok(None);
+    }
+    Ok(Some(ffi::mem_allocation_granularity(device)?))
+}
 
 impl From<CudaError> for BackendError {
     fn from(e: CudaError) -> Self {
@@ -59,12 +72,15 @@ impl CudaEvent {
     /// # Errors
     /// [`CudaError::Driver`] / [`CudaError::Unavailable`].
     pub fn record(device: usize, stream: StreamId) -> Result<CudaEvent, CudaError> {
-        if raw::stream_query(device, stream.0)? {
+        // SAFETY: the `StreamId`s berth hands to its allocators name live streams of `device`
+        // (`Stream::id`) or the default stream, 0.
+        if unsafe { ffi::stream_query(device, stream.0)? } {
             return Ok(CudaEvent { device, raw: 0 });
         }
-        let raw = raw::event_create(device, false)?;
+        let raw = ffi::event_create(device, false)?;
         let ev = CudaEvent { device, raw };
-        raw::event_record(device, raw, stream.0)?;
+        // SAFETY: `raw` was just created on `device`; `stream` as above.
+        unsafe { ffi::event_record(device, raw, stream.0)? };
         Ok(ev)
     }
 
@@ -76,7 +92,8 @@ impl CudaEvent {
         if self.raw == 0 {
             return Ok(true);
         }
-        raw::event_query(self.device, self.raw)
+        // SAFETY: `self` owns the live driver event.
+        unsafe { ffi::event_query(self.device, self.raw) }
     }
 
     /// Blocks until it completed.
@@ -87,14 +104,16 @@ impl CudaEvent {
         if self.raw == 0 {
             return Ok(());
         }
-        raw::event_sync(self.device, self.raw)
+        // SAFETY: `self` owns the live driver event.
+        unsafe { ffi::event_sync(self.device, self.raw) }
     }
 }
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
         if self.raw != 0 {
-            let _ = raw::event_destroy(self.device, self.raw);
+            // SAFETY: `self` owns the event and destroys it once, here.
+            let _ = unsafe { ffi::event_destroy(self.device, self.raw) };
         }
     }
 }
@@ -159,7 +178,9 @@ impl Vmm {
     fn release_pool(&self, st: &mut VmmState) -> Result<(), CudaError> {
         let mut first = Ok(());
         for h in st.pool.drain(..) {
-            if let Err(e) = ffi::release(self.device, h) {
+            // SAFETY: pooled handles came from `mem_create`, are mapped nowhere (`unmap` pools
+            // them only after unmapping) and leave the pool here, released once.
+            if let Err(e) = unsafe { ffi::mem_release(self.device, h) } {
                 first = first.and(Err(e));
             }
         }
@@ -168,15 +189,23 @@ impl Vmm {
 
     /// Unmaps `[addr, addr + pages × granularity)`, every page of which is mapped: one call for
     /// the range, or one per page when the driver refuses ranges of several mappings.
-    fn unmap_range(&self, addr: u64, pages: usize) -> Result<(), CudaError> {
+    ///
+    /// # Safety
+    /// Every page of the range was mapped by [`Vmm::map_pages`] (one mapping per page) and no
+    /// queued work uses it.
+    unsafe fn unmap_range(&self, addr: u64, pages: usize) -> Result<(), CudaError> {
         let page = self.granularity;
         if pages > 1 && self.range_unmap.load(Ordering::Relaxed) {
-            match ffi::unmap(self.device, addr, pages * page) {
+            // SAFETY: the caller's contract: the range is whole page mappings.
+            match unsafe { ffi::mem_unmap(self.device, addr, pages * page) } {
                 Ok(()) => return Ok(()),
                 Err(_) => self.range_unmap.store(false, Ordering::Relaxed),
             }
         }
-        (0..pages).try_for_each(|k| ffi::unmap(self.device, addr + (k * page) as u64, page))
+        (0..pages).try_for_each(|k| {
+            // SAFETY: the caller's contract: page `k` is one whole mapping.
+            unsafe { ffi::mem_unmap(self.device, addr + (k * page) as u64, page) }
+        })
     }
 
     /// Maps `pages` pages at `addr` (unmapped, inside a reservation) with handles from the
@@ -192,15 +221,19 @@ impl Vmm {
         for k in 0..pages {
             let h = match st.pool.pop() {
                 Some(h) => h,
-                None => ffi::create(self.device, page)?,
+                None => ffi::mem_create(self.device, page)?,
             };
-            if let Err(e) = ffi::map(self.device, addr + (k * page) as u64, page, h) {
+            // SAFETY: the page is unmapped (`map` checked `st.mapped`, which records every
+            // mapping of this backend) and `h` is a live one-page handle mapped nowhere (pooled
+            // or new); the driver refuses an address outside a reservation.
+            if let Err(e) = unsafe { ffi::mem_map(self.device, addr + (k * page) as u64, page, h) }
+            {
                 st.pool.push(h);
                 return Err(e);
             }
             done.push(h);
         }
-        ffi::set_access(self.device, addr, pages * page)
+        ffi::mem_set_access(self.device, addr, pages * page)
     }
 }
 
@@ -217,9 +250,9 @@ impl CudaBackend {
     /// # Errors
     /// [`CudaError::InvalidDevice`], [`CudaError::Unavailable`], [`CudaError::Driver`].
     pub fn new(device: usize) -> Result<CudaBackend, CudaError> {
-        super::check_device(device)?;
-        super::bind_context(device)?;
-        let vmm = ffi::granularity(device).ok().flatten().map(|granularity| {
+        crate::check_device(device)?;
+        crate::bind_context(device)?;
+        let vmm = vmm_granularity(device).ok().flatten().map(|granularity| {
             Arc::new(Vmm {
                 device,
                 granularity,
@@ -279,11 +312,12 @@ impl MemoryBackend for CudaBackend {
         _stream: StreamId,
     ) -> Result<(), BackendError> {
         // `cuMemFree` synchronises the device, which covers precondition 2 of the trait.
-        Ok(ffi::mem_free(self.device, ptr.0)?)
+        // SAFETY: the trait's contract: `ptr` came from `malloc` (`cuMemAlloc`) here, freed once.
+        unsafe { ffi::mem_free(self.device, ptr.0) }.map_err(BackendError::from)
     }
 
     fn mem_info(&self) -> Result<MemInfo, BackendError> {
-        let (free, total) = super::mem_get_info(self.device)?;
+        let (free, total) = crate::mem_get_info(self.device)?;
         Ok(MemInfo {
             free_bytes: free as u64,
             total_bytes: total as u64,
@@ -349,7 +383,9 @@ impl VirtualMemoryBackend for CudaBackend {
             // pooled page back to the driver. `map_pages` creates pages only once the pool is
             // empty, so an out-of-memory failure cannot be cured by releasing the pool.
             if !done.is_empty() {
-                vmm.unmap_range(addr.0, done.len())?;
+                // SAFETY: this call just mapped these pages, one mapping each; no work was
+                // queued on them.
+                unsafe { vmm.unmap_range(addr.0, done.len())? };
             }
             st.pool.append(&mut done);
             vmm.release_pool(&mut st)?;
@@ -383,9 +419,9 @@ impl VirtualMemoryBackend for CudaBackend {
                 ptr: addr,
             });
         }
-        // SAFETY (of the driver call inside): the caller's contract (1. mapped by `map`,
-        // checked above; 2. no queued work uses it).
-        vmm.unmap_range(addr.0, pages)?;
+        // SAFETY: the caller's contract (1. mapped by `map`, one mapping per page, checked
+        // above; 2. no queued work uses it).
+        unsafe { vmm.unmap_range(addr.0, pages)? };
         let handles: Vec<u64> = st.mapped.range(addr.0..end).map(|(_, &h)| h).collect();
         for k in 0..pages {
             st.mapped.remove(&(addr.0 + (k * page) as u64));
@@ -395,201 +431,12 @@ impl VirtualMemoryBackend for CudaBackend {
     }
 
     unsafe fn release(&self, base: DevicePtr, bytes: usize) -> Result<(), BackendError> {
-        Ok(ffi::address_free(self.device, base.0, bytes)?)
+        // SAFETY: the trait's contract: a reservation from `reserve` with nothing mapped.
+        unsafe { ffi::address_free(self.device, base.0, bytes) }.map_err(BackendError::from)
     }
 
     fn trim(&self) -> Result<(), BackendError> {
         Ok(self.release_pool()?)
-    }
-}
-
-#[cfg(feature = "cuda")]
-mod ffi {
-    use super::super::context::bind;
-    use super::super::CudaError;
-    use cudarc::driver::{result::DriverError, sys};
-    use std::mem::MaybeUninit;
-
-    fn r(
-        op: &'static str,
-        device: usize,
-        bytes: usize,
-        code: sys::CUresult,
-    ) -> Result<(), CudaError> {
-        code.result()
-            .map_err(|e: DriverError| CudaError::from_driver(op, e, device, bytes))
-    }
-
-    pub(super) fn mem_alloc(device: usize, bytes: usize) -> Result<u64, CudaError> {
-        bind(device)?;
-        let mut p = MaybeUninit::uninit();
-        // SAFETY: the device's context is current; `p` is a valid out-pointer.
-        r("cuMemAlloc", device, bytes, unsafe {
-            sys::cuMemAlloc_v2(p.as_mut_ptr(), bytes)
-        })?;
-        // SAFETY: initialised by the successful call.
-        Ok(unsafe { p.assume_init() })
-    }
-
-    pub(super) fn mem_free(device: usize, ptr: u64) -> Result<(), CudaError> {
-        bind(device)?;
-        // SAFETY: `ptr` came from `cuMemAlloc` on this device (the caller's contract).
-        r("cuMemFree", device, 0, unsafe { sys::cuMemFree_v2(ptr) })
-    }
-
-    fn prop(device: usize) -> sys::CUmemAllocationProp {
-        // SAFETY: a plain C struct; all-zero is a valid value of every field (enums' 0 members,
-        // null pointer).
-        let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-        p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        p.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        p.location.id = device as i32;
-        p
-    }
-
-    /// The minimum granularity, or `None` when the device has no VMM support.
-    pub(super) fn granularity(device: usize) -> Result<Option<usize>, CudaError> {
-        bind(device)?;
-        let dev = super::super::driver::check(
-            "cuDeviceGet",
-            device,
-            cudarc::driver::result::device::get(device as i32),
-        )?;
-        // SAFETY: `dev` came from `cuDeviceGet`.
-        let supported = unsafe {
-            cudarc::driver::result::device::get_attribute(
-                dev,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-            )
-        }
-        .unwrap_or(0);
-        if supported == 0 {
-            return Ok(None);
-        }
-        let p = prop(device);
-        let mut g = 0usize;
-        // SAFETY: valid out-pointer and property struct.
-        r("cuMemGetAllocationGranularity", device, 0, unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut g,
-                &p,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            )
-        })?;
-        Ok(Some(g))
-    }
-
-    pub(super) fn address_reserve(device: usize, bytes: usize) -> Result<u64, CudaError> {
-        bind(device)?;
-        let mut p = 0u64;
-        // SAFETY: valid out-pointer; no fixed address, default alignment.
-        r("cuMemAddressReserve", device, bytes, unsafe {
-            sys::cuMemAddressReserve(&mut p, bytes, 0, 0, 0)
-        })?;
-        Ok(p)
-    }
-
-    pub(super) fn address_free(device: usize, base: u64, bytes: usize) -> Result<(), CudaError> {
-        bind(device)?;
-        // SAFETY: the caller's contract: a reservation with nothing mapped.
-        r("cuMemAddressFree", device, 0, unsafe {
-            sys::cuMemAddressFree(base, bytes)
-        })
-    }
-
-    /// `cuMemCreate`: `bytes` of physical memory on `device`.
-    pub(super) fn create(device: usize, bytes: usize) -> Result<u64, CudaError> {
-        bind(device)?;
-        let p = prop(device);
-        let mut h = 0u64;
-        // SAFETY: valid out-pointer and property struct.
-        r("cuMemCreate", device, bytes, unsafe {
-            sys::cuMemCreate(&mut h, bytes, &p, 0)
-        })?;
-        Ok(h)
-    }
-
-    /// `cuMemMap` of all of handle `h` (`bytes` long) at `addr`.
-    pub(super) fn map(device: usize, addr: u64, bytes: usize, h: u64) -> Result<(), CudaError> {
-        bind(device)?;
-        // SAFETY: `addr..addr+bytes` is inside a reservation and unmapped, `h` is a live
-        // handle of `bytes` bytes mapped nowhere (the caller's contract).
-        r("cuMemMap", device, bytes, unsafe {
-            sys::cuMemMap(addr, bytes, 0, h, 0)
-        })
-    }
-
-    /// `cuMemSetAccess`: read/write for `device` on a fully mapped range (any number of
-    /// mappings).
-    pub(super) fn set_access(device: usize, addr: u64, bytes: usize) -> Result<(), CudaError> {
-        bind(device)?;
-        let desc = sys::CUmemAccessDesc {
-            location: prop(device).location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: the range is mapped (the caller's contract); `desc` is one valid entry.
-        r("cuMemSetAccess", device, bytes, unsafe {
-            sys::cuMemSetAccess(addr, bytes, &desc, 1)
-        })
-    }
-
-    /// `cuMemUnmap` of a range made of whole mappings.
-    pub(super) fn unmap(device: usize, addr: u64, bytes: usize) -> Result<(), CudaError> {
-        bind(device)?;
-        // SAFETY: the range consists of whole mappings made by `map` and no work uses it (the
-        // caller's contract).
-        r("cuMemUnmap", device, 0, unsafe {
-            sys::cuMemUnmap(addr, bytes)
-        })
-    }
-
-    /// `cuMemRelease` of a handle mapped nowhere.
-    pub(super) fn release(device: usize, h: u64) -> Result<(), CudaError> {
-        bind(device)?;
-        // SAFETY: `h` came from `create`, is unmapped, and is released once (the caller's
-        // contract).
-        r("cuMemRelease", device, 0, unsafe { sys::cuMemRelease(h) })
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-mod ffi {
-    use super::super::CudaError;
-
-    fn no<T>() -> Result<T, CudaError> {
-        Err(CudaError::unavailable(
-            "berth was built without the `cuda` feature",
-        ))
-    }
-    pub(super) fn mem_alloc(_: usize, _: usize) -> Result<u64, CudaError> {
-        no()
-    }
-    pub(super) fn mem_free(_: usize, _: u64) -> Result<(), CudaError> {
-        no()
-    }
-    pub(super) fn granularity(_: usize) -> Result<Option<usize>, CudaError> {
-        no()
-    }
-    pub(super) fn address_reserve(_: usize, _: usize) -> Result<u64, CudaError> {
-        no()
-    }
-    pub(super) fn address_free(_: usize, _: u64, _: usize) -> Result<(), CudaError> {
-        no()
-    }
-    pub(super) fn create(_: usize, _: usize) -> Result<u64, CudaError> {
-        no()
-    }
-    pub(super) fn map(_: usize, _: u64, _: usize, _: u64) -> Result<(), CudaError> {
-        no()
-    }
-    pub(super) fn set_access(_: usize, _: u64, _: usize) -> Result<(), CudaError> {
-        no()
-    }
-    pub(super) fn unmap(_: usize, _: u64, _: usize) -> Result<(), CudaError> {
-        no()
-    }
-    pub(super) fn release(_: usize, _: u64) -> Result<(), CudaError> {
-        no()
     }
 }
 
@@ -622,7 +469,7 @@ mod tests {
     /// back.
     #[test]
     fn unmapped_pages_are_pooled_reused_and_trimmed() {
-        if !crate::cuda::testing::require_gpu("vmm_page_pool") {
+        if !crate::testing::require_gpu("vmm_page_pool") {
             return;
         }
         let s = StreamId::DEFAULT;
@@ -630,7 +477,7 @@ mod tests {
         let v = b.as_virtual().expect("VMM supported");
         let g = v.granularity();
         let used = || {
-            let (free, total) = super::super::mem_get_info(0).unwrap();
+            let (free, total) = crate::mem_get_info(0).unwrap();
             (total - free) as i64
         };
         let base = v.reserve(8 * g).unwrap();
@@ -667,7 +514,7 @@ mod tests {
 
     #[test]
     fn backend_without_a_gpu_is_unavailable_not_a_panic() {
-        if crate::cuda::is_available() {
+        if crate::is_available() {
             return;
         }
         assert!(matches!(

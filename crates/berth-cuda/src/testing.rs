@@ -1,7 +1,7 @@
 //! Test hooks: the one GPU gate for GPU tests, and a fake device count for simulated cases.
 //!
 //! # The GPU gate
-//! Every GPU test starts with `if !berth::cuda::testing::require_gpu("name") { return; }`: on a
+//! Every GPU test starts with `if !berth_cuda::testing::require_gpu("name") { return; }`: on a
 //! machine without a device it prints why it skips, unless `BERTH_REQUIRE_GPU=1` is set, in
 //! which case it fails (so a GPU job that lost its GPU cannot pass silently; tokio's
 //! `_require_full.rs` idea).
@@ -12,7 +12,7 @@
 //! [`set_device`](super::set_device) behave, **on the calling thread only**, as if `n` devices
 //! were visible, until the returned guard drops. Nothing else is faked: a driver call on a
 //! "visible" fake device still answers [`CudaError::Unavailable`](super::CudaError) on a
-//! machine without a GPU. Tensor code that validates `cuda:i` through
+//! machine without a GPU. Code that validates `cuda:i` through
 //! [`check_device`](super::check_device) gets "device index 5 is out of range [0, 1)" under
 //! `fake_device_count(1)`.
 
@@ -31,9 +31,9 @@ pub(crate) fn faked_count() -> Option<usize> {
 ///
 /// # Examples
 /// ```
-/// let _g = berth::cuda::testing::fake_device_count(1);
-/// assert_eq!(berth::cuda::device_count(), 1);
-/// let err = berth::cuda::check_device(5).unwrap_err();
+/// let _g = berth_cuda::testing::fake_device_count(1);
+/// assert_eq!(berth_cuda::device_count(), 1);
+/// let err = berth_cuda::check_device(5).unwrap_err();
 /// assert!(err.to_string().starts_with("device index 5 is out of range [0, 1)"));
 /// ```
 pub fn fake_device_count(n: usize) -> FakeDeviceCount {
@@ -75,7 +75,7 @@ pub fn require_gpu(test: &str) -> bool {
 /// # Panics
 /// When no device at all is present and `BERTH_REQUIRE_GPU=1` is set.
 pub fn require_gpus(test: &str, n: usize) -> bool {
-    let count = super::driver::driver();
+    let count = crate::driver::driver();
     match count {
         Ok(c) if c >= n => true,
         Ok(c) => {
@@ -99,5 +99,6 @@ pub fn require_gpus(test: &str, n: usize) -> bool {
 /// # Errors
 /// [`CudaError::Driver`](super::CudaError) / [`CudaError::Unavailable`](super::CudaError).
 pub fn busy_stream(stream: &super::Stream, ms: u64) -> Result<(), super::CudaError> {
-    super::raw::stream_sleep(stream.device(), stream.as_raw(), ms)
+    // SAFETY: `stream` (borrowed) keeps its handle alive.
+    unsafe { crate::ffi::stream_sleep(stream.device(), stream.as_raw(), ms) }
 }

@@ -13,7 +13,7 @@
 //! Linux only; elsewhere [`Mapping::new`] answers an error and callers keep the driver's
 //! allocation.
 
-use super::CudaError;
+use crate::{ffi, CudaError};
 use std::ptr::NonNull;
 
 /// Size of a transparent huge page on x86-64 and aarch64 with 4 KiB base pages, in bytes.
@@ -57,7 +57,7 @@ impl Mapping {
             .ok_or_else(|| CudaError::HostAlloc {
                 message: format!("cannot map {bytes} bytes of host memory"),
             })?;
-        let ptr = sys::map_aligned(len, pages)?;
+        let ptr = ffi::os::map_aligned(len, pages)?;
         Ok(Mapping { ptr, len })
     }
 
@@ -116,7 +116,7 @@ impl Mapping {
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: `ptr..ptr+len` is a mapping made by `map_aligned` and owned by `self`.
-        unsafe { sys::unmap(self.ptr, self.len) };
+        unsafe { ffi::os::unmap(self.ptr, self.len) };
     }
 }
 
@@ -131,108 +131,6 @@ pub fn copy_by_huge_pages(dst: &mut [u8], src: &[u8]) {
     dst.par_chunks_mut(HUGE_PAGE)
         .zip(src.par_chunks(HUGE_PAGE))
         .for_each(|(d, s)| d.copy_from_slice(s));
-}
-
-#[cfg(target_os = "linux")]
-mod sys {
-    use super::{CudaError, Pages, HUGE_PAGE};
-    use std::ffi::{c_int, c_void};
-    use std::ptr::NonNull;
-
-    const PROT_READ: c_int = 1;
-    const PROT_WRITE: c_int = 2;
-    const MAP_PRIVATE: c_int = 0x02;
-    const MAP_ANONYMOUS: c_int = 0x20;
-    const MADV_HUGEPAGE: c_int = 14;
-    const MADV_NOHUGEPAGE: c_int = 15;
-
-    extern "C" {
-        fn mmap(
-            addr: *mut c_void,
-            len: usize,
-            prot: c_int,
-            flags: c_int,
-            fd: c_int,
-            offset: i64,
-        ) -> *mut c_void;
-        fn munmap(addr: *mut c_void, len: usize) -> c_int;
-        fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int;
-    }
-
-    /// Maps `len` bytes (a multiple of `HUGE_PAGE`) aligned to `HUGE_PAGE`: one mapping a huge
-    /// page longer, with the unaligned head and the tail cut off.
-    pub(super) fn map_aligned(len: usize, pages: Pages) -> Result<NonNull<u8>, CudaError> {
-        let total = len + HUGE_PAGE;
-        // SAFETY: an anonymous private mapping at an address of the kernel's choosing; no
-        // existing memory is affected.
-        let raw = unsafe {
-            mmap(
-                std::ptr::null_mut(),
-                total,
-                PROT_READ | PROT_WRITE,
-                MAP_PRIVATE | MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if raw as isize == -1 || raw.is_null() {
-            return Err(CudaError::HostAlloc {
-                message: format!(
-                    "mmap of {total} bytes failed: {}",
-                    std::io::Error::last_os_error()
-                ),
-            });
-        }
-        let start = raw as usize;
-        let aligned = start.next_multiple_of(HUGE_PAGE);
-        let head = aligned - start;
-        let tail = total - head - len;
-        // SAFETY: both ranges lie inside the mapping just made and are not used by anyone; a
-        // zero length is skipped.
-        unsafe {
-            if head > 0 {
-                munmap(raw, head);
-            }
-            if tail > 0 {
-                munmap((aligned + len) as *mut c_void, tail);
-            }
-        }
-        let advice = match pages {
-            Pages::Huge => MADV_HUGEPAGE,
-            Pages::Small => MADV_NOHUGEPAGE,
-        };
-        // SAFETY: the range is the aligned mapping; advice only changes how it is backed.
-        // Failure (no THP support in this kernel) leaves small pages, which is correct.
-        let _ = unsafe { madvise(aligned as *mut c_void, len, advice) };
-        NonNull::new(aligned as *mut u8).ok_or_else(|| CudaError::HostAlloc {
-            message: "mmap returned a null address".into(),
-        })
-    }
-
-    /// Unmaps a mapping made by `map_aligned`.
-    ///
-    /// # Safety
-    /// `ptr..ptr+len` is such a mapping, no longer used (and unregistered from the driver).
-    pub(super) unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
-        // SAFETY: the caller's contract; munmap of a whole mapping cannot fail otherwise.
-        let _ = unsafe { munmap(ptr.as_ptr().cast(), len) };
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-mod sys {
-    use super::{CudaError, Pages};
-    use std::ptr::NonNull;
-
-    pub(super) fn map_aligned(_: usize, _: Pages) -> Result<NonNull<u8>, CudaError> {
-        Err(CudaError::unavailable(
-            "anonymous huge-page mappings are implemented for Linux only",
-        ))
-    }
-
-    /// # Safety
-    /// Never called: no mapping exists off Linux.
-    pub(super) unsafe fn unmap(_: NonNull<u8>, _: usize) {}
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 //! Every function answers "not available" (or 0 / `false`) on a machine without the NVIDIA
 //! driver and never panics (see [`driver`](super::driver)).
 
-use super::driver::driver;
-use super::CudaError;
+use crate::driver::driver;
+use crate::CudaError;
 use std::cell::Cell;
 
 thread_local! {
@@ -24,9 +24,9 @@ pub fn is_available() -> bool {
 /// The number of visible CUDA devices, 0 when CUDA is not available
 /// (`torch.cuda.device_count()`).
 ///
-/// Honours [`testing::fake_device_count`](super::testing::fake_device_count) on this thread.
+/// Honours [`testing::fake_device_count`](crate::testing::fake_device_count) on this thread.
 pub fn device_count() -> usize {
-    if let Some(n) = super::testing::faked_count() {
+    if let Some(n) = crate::testing::faked_count() {
         return n;
     }
     driver().unwrap_or(0)
@@ -48,7 +48,7 @@ pub fn unavailable_reason() -> Option<String> {
 ///    exists (or a fake count is set): "device index 5 is out of range [0, 1)" (BUG-20).
 /// 2. [`CudaError::Unavailable`] when CUDA is not available at all.
 pub fn check_device(index: usize) -> Result<(), CudaError> {
-    let count = match super::testing::faked_count() {
+    let count = match crate::testing::faked_count() {
         Some(n) => n,
         None => driver()?,
     };
@@ -65,7 +65,7 @@ pub fn check_device(index: usize) -> Result<(), CudaError> {
 /// # Errors
 /// [`CudaError::Unavailable`] when CUDA is not available (PyTorch raises too).
 pub fn current_device() -> Result<usize, CudaError> {
-    if super::testing::faked_count().is_none() {
+    if crate::testing::faked_count().is_none() {
         driver()?;
     }
     Ok(CURRENT.with(Cell::get))
@@ -163,56 +163,26 @@ pub fn mem_get_info(index: usize) -> Result<(usize, usize), CudaError> {
     imp::mem_info(index)
 }
 
-#[cfg(feature = "cuda")]
 mod imp {
-    use super::super::context::bind;
-    use super::super::driver::check;
     use super::{CudaError, DeviceProperties};
-    use cudarc::driver::{result, sys::CUdevice_attribute as A};
+    use crate::ffi::{self, Attribute};
 
     pub(super) fn properties(index: usize) -> Result<DeviceProperties, CudaError> {
-        let dev = check("cuDeviceGet", index, result::device::get(index as i32))?;
-        let name = check("cuDeviceGetName", index, result::device::get_name(dev))?;
-        // SAFETY: `dev` came from `cuDeviceGet` for a valid ordinal (1).
-        let total = check("cuDeviceTotalMem", index, unsafe {
-            result::device::total_mem(dev)
-        })?;
-        let attr = |a| {
-            // SAFETY: `dev` came from `cuDeviceGet` for a valid ordinal.
-            check("cuDeviceGetAttribute", index, unsafe {
-                result::device::get_attribute(dev, a)
-            })
-            .map(|v| u32::try_from(v).unwrap_or(0))
-        };
+        let dev = ffi::device_get(index)?;
+        let name = ffi::device_name(index, dev)?;
+        let total = ffi::device_total_mem(index, dev)?;
+        let attr = |a| ffi::device_attribute(index, dev, a).map(|v| u32::try_from(v).unwrap_or(0));
         Ok(DeviceProperties {
             index,
             name,
             total_memory: total,
-            major: attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-            minor: attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
-            multi_processor_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            major: attr(Attribute::ComputeCapabilityMajor)?,
+            minor: attr(Attribute::ComputeCapabilityMinor)?,
+            multi_processor_count: attr(Attribute::MultiprocessorCount)?,
         })
     }
 
     pub(super) fn mem_info(index: usize) -> Result<(usize, usize), CudaError> {
-        bind(index)?;
-        check("cuMemGetInfo", index, result::mem_get_info())
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-mod imp {
-    use super::{CudaError, DeviceProperties};
-
-    pub(super) fn properties(_index: usize) -> Result<DeviceProperties, CudaError> {
-        Err(CudaError::unavailable(
-            "berth was built without the `cuda` feature",
-        ))
-    }
-
-    pub(super) fn mem_info(_index: usize) -> Result<(usize, usize), CudaError> {
-        Err(CudaError::unavailable(
-            "berth was built without the `cuda` feature",
-        ))
+        ffi::mem_get_info(index)
     }
 }

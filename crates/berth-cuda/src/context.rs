@@ -1,0 +1,125 @@
+//! Primary contexts: one per device, retained lazily on first use of THAT device, never on
+//! another (BUG-22: PyTorch's `empty_cache()` / `pin_memory()` created a context on cuda:0 for
+//! work that ran on cuda:1).
+//!
+//! [`contexts_created`] counts retains so tests can assert that an operation created none.
+
+use crate::device::check_device;
+use crate::driver::driver;
+use crate::{ffi, CudaError};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// Number of primary contexts berth has created in this process (COUNT).
+static CREATED: AtomicUsize = AtomicUsize::new(0);
+
+/// How many primary contexts berth has created in this process, over all devices.
+///
+/// A test of "this operation creates no context" compares this before and after (BUG-06,
+/// BUG-12, BUG-22).
+pub fn contexts_created() -> usize {
+    CREATED.load(Ordering::SeqCst)
+}
+
+/// Whether berth has created `device`'s primary context (`torch.cuda.is_initialized()`, per
+/// device). Never creates one.
+pub fn is_initialized(device: usize) -> bool {
+    initialized(device)
+}
+
+/// The devices whose primary context berth has created, ascending. Never creates one; this is
+/// what `empty_cache()` without a device acts on (BUG-22).
+pub fn initialized_devices() -> Vec<usize> {
+    let count = driver().unwrap_or(0);
+    (0..count).filter(|&d| initialized(d)).collect()
+}
+
+/// Makes `device`'s primary context current on the calling thread, creating it on first use.
+///
+/// Every berth function that issues driver work on a device calls this first; kernels written
+/// outside this module (`cuda::ops`) call it too.
+///
+/// # Errors
+/// [`CudaError::InvalidDevice`], [`CudaError::Unavailable`], or [`CudaError::Driver`] when
+/// `cuDevicePrimaryCtxRetain` / `cuCtxSetCurrent` fails.
+pub fn bind_context(device: usize) -> Result<(), CudaError> {
+    bind(device).map(|_| ())
+}
+
+/// Blocks the host until all work queued on `device` has run (`torch.cuda.synchronize(i)`,
+/// `cuCtxSynchronize`). An explicit sync: counted in [`host_waits`](super::host_waits), never
+/// reported by sync-debug mode.
+///
+/// # Errors
+/// As [`bind_context`], or [`CudaError::Driver`] when the device reports an earlier
+/// asynchronous failure.
+pub fn synchronize(device: usize) -> Result<(), CudaError> {
+    bind(device)?;
+    crate::sync_debug::count_host_wait();
+    ffi::ctx_synchronize(device)
+}
+
+/// A retained primary context (a `CUcontext` handle). Raw driver handles are plain values
+/// usable from any thread.
+#[derive(Clone, Copy)]
+struct Primary {
+    ctx: u64,
+}
+
+static SLOTS: OnceLock<Vec<OnceLock<Primary>>> = OnceLock::new();
+static INIT: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    /// The device whose context is current on this thread, as far as berth set it.
+    static BOUND: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+fn slots() -> Option<&'static [OnceLock<Primary>]> {
+    let count = driver().ok()?;
+    Some(SLOTS.get_or_init(|| (0..count).map(|_| OnceLock::new()).collect()))
+}
+
+fn initialized(device: usize) -> bool {
+    slots()
+        .and_then(|s| s.get(device))
+        .is_some_and(|s| s.get().is_some())
+}
+
+fn primary(device: usize) -> Result<Primary, CudaError> {
+    driver()?;
+    check_device(device)?;
+    let slot = slots()
+        .and_then(|s| s.get(device))
+        .ok_or(CudaError::InvalidDevice {
+            index: device,
+            count: driver()?,
+        })?;
+    if let Some(p) = slot.get() {
+        return Ok(*p);
+    }
+    let _g = INIT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = slot.get() {
+        return Ok(*p);
+    }
+    let dev = ffi::device_get(device)?;
+    // The retain is never released: the primary context lives as long as the process, like
+    // PyTorch's.
+    let ctx = ffi::primary_ctx_retain(device, dev)?;
+    CREATED.fetch_add(1, Ordering::SeqCst);
+    let p = Primary { ctx };
+    let _ = slot.set(p);
+    Ok(p)
+}
+
+/// Makes `device`'s primary context current on this thread; returns it (as a `CUcontext`
+/// handle).
+pub(crate) fn bind(device: usize) -> Result<u64, CudaError> {
+    let p = primary(device)?;
+    if BOUND.with(Cell::get) != Some(device) {
+        // SAFETY: `p.ctx` is a retained primary context that is never released.
+        unsafe { ffi::ctx_set_current(device, p.ctx)? };
+        BOUND.with(|b| b.set(Some(device)));
+    }
+    Ok(p.ctx)
+}

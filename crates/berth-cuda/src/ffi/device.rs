@@ -1,0 +1,119 @@
+//! The driver library, `cuInit`, device queries and primary contexts.
+
+use super::Attribute;
+use crate::CudaError;
+use cudarc::driver::{result, sys};
+
+/// Maps a driver result into [`CudaError`] through [`CudaError::from_driver`].
+pub(super) fn check<T>(
+    op: &'static str,
+    device: usize,
+    r: Result<T, result::DriverError>,
+) -> Result<T, CudaError> {
+    r.map_err(|e| CudaError::from_driver(op, e, device, 0))
+}
+
+/// A failure of the probe calls, as [`CudaError::Driver`] without the out-of-memory mapping
+/// (the probe reports the code's name).
+fn plain(op: &'static str, e: result::DriverError) -> CudaError {
+    CudaError::Driver {
+        op,
+        code: e.0 as u32,
+        name: format!("{:?}", e.0),
+    }
+}
+
+/// Whether the driver library (`libcuda.so`) can be loaded. Calls no driver function.
+pub(crate) fn driver_library_present() -> bool {
+    // SAFETY: `is_culib_present` only tries `dlopen` on the candidate names; it calls no
+    // driver function.
+    unsafe { sys::is_culib_present() }
+}
+
+/// `cuInit(0)`.
+///
+/// # Errors
+/// [`CudaError::Driver`] with the code (never [`CudaError::OutOfMemory`]).
+///
+/// # Panics
+/// cudarc's loader panics when the driver lacks an entry point it resolves: call it inside
+/// `catch_unwind`, after [`driver_library_present`].
+pub(crate) fn init() -> Result<(), CudaError> {
+    result::init().map_err(|e| plain("cuInit", e))
+}
+
+/// `cuDeviceGetCount`.
+///
+/// # Errors
+/// [`CudaError::Driver`] with the code (never [`CudaError::OutOfMemory`]).
+pub(crate) fn device_get_count() -> Result<i32, CudaError> {
+    result::device::get_count().map_err(|e| plain("cuDeviceGetCount", e))
+}
+
+/// `cuDeviceGet`: the `CUdevice` of ordinal `device`.
+pub(crate) fn device_get(device: usize) -> Result<i32, CudaError> {
+    check("cuDeviceGet", device, result::device::get(device as i32))
+}
+
+/// `cuDeviceGetName` of `dev` (from [`device_get`] for ordinal `device`).
+pub(crate) fn device_name(device: usize, dev: i32) -> Result<String, CudaError> {
+    check("cuDeviceGetName", device, result::device::get_name(dev))
+}
+
+/// `cuDeviceTotalMem` of `dev` (from [`device_get`] for ordinal `device`), in bytes.
+pub(crate) fn device_total_mem(device: usize, dev: i32) -> Result<usize, CudaError> {
+    // SAFETY: the driver validates the ordinal `dev` and writes only its out-value.
+    check("cuDeviceTotalMem", device, unsafe {
+        result::device::total_mem(dev)
+    })
+}
+
+/// `cuDeviceGetAttribute` of `dev` (from [`device_get`] for ordinal `device`).
+pub(crate) fn device_attribute(device: usize, dev: i32, a: Attribute) -> Result<i32, CudaError> {
+    use sys::CUdevice_attribute as A;
+    let attr = match a {
+        Attribute::ComputeCapabilityMajor => A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        Attribute::ComputeCapabilityMinor => A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        Attribute::MultiprocessorCount => A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        Attribute::VirtualMemoryManagementSupported => {
+            A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+        }
+    };
+    // SAFETY: the driver validates the ordinal `dev` and writes only its out-value.
+    check("cuDeviceGetAttribute", device, unsafe {
+        result::device::get_attribute(dev, attr)
+    })
+}
+
+/// `cuDevicePrimaryCtxRetain` of `dev` (from [`device_get`] for ordinal `device`): the
+/// context as a `u64` handle. berth never releases it (it lives as long as the process).
+pub(crate) fn primary_ctx_retain(device: usize, dev: i32) -> Result<u64, CudaError> {
+    // SAFETY: the driver validates the ordinal `dev` and writes only its out-value.
+    let ctx = check("cuDevicePrimaryCtxRetain", device, unsafe {
+        result::primary_ctx::retain(dev)
+    })?;
+    Ok(ctx as usize as u64)
+}
+
+/// `cuCtxSetCurrent` on the calling thread.
+///
+/// # Safety
+/// `ctx` is a context from [`primary_ctx_retain`] that was not released.
+pub(crate) unsafe fn ctx_set_current(device: usize, ctx: u64) -> Result<(), CudaError> {
+    // SAFETY: the caller's contract.
+    check("cuCtxSetCurrent", device, unsafe {
+        result::ctx::set_current(ctx as usize as sys::CUcontext)
+    })
+}
+
+/// `cuCtxSynchronize` in `device`'s primary context: blocks until its queued work ran.
+pub(crate) fn ctx_synchronize(device: usize) -> Result<(), CudaError> {
+    crate::context::bind(device)?;
+    check("cuCtxSynchronize", device, result::ctx::synchronize())
+}
+
+/// `cuMemGetInfo` in `device`'s primary context: `(free, total)` bytes.
+pub(crate) fn mem_get_info(device: usize) -> Result<(usize, usize), CudaError> {
+    crate::context::bind(device)?;
+    check("cuMemGetInfo", device, result::mem_get_info())
+}

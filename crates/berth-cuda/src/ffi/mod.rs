@@ -1,0 +1,55 @@
+//! Every driver call berth makes, each in exactly one thin wrapper (in the style of cudarc's
+//! `driver/result.rs`), plus the host-OS mapping calls of [`hostmem`](crate::hostmem).
+//!
+//! Conventions:
+//! - Handles are plain integers: streams, events and contexts as `u64` (`CUstream`,
+//!   `CUevent`, `CUcontext` cast through `usize`; stream 0 is the legacy default stream),
+//!   device memory and virtual-memory handles as `u64`, a `CUdevice` as `i32`.
+//! - A wrapper that takes a `device` index first makes that device's primary context current
+//!   ([`bind`](crate::context::bind), which creates it on first use); the device-query wrappers
+//!   of [`device`] (and the context wrappers `bind` itself uses) do not.
+//! - Failures become [`CudaError`](crate::CudaError) through
+//!   [`CudaError::from_driver`](crate::CudaError), the one place that recognises
+//!   `CUDA_ERROR_OUT_OF_MEMORY`; `device` and the byte count feed it.
+//! - A wrapper is an `unsafe fn` when a wrong argument can break memory safety: copies to or
+//!   from raw addresses, frees, unmaps, releases, registrations, and calls on raw stream,
+//!   event or context handles (which must be live). Its `# Safety` section says what the
+//!   caller guarantees; callers say why in a `// SAFETY:` comment.
+//! - Built without the `cuda` feature, [`twin`] replaces the driver wrappers with ones of
+//!   identical signatures that answer [`CudaError::Unavailable`](crate::CudaError) (or
+//!   `false`), so no other file needs a `cfg` for the driver. The callers reach them only after
+//!   [`driver`](crate::driver) succeeded, which it never does without `cuda`.
+//!
+//! Files: `device.rs` (the driver library, `cuInit`, device queries, primary contexts,
+//! `cuCtxSynchronize`, `cuMemGetInfo`), `stream.rs` (streams and events), `memory.rs` (device
+//! memory, virtual memory, pinned host memory, copies), `twin.rs` (all of the above without
+//! `cuda`), `os.rs` (anonymous host mappings: `mmap`, `munmap`, `madvise`).
+
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+mod memory;
+#[cfg(feature = "cuda")]
+mod stream;
+#[cfg(not(feature = "cuda"))]
+mod twin;
+
+pub(crate) mod os;
+
+#[cfg(not(feature = "cuda"))]
+pub(crate) use twin::*;
+#[cfg(feature = "cuda")]
+pub(crate) use {device::*, memory::*, stream::*};
+
+/// The device attributes berth reads (`CUdevice_attribute`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Attribute {
+    /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR`.
+    ComputeCapabilityMajor,
+    /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR`.
+    ComputeCapabilityMinor,
+    /// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`.
+    MultiprocessorCount,
+    /// `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`.
+    VirtualMemoryManagementSupported,
+}

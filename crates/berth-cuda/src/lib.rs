@@ -1,0 +1,72 @@
+//! berth-cuda: the CUDA driver layer of berth, through cudarc with dynamic loading: discovery,
+//! primary contexts, streams, events, device and pinned memory backends for berth-alloc's
+//! caching allocators, the per-device allocator registry with the `torch.cuda` memory API,
+//! and byte-level copies. It knows no tensors: berth builds storages, `.to()` and kernels on
+//! top of it, and re-exports it as `berth::cuda`.
+//!
+//! Every entry point answers "not available" on a machine without the NVIDIA driver and never
+//! panics there: nothing calls into cudarc before the driver library was found and `cuInit`
+//! succeeded ([`unavailable_reason`] says why not). Built without the default feature `cuda`
+//! (no cudarc at all), everything compiles and answers "not available". Only cudarc's `sys` /
+//! `result` layers are used, all of it in one module (`ffi`); memory is owned by berth's
+//! allocators, never by cudarc's self-freeing `CudaSlice`.
+//!
+//! Files:
+//! - `ffi/` — every driver call, each once, with the no-`cuda` twins (`ffi/twin.rs`) and the
+//!   host mapping calls (`ffi/os.rs`);
+//! - `driver.rs` — the gate (is the driver there, `cuInit`, device count);
+//! - `device.rs` — discovery, the current device;
+//! - `context.rs` — primary contexts, created lazily per named device;
+//! - `stream.rs`, `event.rs` — [`Stream`] and [`Event`] with PyTorch's names;
+//! - `backend.rs` — device memory ([`CudaBackend`]: `cuMemAlloc` and virtual memory);
+//! - `pinned.rs` — pinned host memory ([`CudaHostBackend`]);
+//! - `hostmem.rs` — huge-page host mappings for first pins and fresh copy destinations;
+//! - `pin_probe.rs` — first-pin variants, timed (benchmarks);
+//! - `memory.rs` — one allocator per device, the memory API;
+//! - `copy.rs` — byte copies: raw host↔device↔device, staged pageable pipelines,
+//!   [`PinnedBuffer`];
+//! - `sync_debug.rs` — sync points, host-wait counters;
+//! - `error.rs`, `kernel_error.rs` — [`CudaError`], [`KernelError`];
+//! - `testing.rs` — the GPU gate for tests, a fake device count.
+
+pub mod backend;
+mod context;
+pub mod copy;
+mod device;
+mod driver;
+mod error;
+mod event;
+mod ffi;
+pub mod hostmem;
+mod kernel_error;
+pub mod memory;
+#[doc(hidden)]
+pub mod pin_probe;
+pub mod pinned;
+mod stream;
+mod sync_debug;
+pub mod testing;
+
+pub use backend::{CudaBackend, CudaEvent};
+pub use context::{
+    bind_context, contexts_created, initialized_devices, is_initialized, synchronize,
+};
+pub use copy::PinnedBuffer;
+pub use device::{
+    check_device, current_device, device_count, device_scope, get_device_name,
+    get_device_properties, is_available, mem_get_info, set_device, unavailable_reason, DeviceGuard,
+    DeviceProperties,
+};
+pub use error::CudaError;
+pub use event::Event;
+pub use kernel_error::KernelError;
+pub use memory::{
+    empty_cache, host_empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
+    memory_reserved, memory_stats, memory_summary, reset_peak_memory_stats,
+};
+pub use pinned::CudaHostBackend;
+pub use stream::{current_stream, current_stream_of_current_device, Stream, StreamGuard};
+pub use sync_debug::{
+    get_sync_debug_mode, host_waits, set_sync_debug_mode, sync_point, take_sync_reports,
+    thread_host_waits, SyncDebugMode,
+};

@@ -34,8 +34,9 @@ pub const STAGING_CHUNK_BYTES: usize = 16 << 20;
 pub const DTOH_STAGING_CHUNK_BYTES: usize = 32 << 20;
 
 /// A block of pinned host memory from the pinned caching allocator
-/// ([`memory::host_allocator`](crate::memory::host_allocator)); returns to the cache on drop, reused
-/// only after the streams that used it passed their events. Contents unspecified when new.
+/// ([`memory::host_allocator`](crate::memory::host_allocator)); returns to the cache on drop,
+/// reused only after the streams that used it passed their events. Contents unspecified when
+/// new.
 #[derive(Debug)]
 pub struct PinnedBuffer {
     block: HostAllocation,

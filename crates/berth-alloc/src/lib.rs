@@ -44,7 +44,7 @@ pub mod testing;
 pub mod trace;
 
 pub use allocator::{Allocation, AllocationOwner, DeviceAllocator};
-pub use backend::{DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend};
+pub use backend::{DevicePtr, DeviceStream, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend};
 pub use config::AllocatorConfig;
 pub use error::{AllocError, BackendError, ConfigError};
 pub use host::{HostAllocation, HostAllocator, HostBackend, HostCachingAllocator};

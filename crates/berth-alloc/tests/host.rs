@@ -180,7 +180,9 @@ fn host_empty_cache_frees_every_cached_block_and_keeps_the_rest() {
         .collect();
     let kept = host.allocate(8 * MIB).unwrap();
     let pending = host.allocate(16 * MIB).unwrap();
-    pending.record_stream(DeviceStream::new(0, StreamId(5))).unwrap();
+    pending
+        .record_stream(DeviceStream::new(0, StreamId(5)))
+        .unwrap();
     drop(blocks);
     drop(pending);
     assert_eq!(host.cached_bytes(), (MIB + 2 * MIB + 4 * MIB + 4096) as u64);
@@ -295,11 +297,14 @@ fn host_rejects_foreign_pointers_and_huge_requests() {
     // SAFETY: 100 < 4096, inside the block.
     let inner = unsafe { a.as_ptr().add(100) };
     assert!(host.is_pinned(inner));
-    host.record_stream(inner, DeviceStream::new(0, StreamId(9))).unwrap();
+    host.record_stream(inner, DeviceStream::new(0, StreamId(9)))
+        .unwrap();
     drop(a);
     assert_eq!(host.pending_events(), 1);
     // A freed block is no longer a valid target.
-    assert!(host.record_stream(inner, DeviceStream::new(0, StreamId(9))).is_err());
+    assert!(host
+        .record_stream(inner, DeviceStream::new(0, StreamId(9)))
+        .is_err());
     host.check_err().unwrap();
 }
 
@@ -342,7 +347,8 @@ fn host_multithreaded_allocations_never_overlap() {
                     // SAFETY: this thread owns the block; no stream uses it.
                     unsafe { a.as_mut_slice() }.fill(t + 1);
                     if i % 5 == 0 {
-                        a.record_stream(DeviceStream::new(0, StreamId(u64::from(t) + 1))).unwrap();
+                        a.record_stream(DeviceStream::new(0, StreamId(u64::from(t) + 1)))
+                            .unwrap();
                     }
                     live.push(a);
                     if live.len() > 8 {

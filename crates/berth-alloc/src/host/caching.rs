@@ -248,7 +248,11 @@ impl<B: HostBackend> HostCachingAllocator<B> {
     ///
     /// # Errors
     /// [`HostAllocError::InvalidPointer`] if `ptr` is not inside a live block.
-    pub fn record_stream(&self, ptr: *const u8, stream: DeviceStream) -> Result<(), HostAllocError> {
+    pub fn record_stream(
+        &self,
+        ptr: *const u8,
+        stream: DeviceStream,
+    ) -> Result<(), HostAllocError> {
         self.inner.record_stream(ptr, stream)
     }
 

@@ -7,8 +7,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::backend::MemoryBackend;
 use crate::backend::{DevicePtr, StreamId};
+use crate::caching::CachingAllocator;
+use crate::config::{AllocatorBackend, AllocatorConfig};
 use crate::error::AllocError;
+use crate::own::PagedBestFit;
+use crate::plumbing::OomObserver;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
@@ -184,7 +189,7 @@ pub trait DeviceAllocator: Send + Sync {
 
     /// `torch.cuda.memory_summary()` in PyTorch's table layout.
     fn memory_summary(&self, abbreviated: bool) -> String {
-        crate::summary::memory_summary(&self.stats(), 0, abbreviated)
+        crate::summary::memory_summary(&self.stats(), 0, self.policy_name(), abbreviated)
     }
 
     /// Sets every peak to its current value (`reset_peak_memory_stats`).
@@ -209,12 +214,40 @@ pub trait DeviceAllocator: Send + Sync {
     /// the backend cannot report total memory.
     fn set_memory_fraction(&self, fraction: f64) -> Result<(), AllocError>;
 
+    /// Registers `observer`, called on every out-of-memory error with the allocator's lock
+    /// released (`torch._C._cuda_attach_out_of_memory_observer`).
+    fn attach_oom_observer(&self, observer: OomObserver);
+
+    /// Sets the device index shown in OOM messages, summaries and snapshots (default 0).
+    fn set_device_index(&self, device: i32);
+
     /// Returns and clears the first error recorded while freeing in `Drop` (cudarc's sticky
     /// `check_err`).
     ///
     /// # Errors
     /// The recorded error, once.
     fn check_err(&self) -> Result<(), AllocError>;
+}
+
+/// The device allocator `config` selects over `backend` ([`AllocatorConfig::policy`]): PyTorch's
+/// caching allocator (`backend:native`, with expandable segments when configured) or
+/// [`PagedBestFit`] (`backend:paged`), as a trait object, with `device` as its index in
+/// messages and snapshots.
+///
+/// # Errors
+/// [`AllocError::Unsupported`] when the policy needs virtual memory (expandable segments,
+/// paged) and `backend` has none.
+pub fn device_allocator<B: MemoryBackend + 'static>(
+    backend: B,
+    config: AllocatorConfig,
+    device: i32,
+) -> Result<Arc<dyn DeviceAllocator>, AllocError> {
+    let alloc: Arc<dyn DeviceAllocator> = match config.policy() {
+        AllocatorBackend::Native => Arc::new(CachingAllocator::with_config(backend, config)?),
+        AllocatorBackend::Paged => Arc::new(PagedBestFit::new(backend)?),
+    };
+    alloc.set_device_index(device);
+    Ok(alloc)
 }
 
 #[cfg(test)]

@@ -15,15 +15,55 @@ const KNOWN_KEYS: &str = "backend, max_split_size_mb, max_non_split_rounding_mb,
 garbage_collection_threshold, expandable_segments, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
 pinned_num_register_threads, pinned_use_background_threads, graph_capture_record_stream_reuse";
 
+/// Which policy serves a device's memory: the `backend:` key, in PyTorch's style
+/// (<https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf>,
+/// where `backend` chooses between `native` and `cudaMallocAsync`).
+///
+/// berth has two: `native`, PyTorch's caching allocator (byte-exact, with
+/// `expandable_segments:True` for its expandable-segments mode), and `paged`, berth's own
+/// policy ([`crate::PagedBestFit`]). PyTorch's `cudaMallocAsync` is not implemented by berth
+/// and is refused rather than silently replaced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum AllocatorBackend {
+    /// PyTorch's caching allocator ([`crate::caching::CachingAllocator`]).
+    Native,
+    /// berth's paged best-fit policy ([`crate::PagedBestFit`]).
+    Paged,
+}
+
+impl AllocatorBackend {
+    /// The policy used when `backend:` is not given and no option of PyTorch's policy is set:
+    /// the one that measured best in live use (`BENCHMARKS.md`, "Default policy").
+    pub const DEFAULT: AllocatorBackend = AllocatorBackend::Paged;
+
+    /// Every backend, in the order error messages list them.
+    pub const ALL: [AllocatorBackend; 2] = [AllocatorBackend::Native, AllocatorBackend::Paged];
+
+    /// The value as written after `backend:`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AllocatorBackend::Native => "native",
+            AllocatorBackend::Paged => "paged",
+        }
+    }
+}
+
+impl std::fmt::Display for AllocatorBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The parsed configuration of a caching allocator. `Default` is PyTorch's default.
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct AllocatorConfig {
     /// The string it was parsed from (`PYTORCH_CUDA_ALLOC_CONF` in the snapshot's settings).
     pub conf_string: String,
-    /// `backend`: `"native"` (default) or `"cudaMallocAsync"` (recorded; berth's caching
-    /// allocator is the native one).
-    pub backend: String,
+    /// `backend` as written (`None` when the key is absent); [`AllocatorConfig::policy`] says
+    /// which policy that selects.
+    pub backend: Option<AllocatorBackend>,
     /// `max_split_size_mb` in bytes; blocks of at least this size are never split. `None` =
     /// unlimited (the default).
     pub max_split_size: Option<u64>,
@@ -55,7 +95,7 @@ impl Default for AllocatorConfig {
     fn default() -> Self {
         AllocatorConfig {
             conf_string: String::new(),
-            backend: "native".into(),
+            backend: None,
             max_split_size: None,
             max_non_split_rounding_size: 20 * MIB,
             roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
@@ -205,7 +245,61 @@ impl AllocatorConfig {
                 }
             }
         }
+        if cfg.backend == Some(AllocatorBackend::Paged) {
+            if let Some(key) = cfg.native_option_set() {
+                return Err(ConfigError::NotForBackend {
+                    key,
+                    backend: AllocatorBackend::Paged.as_str(),
+                });
+            }
+        }
         Ok(cfg)
+    }
+
+    /// The first option of PyTorch's device policy (`backend:native`) that differs from its
+    /// default, if any.
+    fn native_option_set(&self) -> Option<&'static str> {
+        let d = AllocatorConfig::default();
+        [
+            ("max_split_size_mb", self.max_split_size != d.max_split_size),
+            (
+                "max_non_split_rounding_mb",
+                self.max_non_split_rounding_size != d.max_non_split_rounding_size,
+            ),
+            (
+                "roundup_power2_divisions",
+                self.roundup_power2_divisions != d.roundup_power2_divisions,
+            ),
+            (
+                "garbage_collection_threshold",
+                self.garbage_collection_threshold != d.garbage_collection_threshold,
+            ),
+            ("expandable_segments", self.expandable_segments),
+        ]
+        .into_iter()
+        .find_map(|(key, set)| set.then_some(key))
+    }
+
+    /// The policy this configuration selects for device memory: `backend:` when given; else
+    /// [`AllocatorBackend::Native`] when any option of PyTorch's policy is set (so
+    /// `expandable_segments:True` alone means PyTorch's expandable segments, as in PyTorch);
+    /// else [`AllocatorBackend::DEFAULT`].
+    pub fn policy(&self) -> AllocatorBackend {
+        match self.backend {
+            Some(b) => b,
+            None if self.native_option_set().is_some() => AllocatorBackend::Native,
+            None => AllocatorBackend::DEFAULT,
+        }
+    }
+
+    /// The policy's name as [`crate::DeviceAllocator::policy_name`] reports it: `"pytorch"`,
+    /// `"expandable"` (PyTorch's policy with expandable segments) or `"paged"`.
+    pub fn policy_name(&self) -> &'static str {
+        match (self.policy(), self.expandable_segments) {
+            (AllocatorBackend::Paged, _) => "paged",
+            (AllocatorBackend::Native, true) => "expandable",
+            (AllocatorBackend::Native, false) => "pytorch",
+        }
     }
 
     /// Parses `BERTH_ALLOC_CONF` (default configuration when unset).
@@ -221,10 +315,20 @@ impl AllocatorConfig {
 
     fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
         match key {
-            "backend" => match value {
-                "native" | "cudaMallocAsync" => self.backend = value.into(),
-                _ => return Err(invalid(key, value, "native or cudaMallocAsync")),
-            },
+            "backend" => {
+                self.backend = Some(match value {
+                    "native" => AllocatorBackend::Native,
+                    "paged" => AllocatorBackend::Paged,
+                    _ => {
+                        return Err(invalid(
+                            key,
+                            value,
+                            "one of native (PyTorch's caching allocator) or paged (berth's \
+                             paged best fit); berth does not implement cudaMallocAsync",
+                        ))
+                    }
+                })
+            }
             "max_split_size_mb" => {
                 let mb = parse_u64(key, value, "an integer number of MiB ≥ 20")?;
                 if mb < 20 {
@@ -434,5 +538,77 @@ mod tests {
         ));
         assert!(AllocatorConfig::parse("roundup_power2_divisions:[256:3]").is_err());
         assert!(AllocatorConfig::parse("roundup_power2_divisions:[256:1").is_err());
+    }
+
+    #[test]
+    fn backend_key_selects_the_policy() {
+        let pick = |s: &str| AllocatorConfig::parse(s).map(|c| (c.policy(), c.policy_name()));
+        use AllocatorBackend::{Native, Paged};
+        assert_eq!(pick("backend:native"), Ok((Native, "pytorch")));
+        assert_eq!(pick("backend:paged"), Ok((Paged, "paged")));
+        assert_eq!(
+            pick("backend:native,expandable_segments:True"),
+            Ok((Native, "expandable"))
+        );
+        // Without backend:, an option of PyTorch's policy means PyTorch's policy.
+        assert_eq!(pick("expandable_segments:True"), Ok((Native, "expandable")));
+        assert_eq!(pick("max_split_size_mb:128"), Ok((Native, "pytorch")));
+        // Nothing set: berth's default; host-only options leave it alone.
+        assert_eq!(pick("").map(|p| p.0), Ok(AllocatorBackend::DEFAULT));
+        assert_eq!(
+            pick("pinned_use_cuda_host_register:True").map(|p| p.0),
+            Ok(AllocatorBackend::DEFAULT)
+        );
+        assert_eq!(
+            AllocatorConfig::default().policy(),
+            AllocatorBackend::DEFAULT
+        );
+    }
+
+    #[test]
+    fn a_bad_backend_names_the_valid_ones() {
+        for bad in ["cudaMallocAsync", "Paged", "pytorch", "rmm"] {
+            let e = AllocatorConfig::parse(&format!("backend:{bad}")).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::InvalidValue { key, value, .. } if key == "backend" && value == bad),
+                "{e:?}"
+            );
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "invalid value '{bad}' for allocator config key 'backend': expected one of \
+                     native (PyTorch's caching allocator) or paged (berth's paged best fit); \
+                     berth does not implement cudaMallocAsync"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn pytorch_policy_options_are_refused_with_backend_paged() {
+        for (conf, key) in [
+            (
+                "backend:paged,expandable_segments:True",
+                "expandable_segments",
+            ),
+            ("max_split_size_mb:64,backend:paged", "max_split_size_mb"),
+            (
+                "backend:paged,roundup_power2_divisions:4",
+                "roundup_power2_divisions",
+            ),
+        ] {
+            assert_eq!(
+                AllocatorConfig::parse(conf),
+                Err(ConfigError::NotForBackend {
+                    key,
+                    backend: "paged"
+                }),
+                "{conf}"
+            );
+        }
+        // False is PyTorch's default: nothing is set, nothing to refuse.
+        assert!(AllocatorConfig::parse("backend:paged,expandable_segments:False").is_ok());
+        // Host options apply to every backend.
+        assert!(AllocatorConfig::parse("backend:paged,pinned_use_cuda_host_register:True").is_ok());
     }
 }

@@ -206,6 +206,17 @@ pub enum ConfigError {
         /// What would be accepted.
         expected: &'static str,
     },
+    /// An option of PyTorch's policy given with `backend:paged`, whose policy has no such knob.
+    #[error(
+        "allocator config key '{key}' tunes PyTorch's caching allocator (backend:native) and \
+         has no meaning for backend:{backend}; remove '{key}' or use backend:native"
+    )]
+    NotForBackend {
+        /// The key.
+        key: &'static str,
+        /// The backend that was chosen.
+        backend: &'static str,
+    },
     /// A malformed entry (no `key:value` shape, unbalanced brackets).
     #[error("malformed allocator config at byte {position}: {message} (expected comma-separated key:value pairs)")]
     Syntax {

@@ -31,6 +31,7 @@ pub mod error;
 pub mod host;
 pub mod own;
 pub mod pickle;
+mod plumbing;
 #[cfg(feature = "trace")]
 pub mod replay;
 mod size_class;
@@ -43,11 +44,14 @@ pub mod testing;
 #[cfg(feature = "trace")]
 pub mod trace;
 
-pub use allocator::{Allocation, AllocationOwner, DeviceAllocator};
-pub use backend::{DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend};
-pub use config::AllocatorConfig;
+pub use allocator::{device_allocator, Allocation, AllocationOwner, DeviceAllocator};
+pub use backend::{
+    DevicePtr, DeviceStream, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend,
+};
+pub use config::{AllocatorBackend, AllocatorConfig};
 pub use error::{AllocError, BackendError, ConfigError};
 pub use host::{HostAllocation, HostAllocator, HostBackend, HostCachingAllocator};
 pub use own::PagedBestFit;
+pub use plumbing::OomObserver;
 pub use snapshot::{BlockInfo, BlockState, MemorySnapshot, SegmentInfo, TraceAction, TraceEntry};
 pub use stats::{MemoryStats, Stat, StatKind};

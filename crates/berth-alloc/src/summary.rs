@@ -48,14 +48,17 @@ fn row(lines: &mut Vec<String>, name: &str, stat: &Stat, pref: &Stat, f: fn(i64,
 
 /// Renders `stats` as `torch.cuda.memory_summary(device, abbreviated)` does: 77-character lines
 /// framed by `|`, byte rows then count rows, each with "all" and (unless `abbreviated`) large-
-/// and small-pool rows, then the oversize rows.
-pub fn memory_summary(stats: &MemoryStats, device: i32, abbreviated: bool) -> String {
+/// and small-pool rows, then the oversize rows. One line more than PyTorch's, under the title,
+/// names the allocator `policy` (`pytorch`, `expandable` or `paged`:
+/// [`crate::DeviceAllocator::policy_name`]).
+pub fn memory_summary(stats: &MemoryStats, device: i32, policy: &str, abbreviated: bool) -> String {
     let mut lines = vec![
         "=".repeat(75),
         format!(
             " {:16} PyTorch CUDA memory summary, device ID {:<17} ",
             "", device
         ),
+        format!("{:^75}", format!("allocator policy: {policy}")),
         "-".repeat(75),
         format!(
             "  {:9} CUDA OOMs: {:<12} | {:6} cudaMalloc retries: {:<8}  ",
@@ -126,10 +129,11 @@ mod tests {
 
     #[test]
     fn every_line_is_77_characters() {
-        let text = memory_summary(&MemoryStats::new(None), 0, false);
+        let text = memory_summary(&MemoryStats::new(None), 0, "paged", false);
         assert!(text.lines().all(|l| l.chars().count() == 77), "{text}");
         assert!(text.contains(
             "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |"
         ));
+        assert!(text.contains("allocator policy: paged"), "{text}");
     }
 }

@@ -6,7 +6,7 @@ use berth_alloc::host::{
     host_block_size, HostAllocError, HostAllocator, HostAllocatorConfig, HostBackend,
     HostCachingAllocator, SimHostBackend,
 };
-use berth_alloc::{BackendError, StreamId};
+use berth_alloc::{BackendError, DeviceStream, StreamId};
 
 const MIB: usize = 1 << 20;
 
@@ -64,9 +64,9 @@ fn host_block_reused_only_after_every_streams_event_completes() {
     let (s1, s2) = (StreamId(11), StreamId(22));
     let a = host.allocate(2 * MIB).unwrap();
     let first = a.as_ptr();
-    a.record_stream(s1).unwrap();
-    a.record_stream(s2).unwrap();
-    a.record_stream(s1).unwrap(); // recorded twice: still one event on s1
+    a.record_stream(DeviceStream::new(0, s1)).unwrap();
+    a.record_stream(DeviceStream::new(0, s2)).unwrap();
+    a.record_stream(DeviceStream::new(0, s1)).unwrap(); // recorded twice: still one event on s1
     drop(a);
     assert_eq!(host.pending_events(), 2);
     assert_eq!(sim.event_source().pending_events(s1), 1);
@@ -91,6 +91,61 @@ fn host_block_reused_only_after_every_streams_event_completes() {
     assert_eq!(host.pending_events(), 0);
 }
 
+/// Streams carry their device: both simulated devices' default streams are handle 0, and a
+/// pinned block read by a copy on device 1's default stream must wait for device 1's event,
+/// not device 0's (the event is recorded on the stream's device, whatever the freeing thread
+/// has current).
+#[test]
+fn host_block_used_on_a_second_devices_stream_waits_for_that_devices_event() {
+    use berth_alloc::backend::sim::SimBackend;
+    let dev0 = Arc::new(SimBackend::new(1 << 30));
+    let dev1 = Arc::new(SimBackend::new(1 << 30));
+    let sim = Arc::new(SimHostBackend::with_devices(
+        1 << 30,
+        vec![dev0.clone(), dev1.clone()],
+    ));
+    let host = HostCachingAllocator::new(sim.clone());
+    let on_dev1 = DeviceStream::new(1, StreamId::DEFAULT);
+    let a = host.allocate(2 * MIB).unwrap();
+    let first = a.as_ptr();
+    a.record_stream(on_dev1).unwrap();
+    drop(a);
+    assert_eq!(dev1.pending_events(StreamId::DEFAULT), 1);
+    assert_eq!(dev0.pending_events(StreamId::DEFAULT), 0);
+
+    // Device 0's default stream finishing says nothing about device 1's.
+    dev0.complete_events_on(StreamId::DEFAULT);
+    let b = host.allocate(2 * MIB).unwrap();
+    assert_ne!(b.as_ptr(), first);
+    assert_eq!(host.stats().num_host_alloc, 2);
+    drop(b);
+    let c = host.allocate(2 * MIB).unwrap(); // the second block, cached
+    assert_ne!(c.as_ptr(), first);
+    assert_eq!(host.pending_events(), 1);
+
+    // Device 1's copy done: the first block comes back.
+    sim.complete_events_on_device(on_dev1);
+    let d = host.allocate(2 * MIB).unwrap();
+    assert_eq!(d.as_ptr(), first);
+    assert_eq!(host.stats().num_host_alloc, 2);
+    assert_eq!(host.pending_events(), 0);
+}
+
+/// A stream of a device the host backend does not serve is an error kept for `check_err`,
+/// and the block is never handed out again (it cannot be proven idle).
+#[test]
+fn host_event_on_an_unknown_device_is_an_error_and_the_block_is_kept_out() {
+    let (sim, host) = alloc_with(1 << 30);
+    let a = host.allocate(4096).unwrap();
+    let first = a.as_ptr();
+    a.record_stream(DeviceStream::new(3, StreamId(5))).unwrap();
+    drop(a);
+    let err = host.check_err().unwrap_err().to_string();
+    assert!(err.contains("invalid device ordinal 3"), "{err}");
+    sim.complete_all();
+    assert_ne!(host.allocate(4096).unwrap().as_ptr(), first);
+}
+
 #[test]
 fn host_events_are_processed_oldest_first_and_stop_at_a_pending_one() {
     let (sim, host) = alloc_with(1 << 30);
@@ -98,8 +153,8 @@ fn host_events_are_processed_oldest_first_and_stop_at_a_pending_one() {
     let a = host.allocate(4096).unwrap();
     let b = host.allocate(4096).unwrap();
     let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    a.record_stream(s1).unwrap();
-    b.record_stream(s2).unwrap();
+    a.record_stream(DeviceStream::new(0, s1)).unwrap();
+    b.record_stream(DeviceStream::new(0, s2)).unwrap();
     drop(a); // oldest event: s1
     drop(b);
     // Only s2's (newer) event completed: processing stops at s1's, so b is not collected yet.
@@ -125,7 +180,9 @@ fn host_empty_cache_frees_every_cached_block_and_keeps_the_rest() {
         .collect();
     let kept = host.allocate(8 * MIB).unwrap();
     let pending = host.allocate(16 * MIB).unwrap();
-    pending.record_stream(StreamId(5)).unwrap();
+    pending
+        .record_stream(DeviceStream::new(0, StreamId(5)))
+        .unwrap();
     drop(blocks);
     drop(pending);
     assert_eq!(host.cached_bytes(), (MIB + 2 * MIB + 4 * MIB + 4096) as u64);
@@ -213,7 +270,7 @@ fn host_zero_bytes_gives_an_empty_unpinned_allocation() {
     let (sim, host) = alloc_with(1 << 20);
     let z = host.allocate(0).unwrap();
     assert!(z.as_ptr().is_null() && z.is_empty() && !z.is_pinned());
-    z.record_stream(StreamId(3)).unwrap();
+    z.record_stream(DeviceStream::new(0, StreamId(3))).unwrap();
     assert_eq!(host.stats(), Default::default());
     assert_eq!(sim.counts().alloc_pinned, 0);
 }
@@ -223,7 +280,7 @@ fn host_rejects_foreign_pointers_and_huge_requests() {
     let (_sim, host) = alloc_with(1 << 20);
     let v = [0u8; 16];
     assert_eq!(
-        host.record_stream(v.as_ptr(), StreamId(1)),
+        host.record_stream(v.as_ptr(), DeviceStream::new(0, StreamId(1))),
         Err(HostAllocError::InvalidPointer {
             addr: v.as_ptr() as usize
         })
@@ -240,11 +297,14 @@ fn host_rejects_foreign_pointers_and_huge_requests() {
     // SAFETY: 100 < 4096, inside the block.
     let inner = unsafe { a.as_ptr().add(100) };
     assert!(host.is_pinned(inner));
-    host.record_stream(inner, StreamId(9)).unwrap();
+    host.record_stream(inner, DeviceStream::new(0, StreamId(9)))
+        .unwrap();
     drop(a);
     assert_eq!(host.pending_events(), 1);
     // A freed block is no longer a valid target.
-    assert!(host.record_stream(inner, StreamId(9)).is_err());
+    assert!(host
+        .record_stream(inner, DeviceStream::new(0, StreamId(9)))
+        .is_err());
     host.check_err().unwrap();
 }
 
@@ -287,7 +347,8 @@ fn host_multithreaded_allocations_never_overlap() {
                     // SAFETY: this thread owns the block; no stream uses it.
                     unsafe { a.as_mut_slice() }.fill(t + 1);
                     if i % 5 == 0 {
-                        a.record_stream(StreamId(u64::from(t) + 1)).unwrap();
+                        a.record_stream(DeviceStream::new(0, StreamId(u64::from(t) + 1)))
+                            .unwrap();
                     }
                     live.push(a);
                     if live.len() > 8 {
@@ -379,7 +440,7 @@ fn host_drop_waits_for_pending_events_and_frees_everything() {
     {
         let host = HostCachingAllocator::new(sim.clone());
         let a = host.allocate(MIB).unwrap();
-        a.record_stream(StreamId(4)).unwrap();
+        a.record_stream(DeviceStream::new(0, StreamId(4))).unwrap();
         drop(a);
         drop(host.allocate(2 * MIB).unwrap());
         assert_eq!(sim.live_regions(), 2);
@@ -438,7 +499,7 @@ fn host_register_mode_unsupported_backend_is_a_typed_error() {
             // SAFETY: forwarded contract.
             unsafe { self.0.free_pinned(ptr, bytes) }
         }
-        fn record_event(&self, stream: StreamId) -> Result<Self::Event, BackendError> {
+        fn record_event(&self, stream: DeviceStream) -> Result<Self::Event, BackendError> {
             self.0.record_event(stream)
         }
         fn query_event(&self, event: &Self::Event) -> Result<bool, BackendError> {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use berth_alloc::host::{HostAllocation, HostCachingAllocator, SimHostBackend};
-use berth_alloc::StreamId;
+use berth_alloc::{DeviceStream, StreamId};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -72,7 +72,7 @@ proptest! {
                 Op::Record(i, s) if !live.is_empty() => {
                     let n = live.len();
                     let (a, streams) = &mut live[i % n];
-                    a.record_stream(StreamId(s)).unwrap();
+                    a.record_stream(DeviceStream::new(0, StreamId(s))).unwrap();
                     if !streams.contains(&s) {
                         streams.push(s);
                     }

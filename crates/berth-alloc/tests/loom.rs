@@ -25,7 +25,7 @@ use ::loom::thread;
 use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::caching::CachingAllocator;
 use berth_alloc::host::{HostAllocator, HostCachingAllocator, SimHostBackend};
-use berth_alloc::{DeviceAllocator, DevicePtr, PagedBestFit, StreamId};
+use berth_alloc::{DeviceAllocator, DevicePtr, DeviceStream, PagedBestFit, StreamId};
 
 const S0: StreamId = StreamId(0);
 const S1: StreamId = StreamId(1);
@@ -252,7 +252,7 @@ fn loom_host_reuse_after_event() {
             let mut a = h2.allocate(4 << 10).unwrap();
             // SAFETY: this thread owns the block and no stream uses it yet.
             unsafe { a.as_mut_slice() }.fill(1);
-            a.record_stream(s7).unwrap();
+            a.record_stream(DeviceStream::new(0, s7)).unwrap();
             // SAFETY: as above; the simulated stream never touches host memory.
             assert!(unsafe { a.as_slice() }.iter().all(|&b| b == 1));
             let addr = a.as_ptr() as usize;

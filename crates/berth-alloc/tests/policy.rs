@@ -187,6 +187,7 @@ fn memory_summary_matches_pytorchs_layout() {
     let text = alloc.memory_summary(false);
     for line in [
         "|                  PyTorch CUDA memory summary, device ID 0                 |",
+        "|                         allocator policy: pytorch                         |",
         "|            CUDA OOMs: 0            |        cudaMalloc retries: 0         |",
         "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |",
         "| Allocated memory      |   8192 KiB | 315396 KiB | 315396 KiB | 307204 KiB |",
@@ -198,8 +199,8 @@ fn memory_summary_matches_pytorchs_layout() {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
     assert!(text.lines().all(|l| l.chars().count() == 77));
-    assert_eq!(text.lines().count(), 47);
-    assert_eq!(alloc.memory_summary(true).lines().count(), 29);
+    assert_eq!(text.lines().count(), 48);
+    assert_eq!(alloc.memory_summary(true).lines().count(), 30);
 }
 
 #[test]
@@ -288,16 +289,29 @@ fn snapshot_lists_segments_blocks_and_states() {
 }
 
 #[test]
-fn oom_observer_runs_with_the_lock_released() {
-    let alloc = CachingAllocator::new(SimBackend::new(100 * MIB));
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let (inner, sink) = (alloc.clone(), seen.clone());
-    alloc.attach_oom_observer(move |e| {
-        // Taking a snapshot inside the observer would deadlock if the lock were held.
-        let segments = inner.snapshot().segments.len();
-        sink.lock().unwrap().push((e.is_out_of_memory(), segments));
-    });
-    let _keep = alloc.allocate(MIB as usize, S0).unwrap();
-    assert!(alloc.allocate(200 * MIB as usize, S0).is_err());
-    assert_eq!(*seen.lock().unwrap(), vec![(true, 1)]);
+fn oom_observer_runs_with_the_lock_released_under_both_policies() {
+    for conf in ["backend:native", "backend:paged"] {
+        let cfg = berth_alloc::AllocatorConfig::parse(conf).unwrap();
+        let alloc = berth_alloc::device_allocator(SimBackend::new(100 * MIB), cfg, 3).unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (inner, sink) = (alloc.clone(), seen.clone());
+        alloc.attach_oom_observer(std::sync::Arc::new(move |e: &berth_alloc::AllocError| {
+            // Taking a snapshot inside the observer would deadlock if the lock were held.
+            let segments = inner.snapshot().segments.len();
+            sink.lock()
+                .unwrap()
+                .push((e.is_out_of_memory(), segments, e.to_string()));
+        }));
+        let _keep = alloc.allocate(MIB as usize, S0).unwrap();
+        assert!(alloc.allocate(200 * MIB as usize, S0).is_err());
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1, "{conf}");
+        assert_eq!((seen[0].0, seen[0].1), (true, 1), "{conf}");
+        // The device index set at construction is the one the message names.
+        assert!(
+            seen[0].2.contains("GPU 3 has a total capacity"),
+            "{conf}: {}",
+            seen[0].2
+        );
+    }
 }

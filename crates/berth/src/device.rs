@@ -36,7 +36,7 @@ impl DeviceKind {
     }
 }
 
-/// A device: a kind and an optional index (`cuda` vs `cuda:1`). `Copy`, cheap to pass around.
+/// A device: a kind and an optional index (`cuda` vs `cuda:1`), as an enum a user can match. `Copy`.
 ///
 /// Grammar (PyTorch's `c10/core/Device.cpp`): `([a-zA-Z_]+)(?::([1-9]\d*|0))?`, i.e. a type
 /// and an optional index, a non-negative decimal without leading zeros. Accepted:
@@ -59,10 +59,35 @@ impl DeviceKind {
 /// assert!("cuda:-1".parse::<Device>().is_err());
 /// assert!("cpu:1".parse::<Device>().is_err());
 /// ```
+///
+/// A plain enum, so it can be matched:
+///
+/// ```
+/// use berth::Device;
+/// fn describe(d: Device) -> String {
+///     match d {
+///         Device::Cpu => "host memory".into(),
+///         Device::Cuda(i) => format!("GPU {i}"),
+///         Device::CudaCurrent => "the current GPU".into(),
+///         Device::Mps | Device::Meta => "no memory here".into(),
+///     }
+/// }
+/// assert_eq!(describe("cuda:1".parse().unwrap()), "GPU 1");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Device {
-    kind: DeviceKind,
-    index: Option<u16>,
+#[non_exhaustive]
+pub enum Device {
+    /// The host.
+    Cpu,
+    /// `cuda` without an index: the thread's current CUDA device, resolved on use
+    /// ([`Device::canonical`]).
+    CudaCurrent,
+    /// CUDA device `index` (`cuda:<index>`). Not checked against the device count until used.
+    Cuda(u16),
+    /// Apple MPS: parses, but using it is a typed "not available on this platform" error.
+    Mps,
+    /// The meta device (no memory).
+    Meta,
 }
 
 /// A device string that does not follow PyTorch's grammar, or names a device berth does not
@@ -80,37 +105,7 @@ pub struct ParseDeviceError {
     pub reason: String,
 }
 
-#[allow(non_upper_case_globals, non_snake_case)]
 impl Device {
-    /// The host.
-    pub const Cpu: Device = Device {
-        kind: DeviceKind::Cpu,
-        index: None,
-    };
-    /// The meta device (no memory).
-    pub const Meta: Device = Device {
-        kind: DeviceKind::Meta,
-        index: None,
-    };
-    /// Apple MPS: parses, but using it is a typed "not available on this platform" error.
-    pub const Mps: Device = Device {
-        kind: DeviceKind::Mps,
-        index: None,
-    };
-    /// `cuda` without an index: the thread's current CUDA device, resolved on use.
-    pub const CudaCurrent: Device = Device {
-        kind: DeviceKind::Cuda,
-        index: None,
-    };
-
-    /// CUDA device `index` (`cuda:<index>`). Not checked against the device count until used.
-    pub const fn Cuda(index: u16) -> Device {
-        Device {
-            kind: DeviceKind::Cuda,
-            index: Some(index),
-        }
-    }
-
     /// A device from its parts, as parsing builds it: `Device::new(kind, index)` is the device
     /// `"<kind>:<index>".parse()` gives, so it displays in the canonical form and parses back.
     /// berth has a single cpu, mps and meta device: for them the index 0 gives the index-less
@@ -146,32 +141,46 @@ impl Device {
                 });
             }
         };
-        Ok(Device { kind, index })
+        Ok(match (kind, index) {
+            (DeviceKind::Cpu, _) => Device::Cpu,
+            (DeviceKind::Cuda, Some(i)) => Device::Cuda(i),
+            (DeviceKind::Cuda, None) => Device::CudaCurrent,
+            (DeviceKind::Mps, _) => Device::Mps,
+            (DeviceKind::Meta, _) => Device::Meta,
+        })
     }
 
     /// The kind (`cpu`, `cuda`, ...).
     pub fn kind(self) -> DeviceKind {
-        self.kind
+        match self {
+            Device::Cpu => DeviceKind::Cpu,
+            Device::CudaCurrent | Device::Cuda(_) => DeviceKind::Cuda,
+            Device::Mps => DeviceKind::Mps,
+            Device::Meta => DeviceKind::Meta,
+        }
     }
 
     /// The index, if one was given (`cuda:1` → `Some(1)`, `cuda` → `None`).
     pub fn index(self) -> Option<u16> {
-        self.index
+        match self {
+            Device::Cuda(i) => Some(i),
+            _ => None,
+        }
     }
 
     /// Whether this is the host.
     pub fn is_cpu(self) -> bool {
-        self.kind == DeviceKind::Cpu
+        self == Device::Cpu
     }
 
     /// Whether this is a CUDA device (with or without an index).
     pub fn is_cuda(self) -> bool {
-        self.kind == DeviceKind::Cuda
+        matches!(self, Device::Cuda(_) | Device::CudaCurrent)
     }
 
     /// Whether this is the meta device.
     pub fn is_meta(self) -> bool {
-        self.kind == DeviceKind::Meta
+        self == Device::Meta
     }
 
     /// `cuda:0` when CUDA is available, else `cpu`: the seed's one-`DEVICE`-variable idiom
@@ -193,11 +202,8 @@ impl Device {
     /// 2. `Error::Cuda(CudaError::Unavailable)` when CUDA is not available at all.
     /// 3. [`Error::DeviceNotAvailable`] for `mps` (not available on this platform).
     pub fn canonical(self) -> Result<Device> {
-        match self.kind {
-            DeviceKind::Cpu | DeviceKind::Meta => Ok(Device {
-                kind: self.kind,
-                index: None,
-            }),
+        match self.kind() {
+            DeviceKind::Cpu | DeviceKind::Meta => Ok(self),
             DeviceKind::Mps => Err(Error::DeviceNotAvailable {
                 device: self,
                 reason: "MPS is Apple's Metal backend; it is not available on this platform \
@@ -205,7 +211,7 @@ impl Device {
                     .into(),
             }),
             DeviceKind::Cuda => {
-                let index = match self.index {
+                let index = match self.index() {
                     Some(i) => usize::from(i),
                     None => crate::cuda::current_device()?,
                 };
@@ -218,9 +224,9 @@ impl Device {
 
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.index {
-            Some(i) => write!(f, "{}:{}", self.kind.as_str(), i),
-            None => f.write_str(self.kind.as_str()),
+        match self.index() {
+            Some(i) => write!(f, "{}:{}", self.kind().as_str(), i),
+            None => f.write_str(self.kind().as_str()),
         }
     }
 }

@@ -32,6 +32,37 @@ impl std::fmt::Display for StreamId {
     }
 }
 
+/// A stream together with the device it belongs to: PyTorch's `c10::Stream`
+/// (<https://github.com/pytorch/pytorch/blob/main/c10/core/Stream.h>), a device index plus a
+/// stream id.
+///
+/// A bare [`StreamId`] names a stream only within one device: every CUDA device's default
+/// stream is handle 0. A per-device allocator never needs more, but the pinned host allocator
+/// serves every device, so it records its events on a `DeviceStream`: the event of a block
+/// read by a copy on `cuda:1`'s default stream is recorded on `cuda:1`, whichever device the
+/// freeing thread has current.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct DeviceStream {
+    /// The device index (`cuda:<device>`).
+    pub device: u32,
+    /// The stream on that device.
+    pub stream: StreamId,
+}
+
+impl DeviceStream {
+    /// The stream `stream` of device `device`.
+    pub const fn new(device: u32, stream: StreamId) -> DeviceStream {
+        DeviceStream { device, stream }
+    }
+}
+
+impl std::fmt::Display for DeviceStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} of device {}", self.stream, self.device)
+    }
+}
+
 /// A device address (a `CUdeviceptr` on CUDA). `DevicePtr(0)` is the null pointer, returned for
 /// zero-byte allocations as PyTorch does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -22,7 +22,8 @@ mod sorted;
 mod state;
 mod stream_uses;
 
-use crate::sync::{Arc, Mutex, SpinGuard, SpinMutex};
+use crate::plumbing::{self, OomObservers, StickyError};
+use crate::sync::{Arc, SpinGuard, SpinMutex};
 
 use self::fallback::Request;
 use self::state::State;
@@ -40,12 +41,12 @@ pub(crate) struct Shared<B: MemoryBackend> {
     state: SpinMutex<State<B::Event>>,
     name: &'static str,
     /// Called after an OOM with the state lock released (`attach_out_of_memory_observer`).
-    observers: Mutex<Vec<OomObserver>>,
+    observers: OomObservers,
+    /// The first error of a drop-time free.
+    sticky: StickyError<AllocError>,
 }
 
-/// A callback run on every out-of-memory error, with the allocator's lock released (so it may
-/// call [`DeviceAllocator::snapshot`], as PyTorch users do to dump a snapshot on OOM).
-pub type OomObserver = Arc<dyn Fn(&AllocError) + Send + Sync>;
+pub use crate::plumbing::OomObserver;
 
 impl<B: MemoryBackend> Shared<B> {
     #[inline]
@@ -86,16 +87,7 @@ impl<B: MemoryBackend> Shared<B> {
             Ok((mut st, i)) => Ok(DevicePtr(st.alloc_found_block(i, size, requested, None))),
             Err(e) => {
                 // The state guard is gone: observers may use the allocator.
-                if e.is_out_of_memory() {
-                    let observers = self
-                        .observers
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .clone();
-                    for observer in observers {
-                        observer(&e);
-                    }
-                }
+                self.observers.notify(&e);
                 Err(e)
             }
         }
@@ -116,10 +108,7 @@ impl<B: MemoryBackend> Shared<B> {
 impl<B: MemoryBackend> AllocationOwner for Shared<B> {
     fn release(&self, ptr: DevicePtr) {
         if let Err(e) = self.free(ptr) {
-            let mut st = self.lock();
-            if st.sticky.is_none() {
-                st.sticky = Some(e);
-            }
+            self.sticky.record(e);
         }
     }
 
@@ -188,7 +177,8 @@ impl<B: MemoryBackend> CachingAllocator<B> {
                 backend,
                 state: SpinMutex::new(State::new(config)),
                 name,
-                observers: Mutex::new(Vec::new()),
+                observers: OomObservers::new(),
+                sticky: StickyError::new(),
             }),
         }
     }
@@ -201,21 +191,6 @@ impl<B: MemoryBackend> CachingAllocator<B> {
     /// The configuration.
     pub fn config(&self) -> AllocatorConfig {
         self.shared.lock().cfg.clone()
-    }
-
-    /// Registers `observer`, called on every out-of-memory error with the lock released
-    /// (`torch._C._cuda_attach_out_of_memory_observer`).
-    pub fn attach_oom_observer(&self, observer: impl Fn(&AllocError) + Send + Sync + 'static) {
-        self.shared
-            .observers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Arc::new(observer));
-    }
-
-    /// Sets the device index shown in OOM messages and snapshots (default 0).
-    pub fn set_device_index(&self, device: i32) {
-        self.shared.lock().device = device;
     }
 
     /// Completes the cross-stream frees whose events have completed, without allocating (PyTorch
@@ -245,11 +220,7 @@ impl<B: MemoryBackend> DeviceAllocator for CachingAllocator<B> {
 
     fn allocate(&self, bytes: usize, stream: StreamId) -> Result<Allocation, AllocError> {
         let ptr = self.shared.malloc(bytes, stream)?;
-        if ptr.is_null() {
-            return Ok(Allocation::empty(stream));
-        }
-        let owner: Arc<dyn AllocationOwner> = self.shared.clone();
-        Ok(Allocation::new(ptr, bytes, stream, owner))
+        Ok(plumbing::wrap(ptr, bytes, stream, &self.shared))
     }
 
     fn raw_alloc(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr, AllocError> {
@@ -276,7 +247,7 @@ impl<B: MemoryBackend> DeviceAllocator for CachingAllocator<B> {
 
     fn memory_summary(&self, abbreviated: bool) -> String {
         let st = self.shared.lock();
-        crate::summary::memory_summary(&st.stats, st.device, abbreviated)
+        crate::summary::memory_summary(&st.stats, st.device, self.shared.name, abbreviated)
     }
 
     fn reset_peak_memory_stats(&self) {
@@ -296,28 +267,22 @@ impl<B: MemoryBackend> DeviceAllocator for CachingAllocator<B> {
     }
 
     fn set_memory_fraction(&self, fraction: f64) -> Result<(), AllocError> {
-        if !(0.0..=1.0).contains(&fraction) {
-            return Err(AllocError::InvalidFraction { fraction });
-        }
-        let total = self
-            .shared
-            .backend
-            .mem_info()
-            .map_err(|source| AllocError::Backend {
-                stream: StreamId::DEFAULT,
-                source,
-            })?
-            .total_bytes;
+        let (cap, total) = plumbing::fraction_cap(&self.shared.backend, fraction)?;
         let mut st = self.shared.lock();
         st.device_total = Some(total);
-        st.allowed = Some((fraction * total as f64) as u64);
+        st.allowed = Some(cap);
         Ok(())
     }
 
+    fn attach_oom_observer(&self, observer: OomObserver) {
+        self.shared.observers.push(observer);
+    }
+
+    fn set_device_index(&self, device: i32) {
+        self.shared.lock().device = device;
+    }
+
     fn check_err(&self) -> Result<(), AllocError> {
-        match self.shared.lock().sticky.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        self.shared.sticky.take()
     }
 }

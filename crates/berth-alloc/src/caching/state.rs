@@ -54,7 +54,6 @@ pub(crate) struct State<E> {
     pub segments: BTreeMap<u64, SegmentMeta>,
     pub expandable: Vec<Option<ExpandableSegment>>,
     pub history: Option<TraceRing>,
-    pub sticky: Option<AllocError>,
     pub device_total: Option<u64>,
     pub device: i32,
 }
@@ -81,7 +80,6 @@ impl<E> State<E> {
             segments: BTreeMap::new(),
             expandable: Vec::new(),
             history: None,
-            sticky: None,
             device_total: None,
             device: 0,
         }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
 use crate::backend::sim::{SimBackend, SimEvent};
-use crate::backend::{MemoryBackend, StreamId};
+use crate::backend::{DeviceStream, MemoryBackend, StreamId};
 use crate::error::BackendError;
 use crate::sync::{Arc, Mutex, MutexGuard};
 
@@ -12,13 +12,15 @@ use crate::sync::{Arc, Mutex, MutexGuard};
 /// PyTorch's `CachingHostAllocatorImpl` (`allocate_host_memory`, `free_block`, `record_stream`,
 /// `query_event`), plus `cudaHostRegister` for `pinned_use_cuda_host_register`.
 ///
-/// The event type and [`StreamId`] are those of [`MemoryBackend`], so the CUDA backend can share
-/// one event pool between its device and host allocators.
+/// The event type is that of [`MemoryBackend`], so the CUDA backend can share one event pool
+/// between its device and host allocators. Events are recorded on a [`DeviceStream`], a stream
+/// *and its device*: pinned memory serves every device, and every device's default stream is
+/// [`StreamId::DEFAULT`].
 ///
 /// All methods take `&self`; implementations are `Send + Sync` and do their own locking. The
 /// caching policy ([`super::HostCachingAllocator`]) never calls them while holding its locks.
 pub trait HostBackend: Send + Sync + 'static {
-    /// A recorded stream event (a `CUevent`, or the simulator's [`SimEvent`]).
+    /// A recorded stream event (a `CUevent`, or the simulator's [`SimHostEvent`]).
     type Event: Send + Sync + 'static;
 
     /// Allocates `bytes` bytes of page-locked host memory (`cudaHostAlloc(.., cudaHostAllocDefault)`).
@@ -73,11 +75,12 @@ pub trait HostBackend: Send + Sync + 'static {
         })
     }
 
-    /// Records an event on `stream` that completes when the work queued so far completes.
+    /// Records an event on `stream` (on `stream.device`, whatever device the calling thread
+    /// has current) that completes when the work queued there so far completes.
     ///
     /// # Errors
     /// [`BackendError::Other`] when the driver call fails.
-    fn record_event(&self, stream: StreamId) -> Result<Self::Event, BackendError>;
+    fn record_event(&self, stream: DeviceStream) -> Result<Self::Event, BackendError>;
 
     /// Whether `event` has completed (`cudaEventQuery`; "not ready" is `Ok(false)`).
     ///
@@ -135,9 +138,11 @@ const PAGE: usize = 4096;
 /// it), a capacity in bytes, call counts, fault injection, and an "initialised" flag that the
 /// first allocation sets (the lazy device initialisation of BUG-05).
 ///
-/// Events come from a [`SimBackend`], by default a private one; [`SimHostBackend::with_events`]
-/// shares a device simulator's streams so that completing work on the device releases host
-/// blocks too.
+/// Events come from one [`SimBackend`] per simulated device, by default a private one (device
+/// 0); [`SimHostBackend::with_events`] and [`SimHostBackend::with_devices`] share device
+/// simulators' streams so that completing work on a device releases host blocks too. An event
+/// on a [`DeviceStream`] is recorded on that device's simulator; a device index without a
+/// simulator is a [`BackendError::Other`] (`cudaErrorInvalidDevice`).
 ///
 /// ```
 /// use berth_alloc::host::{HostBackend, SimHostBackend};
@@ -151,8 +156,18 @@ const PAGE: usize = 4096;
 /// ```
 pub struct SimHostBackend {
     capacity: u64,
-    events: Arc<SimBackend>,
+    /// The event source of each simulated device, by device index.
+    devices: Vec<Arc<SimBackend>>,
     state: Mutex<SimHostState>,
+}
+
+/// An event of a [`SimHostBackend`]: the device it was recorded on and the simulator's event.
+#[derive(Debug)]
+pub struct SimHostEvent {
+    /// The device index of the stream the event was recorded on.
+    pub device: u32,
+    /// The event in that device's simulator.
+    pub event: SimEvent,
 }
 
 impl std::fmt::Debug for SimHostBackend {
@@ -170,13 +185,31 @@ impl SimHostBackend {
         Self::with_events(capacity, Arc::new(SimBackend::new(0)))
     }
 
-    /// A simulated host whose events are recorded on `device`'s streams.
+    /// A simulated host whose events are recorded on `device`'s streams (device 0).
     pub fn with_events(capacity: u64, device: Arc<SimBackend>) -> Self {
+        Self::with_devices(capacity, vec![device])
+    }
+
+    /// A simulated host serving several simulated devices: an event on
+    /// `DeviceStream { device: i, .. }` is recorded on `devices[i]`.
+    pub fn with_devices(capacity: u64, devices: Vec<Arc<SimBackend>>) -> Self {
         SimHostBackend {
             capacity,
-            events: device,
+            devices,
             state: Mutex::new(SimHostState::default()),
         }
+    }
+
+    fn device(&self, device: u32) -> Result<&Arc<SimBackend>, BackendError> {
+        self.devices
+            .get(device as usize)
+            .ok_or_else(|| BackendError::Other {
+                op: "record_event",
+                message: format!(
+                    "invalid device ordinal {device}: this simulated host serves {} device(s)",
+                    self.devices.len()
+                ),
+            })
     }
 
     fn lock(&self) -> MutexGuard<'_, SimHostState> {
@@ -184,19 +217,29 @@ impl SimHostBackend {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The simulator that records and completes this backend's events.
+    /// The simulator that records and completes the events of device 0.
     pub fn event_source(&self) -> &Arc<SimBackend> {
-        &self.events
+        &self.devices[0]
     }
 
-    /// Completes every event recorded so far on `stream`.
+    /// Completes every event recorded so far on `stream` of device 0.
     pub fn complete_events_on(&self, stream: StreamId) {
-        self.events.complete_events_on(stream);
+        self.devices[0].complete_events_on(stream);
     }
 
-    /// Completes every event recorded so far on every stream.
+    /// Completes every event recorded so far on `stream` of its device (no-op for a device
+    /// without a simulator).
+    pub fn complete_events_on_device(&self, stream: DeviceStream) {
+        if let Ok(d) = self.device(stream.device) {
+            d.complete_events_on(stream.stream);
+        }
+    }
+
+    /// Completes every event recorded so far on every stream of every device.
     pub fn complete_all(&self) {
-        self.events.complete_all();
+        for d in &self.devices {
+            d.complete_all();
+        }
     }
 
     /// Makes the `n`-th `alloc_pinned` call (1-based, counted from creation) fail with
@@ -253,7 +296,7 @@ fn contains(map: &BTreeMap<usize, usize>, addr: usize) -> bool {
 }
 
 impl HostBackend for SimHostBackend {
-    type Event = SimEvent;
+    type Event = SimHostEvent;
 
     fn alloc_pinned(&self, bytes: usize) -> Result<NonNull<u8>, BackendError> {
         let layout = Self::layout(bytes)?;
@@ -368,16 +411,20 @@ impl HostBackend for SimHostBackend {
         }
     }
 
-    fn record_event(&self, stream: StreamId) -> Result<SimEvent, BackendError> {
-        self.events.record_event(stream)
+    fn record_event(&self, stream: DeviceStream) -> Result<SimHostEvent, BackendError> {
+        let event = self.device(stream.device)?.record_event(stream.stream)?;
+        Ok(SimHostEvent {
+            device: stream.device,
+            event,
+        })
     }
 
-    fn query_event(&self, event: &SimEvent) -> Result<bool, BackendError> {
-        self.events.query_event(event)
+    fn query_event(&self, event: &SimHostEvent) -> Result<bool, BackendError> {
+        self.device(event.device)?.query_event(&event.event)
     }
 
-    fn sync_event(&self, event: &SimEvent) -> Result<(), BackendError> {
-        self.events.sync_event(event)
+    fn sync_event(&self, event: &SimHostEvent) -> Result<(), BackendError> {
+        self.device(event.device)?.sync_event(&event.event)
     }
 
     fn is_pinned(&self, ptr: *const u8) -> bool {
@@ -427,7 +474,7 @@ impl<B: HostBackend> HostBackend for Arc<B> {
         unsafe { (**self).unregister(ptr, bytes) }
     }
 
-    fn record_event(&self, stream: StreamId) -> Result<Self::Event, BackendError> {
+    fn record_event(&self, stream: DeviceStream) -> Result<Self::Event, BackendError> {
         (**self).record_event(stream)
     }
 

@@ -10,7 +10,7 @@ use super::{
     backend_err, host_block_size, HostAllocError, HostAllocation, HostAllocationOwner,
     HostAllocator, HostAllocatorConfig,
 };
-use crate::backend::StreamId;
+use crate::backend::DeviceStream;
 use crate::sync::{Arc, Mutex, MutexGuard};
 
 /// Number of free lists: one per power of two (PyTorch's `free_list_[64]`).
@@ -29,7 +29,7 @@ struct Block {
     /// Events still pending on it (see Note [Host block reuse] in `host/mod.rs`).
     event_count: usize,
     /// Streams it was used on since it was handed out.
-    streams: Vec<StreamId>,
+    streams: Vec<DeviceStream>,
     /// Obtained through `register` (register mode) rather than `alloc_pinned`.
     registered: bool,
 }
@@ -92,11 +92,11 @@ fn elapsed_us(t: Instant) -> i64 {
 ///
 /// ```
 /// use berth_alloc::host::{HostAllocator, HostCachingAllocator, SimHostBackend};
-/// use berth_alloc::StreamId;
+/// use berth_alloc::{DeviceStream, StreamId};
 /// let host = HostCachingAllocator::new(SimHostBackend::new(1 << 30));
 /// let a = host.allocate(3 << 20)?; // rounded to 4 MiB
 /// assert_eq!(a.capacity(), 4 << 20);
-/// a.record_stream(StreamId(7))?; // a copy on stream 7 reads it
+/// a.record_stream(DeviceStream::new(0, StreamId(7)))?; // a copy on cuda:0's stream 7 reads it
 /// drop(a);
 /// assert_eq!(host.allocate(4 << 20)?.capacity(), 4 << 20); // not reused yet: a new block
 /// assert_eq!(host.stats().num_host_alloc, 2);
@@ -248,7 +248,11 @@ impl<B: HostBackend> HostCachingAllocator<B> {
     ///
     /// # Errors
     /// [`HostAllocError::InvalidPointer`] if `ptr` is not inside a live block.
-    pub fn record_stream(&self, ptr: *const u8, stream: StreamId) -> Result<(), HostAllocError> {
+    pub fn record_stream(
+        &self,
+        ptr: *const u8,
+        stream: DeviceStream,
+    ) -> Result<(), HostAllocError> {
         self.inner.record_stream(ptr, stream)
     }
 
@@ -435,7 +439,7 @@ impl<B: HostBackend> Inner<B> {
         first_err.map_or(Ok(()), Err)
     }
 
-    fn record_stream(&self, ptr: *const u8, stream: StreamId) -> Result<(), HostAllocError> {
+    fn record_stream(&self, ptr: *const u8, stream: DeviceStream) -> Result<(), HostAllocError> {
         let mut st = lock(&self.state);
         match st.containing(ptr as usize) {
             Some((_, b)) if b.allocated => {
@@ -485,7 +489,7 @@ impl<B: HostBackend> HostAllocationOwner for Inner<B> {
         }
     }
 
-    fn record_stream(&self, ptr: *const u8, stream: StreamId) -> Result<(), HostAllocError> {
+    fn record_stream(&self, ptr: *const u8, stream: DeviceStream) -> Result<(), HostAllocError> {
         Inner::record_stream(self, ptr, stream)
     }
 }
@@ -510,7 +514,7 @@ impl<B: HostBackend> HostAllocator for HostCachingAllocator<B> {
         HostCachingAllocator::allocate(self, bytes)
     }
 
-    fn record_stream(&self, ptr: *const u8, stream: StreamId) -> Result<(), HostAllocError> {
+    fn record_stream(&self, ptr: *const u8, stream: DeviceStream) -> Result<(), HostAllocError> {
         HostCachingAllocator::record_stream(self, ptr, stream)
     }
 

@@ -33,11 +33,11 @@ mod stats;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
-pub use backend::{HostBackend, SimHostBackend, SimHostCounts};
+pub use backend::{HostBackend, SimHostBackend, SimHostCounts, SimHostEvent};
 pub use caching::HostCachingAllocator;
 pub use stats::{DurationStat, HostStats};
 
-use crate::backend::StreamId;
+use crate::backend::DeviceStream;
 use crate::config::AllocatorConfig;
 use crate::error::BackendError;
 use crate::sync::Arc;
@@ -139,7 +139,7 @@ pub trait HostAllocationOwner: Send + Sync {
     ///
     /// # Errors
     /// [`HostAllocError::InvalidPointer`] if `ptr` is not inside a live block.
-    fn record_stream(&self, ptr: *const u8, stream: StreamId) -> Result<(), HostAllocError>;
+    fn record_stream(&self, ptr: *const u8, stream: DeviceStream) -> Result<(), HostAllocError>;
 }
 
 /// A block of pinned host memory; returns itself to its allocator's cache on drop.
@@ -221,7 +221,7 @@ impl HostAllocation {
     ///
     /// # Errors
     /// [`HostAllocError::InvalidPointer`] if the owner no longer knows the block.
-    pub fn record_stream(&self, stream: StreamId) -> Result<(), HostAllocError> {
+    pub fn record_stream(&self, stream: DeviceStream) -> Result<(), HostAllocError> {
         match (&self.owner, self.ptr) {
             (Some(owner), Some(ptr)) => owner.record_stream(ptr.as_ptr(), stream),
             _ => Ok(()),
@@ -293,7 +293,7 @@ pub trait HostAllocator: Send + Sync {
     ///
     /// # Errors
     /// [`HostAllocError::InvalidPointer`] if `ptr` is not inside a live block.
-    fn record_stream(&self, ptr: *const u8, stream: StreamId) -> Result<(), HostAllocError>;
+    fn record_stream(&self, ptr: *const u8, stream: DeviceStream) -> Result<(), HostAllocError>;
 
     /// Whether `ptr` points into pinned memory: a block of this allocator, or memory the
     /// backend reports as page-locked.

@@ -56,9 +56,10 @@ use std::collections::BTreeMap;
 use crate::allocator::{Allocation, AllocationOwner, DeviceAllocator};
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
 use crate::error::AllocError;
+use crate::plumbing::{self, OomObserver, OomObservers, StickyError};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
-use crate::sync::{Arc, Mutex, SpinGuard, SpinMutex};
+use crate::sync::{Arc, SpinGuard, SpinMutex};
 
 use state::State;
 
@@ -93,7 +94,8 @@ struct Shared<B: MemoryBackend> {
     backend: B,
     /// The policy's state (`Note [Spin lock]` in `crate::sync`).
     state: SpinMutex<State<B::Event>>,
-    sticky: Mutex<Option<AllocError>>,
+    sticky: StickyError<AllocError>,
+    observers: OomObservers,
 }
 
 impl<B: MemoryBackend> PagedBestFit<B> {
@@ -113,7 +115,8 @@ impl<B: MemoryBackend> PagedBestFit<B> {
         let shared = Shared {
             backend,
             state: SpinMutex::new(State::new(page, total)),
-            sticky: Mutex::new(None),
+            sticky: StickyError::new(),
+            observers: OomObservers::new(),
         };
         Ok(PagedBestFit {
             shared: Arc::new(shared),
@@ -145,17 +148,12 @@ impl<B: MemoryBackend> Shared<B> {
         // The state is consistent between calls; a panic elsewhere does not corrupt it.
         self.state.lock()
     }
-
-    fn record_err(&self, err: AllocError) {
-        let mut slot = self.sticky.lock().unwrap_or_else(|e| e.into_inner());
-        slot.get_or_insert(err);
-    }
 }
 
 impl<B: MemoryBackend> AllocationOwner for Shared<B> {
     fn release(&self, ptr: DevicePtr) {
         if let Err(e) = self.lock().free(&self.backend, ptr) {
-            self.record_err(e);
+            self.sticky.record(e);
         }
     }
 
@@ -170,21 +168,23 @@ impl<B: MemoryBackend> DeviceAllocator for PagedBestFit<B> {
     }
 
     fn allocate(&self, bytes: usize, stream: StreamId) -> Result<Allocation, AllocError> {
-        if bytes == 0 {
-            return Ok(Allocation::empty(stream));
-        }
         let ptr = self.raw_alloc(bytes, stream)?;
-        let owner: Arc<dyn AllocationOwner> = self.shared.clone();
-        Ok(Allocation::new(ptr, bytes, stream, owner))
+        Ok(plumbing::wrap(ptr, bytes, stream, &self.shared))
     }
 
     fn raw_alloc(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr, AllocError> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        self.shared
+        let r = self
+            .shared
             .lock()
-            .malloc(&self.shared.backend, bytes as u64, stream)
+            .malloc(&self.shared.backend, bytes as u64, stream);
+        // The state guard is gone: observers may use the allocator.
+        if let Err(e) = &r {
+            self.shared.observers.notify(e);
+        }
+        r
     }
 
     fn raw_delete(&self, ptr: DevicePtr) -> Result<(), AllocError> {
@@ -223,33 +223,26 @@ impl<B: MemoryBackend> DeviceAllocator for PagedBestFit<B> {
     }
 
     fn set_memory_fraction(&self, fraction: f64) -> Result<(), AllocError> {
-        if !(0.0..=1.0).contains(&fraction) {
-            return Err(AllocError::InvalidFraction { fraction });
-        }
-        let total = self
-            .shared
-            .backend
-            .mem_info()
-            .map_err(|source| AllocError::Backend {
-                stream: StreamId::DEFAULT,
-                source,
-            })?
-            .total_bytes;
-        self.shared.lock().cap = Some((fraction * total as f64) as u64);
+        let (cap, _) = plumbing::fraction_cap(&self.shared.backend, fraction)?;
+        self.shared.lock().cap = Some(cap);
         Ok(())
     }
 
+    fn attach_oom_observer(&self, observer: OomObserver) {
+        self.shared.observers.push(observer);
+    }
+
+    fn set_device_index(&self, device: i32) {
+        self.shared.lock().device = device;
+    }
+
+    fn memory_summary(&self, abbreviated: bool) -> String {
+        let st = self.shared.lock();
+        crate::summary::memory_summary(&st.stats, st.device, "paged", abbreviated)
+    }
+
     fn check_err(&self) -> Result<(), AllocError> {
-        match self
-            .shared
-            .sticky
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        self.shared.sticky.take()
     }
 
     fn memory_stats(&self) -> BTreeMap<String, i64> {

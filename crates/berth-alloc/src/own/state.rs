@@ -64,6 +64,8 @@ pub(crate) struct State<E> {
     pub(crate) cap: Option<u64>,
     history: Option<TraceRing>,
     clock: i64,
+    /// The device index in OOM messages, summaries and snapshots.
+    pub(crate) device: i32,
 }
 
 fn backend_err(stream: StreamId) -> impl FnOnce(BackendError) -> AllocError {
@@ -98,6 +100,7 @@ impl<E> State<E> {
             cap: None,
             history: None,
             clock: 0,
+            device: 0,
         }
     }
 
@@ -385,7 +388,7 @@ impl<E> State<E> {
         AllocError::OutOfMemory {
             requested: need,
             requested_by_caller: requested,
-            device: 0,
+            device: self.device,
             device_total: info.total_bytes,
             device_free: info.free_bytes,
             allocated,
@@ -523,7 +526,7 @@ impl<E> State<E> {
             let arena = self.arenas.iter().find(|a| a.owns(start));
             let stream = arena.map_or(StreamId::DEFAULT, |a| a.stream);
             let mut seg = SegmentInfo {
-                device: 0,
+                device: self.device,
                 address: start,
                 total_size: end - start,
                 allocated_size: 0,

@@ -28,6 +28,17 @@ pub enum BackendError {
         /// The offending address.
         ptr: DevicePtr,
     },
+    /// A driver call failed with this `CUresult` (the code and its name as the driver's header
+    /// spells it, e.g. 1 / `CUDA_ERROR_INVALID_VALUE`).
+    #[error("CUDA driver call {op} failed: {name} (code {code})")]
+    Driver {
+        /// The driver entry point, e.g. `"cuMemMap"`.
+        op: &'static str,
+        /// The numeric `CUresult`.
+        code: u32,
+        /// The `CUresult`'s name.
+        name: String,
+    },
     /// Any other failure, with the driver's message.
     #[error("{op} failed: {message}")]
     Other {

@@ -243,7 +243,7 @@ impl TraceRing {
 
 /// A whole allocator snapshot (`torch.cuda.memory._snapshot()`): what
 /// `_dump_snapshot` pickles.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct MemorySnapshot {
     /// Segments sorted by address.

@@ -40,10 +40,7 @@ impl From<CudaError> for BackendError {
                 op,
                 bytes: requested_bytes as u64,
             },
-            CudaError::Driver { op, .. } => BackendError::Other {
-                op,
-                message: e.to_string(),
-            },
+            CudaError::Driver { op, code, name } => BackendError::Driver { op, code, name },
             other => BackendError::Other {
                 op: "cuda",
                 message: other.to_string(),

@@ -6,10 +6,10 @@
 
 use crate::device::check_device;
 use crate::driver::driver;
+use crate::registry::PerDevice;
 use crate::{ffi, CudaError};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
 
 /// Number of primary contexts berth has created in this process (COUNT).
 static CREATED: AtomicUsize = AtomicUsize::new(0);
@@ -67,49 +67,29 @@ struct Primary {
     ctx: u64,
 }
 
-static SLOTS: OnceLock<Vec<OnceLock<Primary>>> = OnceLock::new();
-static INIT: Mutex<()> = Mutex::new(());
+static PRIMARY: PerDevice<Primary> = PerDevice::new();
 
 thread_local! {
     /// The device whose context is current on this thread, as far as berth set it.
     static BOUND: Cell<Option<usize>> = const { Cell::new(None) };
 }
 
-fn slots() -> Option<&'static [OnceLock<Primary>]> {
-    let count = driver().ok()?;
-    Some(SLOTS.get_or_init(|| (0..count).map(|_| OnceLock::new()).collect()))
-}
-
 fn initialized(device: usize) -> bool {
-    slots()
-        .and_then(|s| s.get(device))
-        .is_some_and(|s| s.get().is_some())
+    PRIMARY.get(device).is_some()
 }
 
 fn primary(device: usize) -> Result<Primary, CudaError> {
-    driver()?;
     check_device(device)?;
-    let slot = slots()
-        .and_then(|s| s.get(device))
-        .ok_or(CudaError::InvalidDevice {
-            index: device,
-            count: driver()?,
-        })?;
-    if let Some(p) = slot.get() {
-        return Ok(*p);
-    }
-    let _g = INIT.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(p) = slot.get() {
-        return Ok(*p);
-    }
-    let dev = ffi::device_get(device)?;
-    // The retain is never released: the primary context lives as long as the process, like
-    // PyTorch's.
-    let ctx = ffi::primary_ctx_retain(device, dev)?;
-    CREATED.fetch_add(1, Ordering::SeqCst);
-    let p = Primary { ctx };
-    let _ = slot.set(p);
-    Ok(p)
+    PRIMARY
+        .get_or_try_init(device, |device| {
+            let dev = ffi::device_get(device)?;
+            // The retain is never released: the primary context lives as long as the
+            // process, like PyTorch's.
+            let ctx = ffi::primary_ctx_retain(device, dev)?;
+            CREATED.fetch_add(1, Ordering::SeqCst);
+            Ok(Primary { ctx })
+        })
+        .copied()
 }
 
 /// Makes `device`'s primary context current on this thread; returns it (as a `CUcontext`

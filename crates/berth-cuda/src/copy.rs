@@ -47,14 +47,12 @@ impl PinnedBuffer {
     /// use, in the context of the thread's current device).
     ///
     /// # Errors
-    /// [`CudaError::Unavailable`] without CUDA, [`CudaError::HostAlloc`] when the pinned
+    /// [`CudaError::Unavailable`] without CUDA, [`CudaError::PinnedAlloc`] when the pinned
     /// allocator refuses.
     pub fn new(nbytes: usize) -> Result<PinnedBuffer, CudaError> {
         let block = host_allocator()?
             .allocate(nbytes)
-            .map_err(|e| CudaError::HostAlloc {
-                message: e.to_string(),
-            })?;
+            .map_err(|source| CudaError::PinnedAlloc { source })?;
         Ok(PinnedBuffer { block })
     }
 
@@ -71,6 +69,11 @@ impl PinnedBuffer {
     /// Whether the block holds no bytes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The pinned allocator's block itself (to hand it to a host storage).
+    pub fn into_allocation(self) -> HostAllocation {
+        self.block
     }
 }
 
@@ -212,15 +215,13 @@ pub unsafe fn copy_dtod_raw(
 /// until the copies ran.
 ///
 /// # Errors
-/// [`CudaError::HostAlloc`] when no staging block can be had; driver errors.
+/// [`CudaError::PinnedAlloc`] when no staging block can be had; driver errors.
 pub unsafe fn stage_htod(dptr: u64, bytes: &[u8], stream: &Stream) -> Result<(), CudaError> {
     let host = host_allocator()?;
     for (i, chunk) in bytes.chunks(STAGING_CHUNK_BYTES).enumerate() {
         let block = host
             .allocate(chunk.len())
-            .map_err(|e| CudaError::HostAlloc {
-                message: e.to_string(),
-            })?;
+            .map_err(|source| CudaError::PinnedAlloc { source })?;
         // SAFETY: `block` is a fresh pinned block of at least `chunk.len()` bytes that no
         // queued copy uses (the cache hands it out only after its events passed).
         let dst = unsafe { std::slice::from_raw_parts_mut(block.as_ptr(), chunk.len()) };
@@ -230,7 +231,7 @@ pub unsafe fn stage_htod(dptr: u64, bytes: &[u8], stream: &Stream) -> Result<(),
         // (`record_stream` below); the destination is the caller's.
         unsafe { copy_htod_async(at, block.as_ptr(), chunk.len(), stream)? };
         // The block goes back to the cache now, reusable once this stream passed the copy.
-        let _ = block.record_stream(stream.id());
+        let _ = block.record_stream(stream.device_stream());
     }
     Ok(())
 }
@@ -246,13 +247,11 @@ pub unsafe fn stage_htod(dptr: u64, bytes: &[u8], stream: &Stream) -> Result<(),
 /// copies ran.
 ///
 /// # Errors
-/// [`CudaError::HostAlloc`] when no staging block can be had; driver errors.
+/// [`CudaError::PinnedAlloc`] when no staging block can be had; driver errors.
 pub unsafe fn stage_dtoh(out: &mut [u8], sptr: u64, stream: &Stream) -> Result<(), CudaError> {
     let host = host_allocator()?;
     let chunk = DTOH_STAGING_CHUNK_BYTES.min(out.len());
-    let err = |e: berth_alloc::host::HostAllocError| CudaError::HostAlloc {
-        message: e.to_string(),
-    };
+    let err = |source| CudaError::PinnedAlloc { source };
     let blocks = [
         host.allocate(chunk).map_err(err)?,
         host.allocate(chunk).map_err(err)?,

@@ -81,11 +81,6 @@ pub fn set_device(index: usize) -> Result<(), CudaError> {
     Ok(())
 }
 
-/// The thread's current device index without checks.
-pub(crate) fn current_index() -> usize {
-    CURRENT.with(Cell::get)
-}
-
 /// Sets the current device without checks; returns the previous one (stream guards).
 pub(crate) fn replace_current(index: usize) -> usize {
     CURRENT.with(|c| c.replace(index))

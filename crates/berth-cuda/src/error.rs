@@ -4,7 +4,7 @@
 //! `CUDA_ERROR_OUT_OF_MEMORY` becomes [`CudaError::OutOfMemory`] (house style 1.4).
 
 /// Errors of the CUDA layer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CudaError {
     /// CUDA cannot be used here: built without the `cuda` feature, or the driver library
@@ -109,24 +109,45 @@ pub enum CudaError {
     #[error(transparent)]
     Kernel(#[from] crate::KernelError),
 
-    /// The device's caching allocator refused a request (its message is PyTorch's, e.g. "CUDA
-    /// out of memory. Tried to allocate ..."); `out_of_memory` tells whether freeing memory
-    /// and retrying may succeed.
-    #[error("{message}")]
+    /// The device's allocator refused a request or failed (its message is PyTorch's, e.g.
+    /// "CUDA out of memory. Tried to allocate ..."); [`AllocError::is_out_of_memory`] on
+    /// `source` (or [`CudaError::is_out_of_memory`]) tells whether freeing memory and retrying
+    /// may succeed.
+    ///
+    /// [`AllocError::is_out_of_memory`]: berth_alloc::AllocError::is_out_of_memory
+    #[error("{source}")]
     Alloc {
         /// The device index.
         device: usize,
-        /// Whether this is an out-of-memory condition (transient).
-        out_of_memory: bool,
-        /// The allocator's message.
+        /// The allocator's error, as the policy returned it.
+        #[source]
+        source: berth_alloc::AllocError,
+    },
+
+    /// The pinned host allocator refused a request or failed.
+    #[error("pinned host memory: {source}")]
+    PinnedAlloc {
+        /// The pinned allocator's error.
+        #[source]
+        source: berth_alloc::host::HostAllocError,
+    },
+
+    /// `BERTH_ALLOC_CONF` (PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax) could not be used.
+    #[error("BERTH_ALLOC_CONF: {0}")]
+    Config(#[from] berth_alloc::ConfigError),
+
+    /// A host mapping (huge-page destination or first pin) could not be made.
+    #[error("pinned host memory: {message}")]
+    HostAlloc {
+        /// The operating system's or the mapping's message.
         message: String,
     },
 
-    /// The pinned host allocator refused a request.
-    #[error("pinned host memory: {message}")]
-    HostAlloc {
-        /// The allocator's message.
-        message: String,
+    /// A CUDA function was given a device of another kind (PyTorch's message).
+    #[error("Expected a cuda device, but got: {device}")]
+    NotCuda {
+        /// The device as written, e.g. `"cpu"`.
+        device: String,
     },
 
     /// An argument outside what the call accepts.
@@ -147,17 +168,17 @@ impl CudaError {
         }
     }
 
-    /// Whether this is a transient out-of-memory condition ([`CudaError::OutOfMemory`], or
-    /// [`CudaError::Alloc`] with `out_of_memory`).
+    /// Whether this is an out-of-memory condition: [`CudaError::OutOfMemory`], a
+    /// [`CudaError::Alloc`] whose source is out of memory, or a [`CudaError::PinnedAlloc`] of
+    /// [`HostAllocError::OutOfMemory`](berth_alloc::host::HostAllocError::OutOfMemory).
     pub fn is_out_of_memory(&self) -> bool {
         matches!(
             self,
             Self::OutOfMemory { .. }
-                | Self::Alloc {
-                    out_of_memory: true,
-                    ..
+                | Self::PinnedAlloc {
+                    source: berth_alloc::host::HostAllocError::OutOfMemory { .. }
                 }
-        )
+        ) || matches!(self, Self::Alloc { source, .. } if source.is_out_of_memory())
     }
 }
 

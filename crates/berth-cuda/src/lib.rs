@@ -22,6 +22,8 @@
 //! - `pinned.rs` — pinned host memory ([`CudaHostBackend`]);
 //! - `hostmem.rs` — huge-page host mappings for first pins and fresh copy destinations;
 //! - `pin_probe.rs` — first-pin variants, timed (benchmarks);
+//! - `registry.rs` — [`registry::PerDevice`], the one lazy per-device registry (contexts,
+//!   allocators; berth's generators and cuBLAS handles);
 //! - `memory.rs` — one allocator per device, the memory API;
 //! - `copy.rs` — byte copies: raw host↔device↔device, staged pageable pipelines,
 //!   [`PinnedBuffer`];
@@ -43,6 +45,7 @@ pub mod memory;
 #[doc(hidden)]
 pub mod pin_probe;
 pub mod pinned;
+pub mod registry;
 mod stream;
 mod sync_debug;
 pub mod testing;
@@ -61,8 +64,10 @@ pub use error::CudaError;
 pub use event::Event;
 pub use kernel_error::KernelError;
 pub use memory::{
-    empty_cache, host_empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
-    memory_reserved, memory_stats, memory_summary, reset_peak_memory_stats,
+    allocator_policy, empty_cache, host_empty_cache, max_memory_allocated, max_memory_reserved,
+    memory_allocated, memory_reserved, memory_snapshot, memory_stats, memory_summary,
+    record_memory_history, reset_accumulated_memory_stats, reset_peak_memory_stats,
+    set_per_process_memory_fraction, CudaDeviceArg,
 };
 pub use pinned::CudaHostBackend;
 pub use stream::{current_stream, current_stream_of_current_device, Stream, StreamGuard};

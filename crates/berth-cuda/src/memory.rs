@@ -1,9 +1,17 @@
 //! The per-device allocator registry and the memory API of `torch.cuda` (BUG-11/12/13/22).
 //!
-//! One [`CachingAllocator`] over [`CudaBackend`] per device serves every CUDA tensor; it is
-//! built on the first allocation on that device, with the configuration of `BERTH_ALLOC_CONF`
-//! (PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax). The statistics functions never build one:
-//! asking `memory_allocated(1)` before anything ran on cuda:1 answers 0 and creates no context
+//! One [`DeviceAllocator`] over [`CudaBackend`] per device serves every CUDA tensor. It is
+//! built on the first allocation on that device, with the policy and options of
+//! `BERTH_ALLOC_CONF` (PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax): `backend:paged` (berth's
+//! [`PagedBestFit`](berth_alloc::PagedBestFit)) or `backend:native` (PyTorch's caching
+//! allocator, `expandable_segments:True` for its expandable segments); without `backend:` the
+//! policy is [`AllocatorBackend::DEFAULT`] unless an option of PyTorch's policy is set
+//! ([`AllocatorConfig::policy`]). Every function below works the same for each policy.
+//!
+//! The functions take the device the way PyTorch's do (`memory_allocated(device=None)`): an
+//! index (`0usize`, `0u16`, `0i32`), `None::<usize>` for the current device, or, through berth,
+//! a `Device` ([`CudaDeviceArg`]). The statistics functions never build an allocator: asking
+//! `memory_allocated(1)` before anything ran on cuda:1 answers 0 and creates no context
 //! (PyTorch #4936, BUG-12). [`empty_cache`] acts on every device that has an allocator and on
 //! no other (BUG-22).
 //!
@@ -11,82 +19,144 @@
 
 use crate::backend::CudaBackend;
 use crate::pinned::CudaHostBackend;
-use crate::{check_device, driver::driver, CudaError};
-use berth_alloc::caching::CachingAllocator;
-use berth_alloc::{AllocatorConfig, DeviceAllocator, HostCachingAllocator, MemoryStats};
+use crate::registry::PerDevice;
+use crate::{check_device, current_device, CudaError};
+use berth_alloc::{
+    device_allocator, AllocatorBackend, AllocatorConfig, DeviceAllocator, HostCachingAllocator,
+    MemoryBackend, MemorySnapshot, MemoryStats,
+};
 use std::collections::BTreeMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
-/// The caching allocator of one CUDA device.
-pub type CudaAllocator = CachingAllocator<CudaBackend>;
+/// The allocator of one CUDA device, whichever policy `BERTH_ALLOC_CONF` chose.
+pub type CudaAllocator = Arc<dyn DeviceAllocator>;
 
 /// The pinned host allocator.
 pub type PinnedAllocator = HostCachingAllocator<CudaHostBackend>;
 
-static DEVICES: OnceLock<Vec<OnceLock<CudaAllocator>>> = OnceLock::new();
+static DEVICES: PerDevice<CudaAllocator> = PerDevice::new();
 static HOST: OnceLock<PinnedAllocator> = OnceLock::new();
-static INIT: Mutex<()> = Mutex::new(());
+static HOST_INIT: Mutex<()> = Mutex::new(());
 
-fn slots() -> Option<&'static [OnceLock<CudaAllocator>]> {
-    let count = driver().ok()?;
-    Some(DEVICES.get_or_init(|| (0..count).map(|_| OnceLock::new()).collect()))
+/// A device argument of the memory functions, as PyTorch's `device=None | int | torch.device`.
+///
+/// Implemented for indices (`usize`, `u16`, `i32`; a negative `i32` is
+/// [`CudaError::InvalidArgument`]), for `Option<T>` (`None` = the thread's current device, as
+/// PyTorch's default), and in berth for `Device` (`cuda:i`; `cuda` = the current device; any
+/// other kind is [`CudaError::NotCuda`]).
+pub trait CudaDeviceArg {
+    /// The device index this argument names (not yet checked against the device count).
+    ///
+    /// # Errors
+    /// [`CudaError::NotCuda`], [`CudaError::InvalidArgument`], or the errors of
+    /// [`current_device`] for "the current device".
+    fn cuda_index(self) -> Result<usize, CudaError>;
 }
 
-fn config() -> Result<AllocatorConfig, CudaError> {
-    AllocatorConfig::from_env().map_err(|e| CudaError::InvalidArgument {
-        op: "BERTH_ALLOC_CONF",
-        what: e.to_string(),
-    })
+impl CudaDeviceArg for usize {
+    fn cuda_index(self) -> Result<usize, CudaError> {
+        Ok(self)
+    }
 }
 
-/// The caching allocator of `device`, built on first use (which creates the device's context).
+impl CudaDeviceArg for u16 {
+    fn cuda_index(self) -> Result<usize, CudaError> {
+        Ok(usize::from(self))
+    }
+}
+
+impl CudaDeviceArg for i32 {
+    fn cuda_index(self) -> Result<usize, CudaError> {
+        usize::try_from(self).map_err(|_| CudaError::InvalidArgument {
+            op: "device",
+            what: format!(
+                "device index {self} is negative; use 0 or more, or None for the current device"
+            ),
+        })
+    }
+}
+
+impl<T: CudaDeviceArg> CudaDeviceArg for Option<T> {
+    fn cuda_index(self) -> Result<usize, CudaError> {
+        match self {
+            Some(d) => d.cuda_index(),
+            None => current_device(),
+        }
+    }
+}
+
+fn index(device: impl CudaDeviceArg) -> Result<usize, CudaError> {
+    let i = device.cuda_index()?;
+    check_device(i)?;
+    Ok(i)
+}
+
+/// The policy `BERTH_ALLOC_CONF` selects for device memory, and its configuration.
 ///
 /// # Errors
-/// [`CudaError::InvalidDevice`], [`CudaError::Unavailable`], [`CudaError::Driver`], or
-/// [`CudaError::InvalidArgument`] for a bad `BERTH_ALLOC_CONF`.
-pub fn allocator(device: usize) -> Result<&'static CudaAllocator, CudaError> {
-    check_device(device)?;
-    let slot = slots()
-        .and_then(|s| s.get(device))
-        .ok_or(CudaError::InvalidDevice {
-            index: device,
-            count: driver()?,
-        })?;
-    if let Some(a) = slot.get() {
-        return Ok(a);
-    }
-    let _g = INIT.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(a) = slot.get() {
-        return Ok(a);
-    }
+/// [`CudaError::Config`] for a malformed `BERTH_ALLOC_CONF`.
+pub fn config() -> Result<AllocatorConfig, CudaError> {
+    Ok(AllocatorConfig::from_env()?)
+}
+
+/// Builds `device`'s allocator: the configured policy over a [`CudaBackend`]. When no
+/// `backend:` was written and the default policy needs virtual memory the device lacks, the
+/// device gets PyTorch's policy instead (an explicit `backend:paged` is an error there).
+fn build(device: usize) -> Result<CudaAllocator, CudaError> {
+    let mut cfg = config()?;
     let backend = CudaBackend::new(device)?;
-    let alloc = CachingAllocator::with_config(backend, config()?).map_err(|e| {
-        CudaError::InvalidArgument {
-            op: "BERTH_ALLOC_CONF",
-            what: e.to_string(),
-        }
-    })?;
-    alloc.set_device_index(device as i32);
-    Ok(slot.get_or_init(|| alloc))
+    if cfg.backend.is_none()
+        && cfg.policy() == AllocatorBackend::Paged
+        && backend.as_virtual().is_none()
+    {
+        cfg.backend = Some(AllocatorBackend::Native);
+    }
+    device_allocator(backend, cfg, device as i32)
+        .map_err(|source| CudaError::Alloc { device, source })
+}
+
+/// The allocator of `device`, built on first use (which creates the device's context).
+///
+/// # Errors
+/// [`CudaError::InvalidDevice`], [`CudaError::Unavailable`], [`CudaError::Driver`],
+/// [`CudaError::Config`] for a bad `BERTH_ALLOC_CONF`, [`CudaError::Alloc`] when the policy
+/// cannot run on the device (`backend:paged` or `expandable_segments:True` without virtual
+/// memory support).
+pub fn allocator(device: impl CudaDeviceArg) -> Result<&'static CudaAllocator, CudaError> {
+    let device = index(device)?;
+    DEVICES.get_or_try_init(device, build)
 }
 
 /// The allocator of `device` if it was built; never builds one.
 pub fn existing_allocator(device: usize) -> Option<&'static CudaAllocator> {
-    DEVICES.get()?.get(device)?.get()
+    DEVICES.get(device)
 }
 
-fn stats(device: usize) -> Result<Option<MemoryStats>, CudaError> {
-    check_device(device)?;
-    Ok(existing_allocator(device).map(DeviceAllocator::stats))
+fn stats(device: impl CudaDeviceArg) -> Result<Option<MemoryStats>, CudaError> {
+    let device = index(device)?;
+    Ok(existing_allocator(device).map(|a| a.stats()))
 }
 
-/// Bytes held by live allocations on `device` (`torch.cuda.memory_allocated(i)`); 0 before
-/// the device's first allocation (nothing is initialised to answer).
+/// The policy name of `device`'s allocator (`"paged"`, `"pytorch"` or `"expandable"`): the
+/// built one's, else the one `BERTH_ALLOC_CONF` selects (the allocator is not built).
 ///
 /// # Errors
-/// [`CudaError::InvalidDevice`] ("device index 5 is out of range [0, 1)", BUG-20) or
-/// [`CudaError::Unavailable`].
-pub fn memory_allocated(device: usize) -> Result<u64, CudaError> {
+/// As [`memory_allocated`]; [`CudaError::Config`] for a bad `BERTH_ALLOC_CONF`.
+pub fn allocator_policy(device: impl CudaDeviceArg) -> Result<String, CudaError> {
+    let device = index(device)?;
+    match existing_allocator(device) {
+        Some(a) => Ok(a.policy_name().to_owned()),
+        None => Ok(config()?.policy_name().to_owned()),
+    }
+}
+
+/// Bytes held by live allocations on `device` (`torch.cuda.memory_allocated(device)`); 0
+/// before the device's first allocation (nothing is initialised to answer).
+///
+/// # Errors
+/// [`CudaError::InvalidDevice`] ("device index 5 is out of range [0, 1)", BUG-20),
+/// [`CudaError::Unavailable`], or the argument's error ([`CudaDeviceArg`]).
+pub fn memory_allocated(device: impl CudaDeviceArg) -> Result<u64, CudaError> {
     Ok(stats(device)?.map_or(0, |s| s.memory_allocated()))
 }
 
@@ -94,7 +164,7 @@ pub fn memory_allocated(device: usize) -> Result<u64, CudaError> {
 ///
 /// # Errors
 /// As [`memory_allocated`].
-pub fn memory_reserved(device: usize) -> Result<u64, CudaError> {
+pub fn memory_reserved(device: impl CudaDeviceArg) -> Result<u64, CudaError> {
     Ok(stats(device)?.map_or(0, |s| s.memory_reserved()))
 }
 
@@ -102,7 +172,7 @@ pub fn memory_reserved(device: usize) -> Result<u64, CudaError> {
 ///
 /// # Errors
 /// As [`memory_allocated`].
-pub fn max_memory_allocated(device: usize) -> Result<u64, CudaError> {
+pub fn max_memory_allocated(device: impl CudaDeviceArg) -> Result<u64, CudaError> {
     Ok(stats(device)?.map_or(0, |s| s.max_memory_allocated()))
 }
 
@@ -110,7 +180,7 @@ pub fn max_memory_allocated(device: usize) -> Result<u64, CudaError> {
 ///
 /// # Errors
 /// As [`memory_allocated`].
-pub fn max_memory_reserved(device: usize) -> Result<u64, CudaError> {
+pub fn max_memory_reserved(device: impl CudaDeviceArg) -> Result<u64, CudaError> {
     Ok(stats(device)?.map_or(0, |s| s.max_memory_reserved()))
 }
 
@@ -118,55 +188,102 @@ pub fn max_memory_reserved(device: usize) -> Result<u64, CudaError> {
 ///
 /// # Errors
 /// As [`memory_allocated`].
-pub fn reset_peak_memory_stats(device: usize) -> Result<(), CudaError> {
-    check_device(device)?;
-    if let Some(a) = existing_allocator(device) {
+pub fn reset_peak_memory_stats(device: impl CudaDeviceArg) -> Result<(), CudaError> {
+    if let Some(a) = existing_allocator(index(device)?) {
         a.reset_peak_memory_stats();
     }
     Ok(())
 }
 
-/// PyTorch's flat statistics map (`torch.cuda.memory_stats(i)`); empty before the device's
-/// first allocation, as PyTorch's.
+/// Zeroes every accumulated counter of `device` (`reset_accumulated_memory_stats`).
 ///
 /// # Errors
 /// As [`memory_allocated`].
-pub fn memory_stats(device: usize) -> Result<BTreeMap<String, i64>, CudaError> {
-    check_device(device)?;
-    Ok(existing_allocator(device)
+pub fn reset_accumulated_memory_stats(device: impl CudaDeviceArg) -> Result<(), CudaError> {
+    if let Some(a) = existing_allocator(index(device)?) {
+        a.reset_accumulated_memory_stats();
+    }
+    Ok(())
+}
+
+/// PyTorch's flat statistics map (`torch.cuda.memory_stats(device)`); empty before the
+/// device's first allocation, as PyTorch's.
+///
+/// # Errors
+/// As [`memory_allocated`].
+pub fn memory_stats(device: impl CudaDeviceArg) -> Result<BTreeMap<String, i64>, CudaError> {
+    Ok(existing_allocator(index(device)?)
         .map(|a| a.memory_stats())
         .unwrap_or_default())
 }
 
-/// PyTorch's table (`torch.cuda.memory_summary(i)`).
+/// PyTorch's table (`torch.cuda.memory_summary(device)`), with a line naming the policy.
+///
+/// # Errors
+/// As [`allocator_policy`].
+pub fn memory_summary(device: impl CudaDeviceArg, abbreviated: bool) -> Result<String, CudaError> {
+    let device = index(device)?;
+    match existing_allocator(device) {
+        Some(a) => Ok(a.memory_summary(abbreviated)),
+        None => Ok(berth_alloc::summary::memory_summary(
+            &MemoryStats::new(None),
+            device as i32,
+            &allocator_policy(device)?,
+            abbreviated,
+        )),
+    }
+}
+
+/// The segments, blocks and recorded history of `device`'s allocator
+/// (`torch.cuda.memory._snapshot()`); empty before the device's first allocation.
 ///
 /// # Errors
 /// As [`memory_allocated`].
-pub fn memory_summary(device: usize, abbreviated: bool) -> Result<String, CudaError> {
-    check_device(device)?;
-    let s = stats(device)?.unwrap_or_else(|| MemoryStats::new(None));
-    Ok(berth_alloc::summary::memory_summary(
-        &s,
-        device as i32,
-        abbreviated,
-    ))
+pub fn memory_snapshot(device: impl CudaDeviceArg) -> Result<MemorySnapshot, CudaError> {
+    Ok(existing_allocator(index(device)?)
+        .map(|a| a.snapshot())
+        .unwrap_or_default())
 }
 
-/// Returns every entirely free cached segment of every initialised device to the driver
-/// (`torch.cuda.empty_cache()`); never initialises a device (BUG-12, BUG-22).
+/// Starts (`Some(max_entries)`) or stops (`None`) recording `device`'s allocation history
+/// (`torch.cuda.memory._record_memory_history`); builds the allocator.
 ///
 /// # Errors
-/// [`CudaError::Driver`] wrapped as text when a free fails (`InvalidArgument` naming
-/// `empty_cache`).
+/// As [`allocator`].
+pub fn record_memory_history(
+    device: impl CudaDeviceArg,
+    max_entries: Option<usize>,
+) -> Result<(), CudaError> {
+    allocator(device)?.record_memory_history(max_entries);
+    Ok(())
+}
+
+/// Caps what `device`'s allocator may reserve at `fraction` of the device's memory
+/// (`torch.cuda.set_per_process_memory_fraction(fraction, device)`); builds the allocator.
+///
+/// # Errors
+/// As [`allocator`]; [`CudaError::Alloc`] with
+/// [`AllocError::InvalidFraction`](berth_alloc::AllocError::InvalidFraction) unless
+/// `0 ≤ fraction ≤ 1`.
+pub fn set_per_process_memory_fraction(
+    fraction: f64,
+    device: impl CudaDeviceArg,
+) -> Result<(), CudaError> {
+    let device = index(device)?;
+    allocator(device)?
+        .set_memory_fraction(fraction)
+        .map_err(|source| CudaError::Alloc { device, source })
+}
+
+/// Returns every entirely free cached segment (or page) of every initialised device to the
+/// driver (`torch.cuda.empty_cache()`); never initialises a device (BUG-12, BUG-22).
+///
+/// # Errors
+/// [`CudaError::Alloc`] with the device and the allocator's error when a free fails.
 pub fn empty_cache() -> Result<(), CudaError> {
-    let Some(slots) = DEVICES.get() else {
-        return Ok(());
-    };
-    for a in slots.iter().filter_map(OnceLock::get) {
-        a.empty_cache().map_err(|e| CudaError::InvalidArgument {
-            op: "empty_cache",
-            what: e.to_string(),
-        })?;
+    for (device, a) in DEVICES.built() {
+        a.empty_cache()
+            .map_err(|source| CudaError::Alloc { device, source })?;
     }
     Ok(())
 }
@@ -174,14 +291,14 @@ pub fn empty_cache() -> Result<(), CudaError> {
 /// The pinned host allocator, built on first use in the context of the thread's current device.
 ///
 /// # Errors
-/// [`CudaError::Unavailable`], [`CudaError::Driver`], [`CudaError::InvalidArgument`] for a bad
+/// [`CudaError::Unavailable`], [`CudaError::Driver`], [`CudaError::Config`] for a bad
 /// `BERTH_ALLOC_CONF`.
 pub fn host_allocator() -> Result<&'static PinnedAllocator, CudaError> {
     if let Some(h) = HOST.get() {
         return Ok(h);
     }
     let cfg = config()?;
-    let _g = INIT.lock().unwrap_or_else(|p| p.into_inner());
+    let _g = HOST_INIT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(h) = HOST.get() {
         return Ok(h);
     }
@@ -199,13 +316,12 @@ pub fn is_pinned_ptr(ptr: *const u8) -> bool {
 /// pinning.
 ///
 /// # Errors
-/// [`CudaError::InvalidArgument`] naming `host_empty_cache` when a free fails.
+/// [`CudaError::PinnedAlloc`] when a free fails.
 pub fn host_empty_cache() -> Result<(), CudaError> {
     match HOST.get() {
-        Some(h) => h.empty_cache().map_err(|e| CudaError::InvalidArgument {
-            op: "host_empty_cache",
-            what: e.to_string(),
-        }),
+        Some(h) => h
+            .empty_cache()
+            .map_err(|source| CudaError::PinnedAlloc { source }),
         None => Ok(()),
     }
 }
@@ -222,14 +338,27 @@ mod tests {
         assert!(!is_pinned_ptr([1u8, 2].as_ptr()));
         if !crate::is_available() {
             let _g = crate::testing::fake_device_count(1);
-            assert_eq!(memory_allocated(0), Ok(0));
-            assert_eq!(memory_reserved(0), Ok(0));
-            assert!(memory_stats(0).unwrap().is_empty());
+            assert_eq!(memory_allocated(0usize), Ok(0));
+            assert_eq!(memory_reserved(0u16), Ok(0));
+            assert_eq!(memory_allocated(None::<usize>), Ok(0));
+            assert!(memory_stats(0i32).unwrap().is_empty());
             assert_eq!(
-                memory_allocated(5),
+                memory_allocated(5usize),
                 Err(CudaError::InvalidDevice { index: 5, count: 1 })
             );
+            assert!(matches!(
+                memory_allocated(-1i32),
+                Err(CudaError::InvalidArgument { op: "device", .. })
+            ));
             assert!(existing_allocator(0).is_none());
+            assert!(memory_snapshot(0usize).unwrap().segments.is_empty());
+            // The summary names the policy without building the allocator.
+            let summary = memory_summary(0usize, true).unwrap();
+            let policy = config().unwrap().policy_name();
+            assert!(
+                summary.contains(&format!("allocator policy: {policy}")),
+                "{summary}"
+            );
         }
         assert_eq!(crate::contexts_created(), before);
     }

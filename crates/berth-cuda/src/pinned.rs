@@ -18,7 +18,7 @@
 use crate::backend::CudaEvent;
 use crate::hostmem::{Mapping, Pages};
 use crate::{ffi, CudaError};
-use berth_alloc::{BackendError, HostBackend, StreamId};
+use berth_alloc::{BackendError, DeviceStream, HostBackend};
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
@@ -169,8 +169,10 @@ impl HostBackend for CudaHostBackend {
         unsafe { ffi::host_unregister(self.device, ptr.as_ptr()) }.map_err(BackendError::from)
     }
 
-    fn record_event(&self, stream: StreamId) -> Result<CudaEvent, BackendError> {
-        Ok(CudaEvent::record(crate::stream::device_of(stream), stream)?)
+    fn record_event(&self, stream: DeviceStream) -> Result<CudaEvent, BackendError> {
+        // On the stream's own device: every device's default stream is handle 0, so the
+        // thread's current device would be the wrong one for a copy queued on another device.
+        Ok(CudaEvent::record(stream.device as usize, stream.stream)?)
     }
 
     fn query_event(&self, event: &CudaEvent) -> Result<bool, BackendError> {

@@ -8,10 +8,10 @@
 
 use crate::device::{check_device, current_device};
 use crate::{ffi, CudaError, Event};
-use berth_alloc::StreamId;
+use berth_alloc::{DeviceStream, StreamId};
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// A CUDA stream of one device. Cloning shares the handle; the last clone of a created stream
 /// destroys it (queued work still completes).
@@ -30,10 +30,6 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         if self.owned {
-            DEVICES
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&self.raw);
             // A failed destroy leaks one handle; a drop path never panics.
             // SAFETY: `raw` was created by `stream_create` for this `Inner`, which destroys it
             // once, here; no clone is left to use it.
@@ -60,21 +56,6 @@ impl PartialEq for Stream {
 
 impl Eq for Stream {}
 
-/// Created streams' devices, by raw handle: lets a bare [`StreamId`] (what the allocators
-/// carry) find its device.
-static DEVICES: Mutex<BTreeMap<u64, usize>> = Mutex::new(BTreeMap::new());
-
-/// The device of the stream named `id`: the creating device for a stream made by
-/// [`Stream::new`], the thread's current device for the default stream (0) or an unknown id.
-pub(crate) fn device_of(id: StreamId) -> usize {
-    let known = DEVICES
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&id.0)
-        .copied();
-    known.unwrap_or_else(crate::device::current_index)
-}
-
 thread_local! {
     /// The thread's current stream per device; absent = the default stream.
     static CURRENT: RefCell<HashMap<usize, Stream>> = RefCell::new(HashMap::new());
@@ -99,10 +80,6 @@ impl Stream {
             });
         }
         let raw = ffi::stream_create(device, priority)?;
-        DEVICES
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(raw, device);
         Ok(Stream {
             inner: Arc::new(Inner {
                 device,
@@ -150,9 +127,18 @@ impl Stream {
         self.inner.priority
     }
 
-    /// The allocator's name for this stream: its raw handle (0 for the default stream).
+    /// The allocator's name for this stream: its raw handle (0 for the default stream). It
+    /// names the stream only within its device (every device's default stream is 0): the
+    /// device allocators are per device; what serves several devices (the pinned host
+    /// allocator) takes [`Stream::device_stream`].
     pub fn id(&self) -> StreamId {
         StreamId(self.inner.raw)
+    }
+
+    /// The stream with its device (PyTorch's `c10::Stream`), as the pinned host allocator
+    /// records its events: on this stream's device, whatever device the thread has current.
+    pub fn device_stream(&self) -> DeviceStream {
+        DeviceStream::new(self.inner.device as u32, self.id())
     }
 
     /// The raw `CUstream` as an integer (0 = the legacy default stream).

@@ -3,28 +3,12 @@
 
 use std::sync::Arc;
 
-use berth::alloc::host::{HostAllocation, HostAllocator};
-use berth::storage::ExternalHostMemory;
+use berth::alloc::host::HostAllocator;
+use berth::storage::PinnedMemory;
 use berth::{DType, Layout, Storage, Tensor};
 
 use crate::error::{DataError, Result};
 use crate::pin::PinnedHost;
-
-/// A pinned block held by a tensor storage; back to its allocator's cache on drop.
-#[derive(Debug)]
-struct PinnedBlock(HostAllocation);
-
-impl ExternalHostMemory for PinnedBlock {
-    fn as_ptr(&self) -> *mut u8 {
-        self.0.as_ptr()
-    }
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn is_pinned(&self) -> bool {
-        self.0.is_pinned()
-    }
-}
 
 /// Pinned tensors from a [`HostAllocator`] (a `HostCachingAllocator<B>` for any backend).
 pub struct AllocatorPinnedHost {
@@ -66,7 +50,7 @@ impl PinnedHost for AllocatorPinnedHost {
             host: self.name.clone(),
             message: e.to_string(),
         })?;
-        let storage = Storage::host_external(Box::new(PinnedBlock(block)));
+        let storage = Storage::host_external(Box::new(PinnedMemory::new(block)));
         Ok(Tensor::from_parts(
             Arc::new(storage),
             Layout::contiguous(shape),

@@ -60,7 +60,8 @@ impl DeviceKind {
 /// assert!("cpu:1".parse::<Device>().is_err());
 /// ```
 ///
-/// A plain enum, so it can be matched:
+/// A plain enum, so it can be matched (`#[non_exhaustive]`: PyTorch has more device kinds,
+/// which later versions may add):
 ///
 /// ```
 /// use berth::Device;
@@ -69,7 +70,8 @@ impl DeviceKind {
 ///         Device::Cpu => "host memory".into(),
 ///         Device::Cuda(i) => format!("GPU {i}"),
 ///         Device::CudaCurrent => "the current GPU".into(),
-///         Device::Mps | Device::Meta => "no memory here".into(),
+///         Device::Meta => "shapes only".into(),
+///         _ => "not available here".into(), // mps, and kinds later versions add
 ///     }
 /// }
 /// assert_eq!(describe("cuda:1".parse().unwrap()), "GPU 1");
@@ -287,5 +289,26 @@ impl TryFrom<&str> for Device {
     type Error = ParseDeviceError;
     fn try_from(s: &str) -> std::result::Result<Self, Self::Error> {
         s.parse()
+    }
+}
+
+/// A `Device` names the device of the CUDA memory functions as in PyTorch
+/// (`torch.cuda.memory_allocated(torch.device("cuda:1"))`): `cuda:i` is `i`, `cuda` the
+/// thread's current device, and any other kind is [`CudaError::NotCuda`](crate::cuda::CudaError::NotCuda).
+///
+/// ```
+/// use berth::Device;
+/// let err = berth::cuda::memory_allocated(Device::Cpu).unwrap_err();
+/// assert_eq!(err.to_string(), "Expected a cuda device, but got: cpu");
+/// ```
+impl crate::cuda::CudaDeviceArg for Device {
+    fn cuda_index(self) -> std::result::Result<usize, crate::cuda::CudaError> {
+        match self {
+            Device::Cuda(i) => Ok(usize::from(i)),
+            Device::CudaCurrent => crate::cuda::current_device(),
+            other => Err(crate::cuda::CudaError::NotCuda {
+                device: other.to_string(),
+            }),
+        }
     }
 }

@@ -26,6 +26,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::alloc::HostAllocation;
 use crate::{Device, Error, Result};
 
 /// Alignment of owned host buffers, in bytes (one cache line; enough for every dtype and SIMD).
@@ -70,7 +71,14 @@ pub trait PendingWork: Send + Sync + fmt::Debug {
 
 /// Host memory that berth did not allocate itself, e.g. a pinned block from the host caching
 /// allocator; dropping it returns the memory to its owner.
-pub trait ExternalHostMemory: Send + Sync + fmt::Debug {
+///
+/// # Safety
+/// berth reads and writes `len()` bytes from `as_ptr()` (host slices, and device copies that
+/// run after the call returned), trusting both. An implementation must guarantee that
+/// `as_ptr()` is aligned to at least 8 bytes and valid for reads and writes of `len()` bytes
+/// for as long as the value lives (it may be null when `len()` is 0); that both return the same values on every
+/// call; and that nothing else accesses the memory while berth's storage owns the value.
+pub unsafe trait ExternalHostMemory: Send + Sync + fmt::Debug {
     /// Start of the memory. Must be aligned to at least 8 bytes and valid for `len()` bytes
     /// for as long as `self` lives.
     fn as_ptr(&self) -> *mut u8;
@@ -84,9 +92,51 @@ pub trait ExternalHostMemory: Send + Sync + fmt::Debug {
     fn is_pinned(&self) -> bool;
 }
 
+/// A block of a pinned host allocator held by a host storage: the one wrapper behind pinned
+/// tensors, whether `pin_memory()`, a non-blocking device→host copy or the DataLoader's pinned
+/// batches made it. The block returns to its allocator's cache on drop, reused only after the
+/// streams it was used on ([`HostAllocation::record_stream`]) passed their events.
+#[derive(Debug)]
+pub struct PinnedMemory {
+    block: HostAllocation,
+}
+
+impl PinnedMemory {
+    /// Wraps `block` for [`Storage::host_external`].
+    pub fn new(block: HostAllocation) -> PinnedMemory {
+        PinnedMemory { block }
+    }
+
+    /// The block (for `record_stream`).
+    pub fn allocation(&self) -> &HostAllocation {
+        &self.block
+    }
+}
+
+// SAFETY: a live `HostAllocation` is host memory of `len()` bytes at `as_ptr()`, aligned to the
+// allocator's page size, owned by this value until drop (its allocator hands it to no one else
+// meanwhile); both values are fixed at creation.
+unsafe impl ExternalHostMemory for PinnedMemory {
+    fn as_ptr(&self) -> *mut u8 {
+        self.block.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.block.len()
+    }
+    fn is_pinned(&self) -> bool {
+        self.block.is_pinned()
+    }
+}
+
 /// Device memory (a CUDA allocation). Implemented by the CUDA runtime over its caching
 /// allocator's allocation; dropping it frees (or caches) the memory.
-pub trait DeviceMemory: Send + Sync + fmt::Debug {
+///
+/// # Safety
+/// Kernels and copies write `len()` bytes at `device_ptr()` on `device()`, trusting all three.
+/// An implementation must guarantee that `device_ptr()..device_ptr() + len()` is live memory
+/// of `device()` owned by the value for as long as it lives (no other owner writes it), and
+/// that the three return the same values on every call.
+pub unsafe trait DeviceMemory: Send + Sync + fmt::Debug {
     /// The device address (`CUdeviceptr`).
     fn device_ptr(&self) -> u64;
     /// Size in bytes.
@@ -151,6 +201,11 @@ impl HostBuf {
     fn ptr(&self) -> *mut u8 {
         match self {
             HostBuf::Owned(b) => b.ptr.as_ptr(),
+            // A zero-byte external block may be null (an empty pinned allocation); slices need
+            // a non-null, aligned pointer even for zero bytes.
+            HostBuf::External(e) if e.as_ptr().is_null() => {
+                NonNull::<u64>::dangling().as_ptr().cast()
+            }
             HostBuf::External(e) => e.as_ptr(),
         }
     }

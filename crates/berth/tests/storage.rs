@@ -44,7 +44,8 @@ fn host_reads_and_writes_wait_for_pending_device_work_first() {
 #[derive(Debug)]
 struct Block(Vec<u64>);
 
-impl ExternalHostMemory for Block {
+// SAFETY: the test block owns a live, aligned buffer of its length until drop.
+unsafe impl ExternalHostMemory for Block {
     fn as_ptr(&self) -> *mut u8 {
         self.0.as_ptr() as *mut u8
     }

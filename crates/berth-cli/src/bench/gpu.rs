@@ -6,7 +6,7 @@
 //! host inputs are filled with fresh pseudo-random bytes for each figure.
 
 use anyhow::Context;
-use berth::alloc::{DeviceAllocator, HostBackend, MemoryBackend, StreamId};
+use berth::alloc::{HostBackend, MemoryBackend, StreamId};
 use berth::cuda::{self, CudaBackend, CudaHostBackend, Event, Stream};
 use berth::{DType, Device, Tensor};
 use std::time::Instant;

@@ -23,6 +23,7 @@ pub mod ops;
 mod pin;
 #[cfg(feature = "cuda")]
 pub mod rand;
+mod record_stream;
 pub mod transfer;
 
 pub use pin::legacy_type_name;

@@ -27,7 +27,7 @@ use super::copy::{
 use super::hostmem::{Mapping, Pages};
 use super::memory::{allocator, host_allocator};
 use super::{current_stream, CudaError, Event, Stream};
-use crate::alloc::{Allocation, DeviceAllocator};
+use crate::alloc::Allocation;
 use crate::storage::{DeviceMemory, ExternalHostMemory, PendingWork};
 use crate::{Device, Result, Storage, Tensor};
 use std::sync::Arc;
@@ -47,9 +47,16 @@ impl CudaMemory {
     pub fn allocation(&self) -> &Allocation {
         &self.alloc
     }
+
+    /// The index of the CUDA device the memory is on.
+    pub fn device_index(&self) -> usize {
+        self.device
+    }
 }
 
-impl DeviceMemory for CudaMemory {
+// SAFETY: the allocation is live device memory of `device`, `len` bytes, owned by this value
+// until drop (the caching allocator hands it to no one else meanwhile).
+unsafe impl DeviceMemory for CudaMemory {
     fn device_ptr(&self) -> u64 {
         self.alloc.ptr().0
     }
@@ -64,24 +71,7 @@ impl DeviceMemory for CudaMemory {
     }
 }
 
-/// A pinned block held by a host tensor storage; returns to the pinned cache on drop (reused
-/// only after the streams that used it passed their events).
-#[derive(Debug)]
-pub struct PinnedMemory {
-    block: PinnedBuffer,
-}
-
-impl ExternalHostMemory for PinnedMemory {
-    fn as_ptr(&self) -> *mut u8 {
-        self.block.as_ptr()
-    }
-    fn len(&self) -> usize {
-        self.block.len()
-    }
-    fn is_pinned(&self) -> bool {
-        true
-    }
-}
+pub use crate::storage::PinnedMemory;
 
 /// Device work a storage must wait for: an event recorded after a copy.
 #[derive(Debug)]
@@ -115,11 +105,7 @@ pub fn alloc_storage(device: usize, nbytes: usize) -> Result<Storage> {
     let stream = current_stream(device)?;
     let alloc = allocator(device)?
         .allocate(nbytes, stream.id())
-        .map_err(|e| CudaError::Alloc {
-            device,
-            out_of_memory: e.is_out_of_memory(),
-            message: e.to_string(),
-        })?;
+        .map_err(|source| CudaError::Alloc { device, source })?;
     Ok(Storage::device(Box::new(CudaMemory {
         alloc,
         device,
@@ -133,7 +119,9 @@ pub fn alloc_storage(device: usize, nbytes: usize) -> Result<Storage> {
 /// [`CudaError::Unavailable`] or the pinned allocator's error.
 pub fn alloc_pinned_storage(nbytes: usize) -> Result<Storage> {
     let block = PinnedBuffer::new(nbytes)?;
-    Ok(Storage::host_external(Box::new(PinnedMemory { block })))
+    Ok(Storage::host_external(Box::new(PinnedMemory::new(
+        block.into_allocation(),
+    ))))
 }
 
 fn cuda_index(d: Device) -> Result<usize> {
@@ -195,7 +183,7 @@ fn htod(
         unsafe { copy_htod_async(dptr, sptr, nbytes, &stream)? };
         drop(guard);
         // Keep the pinned block from reuse until the copy ran, and make host writes wait.
-        let _ = host_allocator()?.record_stream(ext.as_ptr(), stream.id());
+        let _ = host_allocator()?.record_stream(ext.as_ptr(), stream.device_stream());
         storage.add_pending_work(pending_after(&stream)?);
     } else {
         let guard = storage.read_host("to")?;
@@ -227,7 +215,7 @@ fn dtoh(
                 // from reuse by `record_stream` and from host access by the pending event;
                 // `sptr` is `nbytes` bytes of `src`'s live device storage.
                 unsafe { copy_dtoh_async(hptr, sptr, nbytes, &stream)? };
-                let _ = host_allocator()?.record_stream(hptr, stream.id());
+                let _ = host_allocator()?.record_stream(hptr, stream.device_stream());
                 dst.add_pending_work(pending_after(&stream)?);
             }
         }
@@ -256,7 +244,8 @@ struct MappedHostMemory {
     len: usize,
 }
 
-impl ExternalHostMemory for MappedHostMemory {
+// SAFETY: the mapping is live, page-aligned host memory of its length, unmapped only on drop.
+unsafe impl ExternalHostMemory for MappedHostMemory {
     fn as_ptr(&self) -> *mut u8 {
         self.map.as_ptr()
     }

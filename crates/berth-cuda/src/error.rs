@@ -15,6 +15,21 @@ pub enum CudaError {
         reason: String,
     },
 
+    /// The NVIDIA driver is older than berth's floor: `cuDriverGetVersion` (`found`) is below
+    /// `required` (12080, CUDA 12.8: the cuda-13000 bindings call `cuEventElapsedTime_v2`,
+    /// which older drivers lack). CUDA is then unavailable; updating the driver fixes it.
+    #[error(
+        "the NVIDIA driver supports CUDA {}.{} (cuDriverGetVersion {found}); berth needs a \
+         driver for CUDA {}.{} or newer (R570+, Linux 570.26+): update the NVIDIA driver",
+        .found / 1000, .found % 1000 / 10, .required / 1000, .required % 1000 / 10
+    )]
+    DriverTooOld {
+        /// The driver's `cuDriverGetVersion`, `1000 * major + 10 * minor`.
+        found: i32,
+        /// The lowest version berth runs on.
+        required: i32,
+    },
+
     /// A device index at or past the number of visible devices (BUG-20; PyTorch's good message
     /// is "Device index value 5 is out of index range [0, 1)").
     #[error("device index {index} is out of range [0, {count}); use an index below {count}")]

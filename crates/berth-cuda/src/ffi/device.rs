@@ -30,6 +30,42 @@ pub(crate) fn driver_library_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// `cuDriverGetVersion`: the newest CUDA version the driver supports, as
+/// `1000 * major + 10 * minor` (12080 for CUDA 12.8). Needs no `cuInit`.
+///
+/// # Errors
+/// [`CudaError::Driver`] with the code (never [`CudaError::OutOfMemory`]).
+///
+/// # Panics
+/// cudarc's loader panics when the driver library is missing: call it after
+/// [`driver_library_present`] (the symbol itself exists in every driver since CUDA 2.2).
+pub(crate) fn driver_get_version() -> Result<i32, CudaError> {
+    let mut version = 0;
+    // SAFETY: the driver writes only the out-value, a live local.
+    unsafe { sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .map_err(|e| plain("cuDriverGetVersion", e))?;
+    Ok(version)
+}
+
+/// The entries of `names` that the driver library does not export: looked up with `dlsym`
+/// (cudarc's `culib().get`), so a missing one is reported instead of making cudarc's lazy loader
+/// panic at the first call. Calls no driver function.
+///
+/// # Panics
+/// cudarc panics when the driver library is missing: call it after [`driver_library_present`].
+pub(crate) fn missing_driver_symbols(names: &[&'static str]) -> Vec<&'static str> {
+    // SAFETY: `culib` only opens the library; `get` only looks a name up (the pointer type is
+    // never called or dereferenced).
+    let lib = unsafe { sys::culib() };
+    names
+        .iter()
+        .copied()
+        // SAFETY: as above; the looked-up pointer is dropped unused.
+        .filter(|name| unsafe { lib.get::<*const std::ffi::c_void>(name.as_bytes()) }.is_err())
+        .collect()
+}
+
 /// `cuInit(0)`.
 ///
 /// # Errors

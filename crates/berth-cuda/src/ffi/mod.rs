@@ -20,7 +20,7 @@
 //!   `false`), so no other file needs a `cfg` for the driver. The callers reach them only after
 //!   [`driver`](crate::driver) succeeded, which it never does without `cuda`.
 //!
-//! Files: `device.rs` (the driver library, `cuInit`, device queries, primary contexts,
+//! Files: `device.rs` (the driver library, its version and symbols, `cuInit`, device queries, primary contexts,
 //! `cuCtxSynchronize`, `cuMemGetInfo`), `stream.rs` (streams and events), `memory.rs` (device
 //! memory, virtual memory, pinned host memory, copies), `twin.rs` (all of the above without
 //! `cuda`), `os.rs` (anonymous host mappings: `mmap`, `munmap`, `madvise`).

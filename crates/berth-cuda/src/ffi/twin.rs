@@ -16,6 +16,12 @@ fn no<T>() -> Result<T, CudaError> {
 pub(crate) fn driver_library_present() -> bool {
     false
 }
+pub(crate) fn driver_get_version() -> Result<i32, CudaError> {
+    no()
+}
+pub(crate) fn missing_driver_symbols(names: &[&'static str]) -> Vec<&'static str> {
+    names.to_vec()
+}
 pub(crate) fn init() -> Result<(), CudaError> {
     no()
 }

@@ -32,6 +32,10 @@ struct Info {
     cuda_available: bool,
     /// Why CUDA is not available; `None` when it is.
     cuda_unavailable_reason: Option<String>,
+    /// The device-memory policy `BERTH_ALLOC_CONF` selects (`paged`, `pytorch`, `expandable`).
+    allocator_policy: String,
+    /// `BERTH_ALLOC_CONF` as set (empty when unset).
+    alloc_conf: String,
     devices: Vec<DeviceInfo>,
 }
 
@@ -39,6 +43,7 @@ const MIB: u64 = 1 << 20;
 
 fn collect() -> anyhow::Result<Info> {
     let reason = cuda::unavailable_reason();
+    let config = cuda::memory::config()?;
     let mut devices = Vec::new();
     if reason.is_none() {
         for i in 0..cuda::device_count() {
@@ -62,14 +67,21 @@ fn collect() -> anyhow::Result<Info> {
         cpu_cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         cuda_available: reason.is_none(),
         cuda_unavailable_reason: reason,
+        allocator_policy: config.policy_name().to_owned(),
+        alloc_conf: config.conf_string,
         devices,
     })
 }
 
 fn render(info: &Info) -> String {
+    let conf = if info.alloc_conf.is_empty() {
+        "BERTH_ALLOC_CONF unset".to_owned()
+    } else {
+        format!("BERTH_ALLOC_CONF={}", info.alloc_conf)
+    };
     let mut out = format!(
-        "berth {}\nCPU cores: {}\n",
-        info.berth_version, info.cpu_cores
+        "berth {}\nCPU cores: {}\nCUDA allocator policy: {} ({conf}; choose with backend:paged or backend:native)\n",
+        info.berth_version, info.cpu_cores, info.allocator_policy
     );
     match &info.cuda_unavailable_reason {
         Some(reason) => out.push_str(&format!("CUDA: not available ({reason})\n")),
@@ -109,6 +121,8 @@ mod tests {
             cpu_cores: 16,
             cuda_available: true,
             cuda_unavailable_reason: None,
+            allocator_policy: "paged".into(),
+            alloc_conf: String::new(),
             devices: vec![DeviceInfo {
                 index: 0,
                 name: "NVIDIA H200".into(),
@@ -120,6 +134,9 @@ mod tests {
         };
         let text = render(&info);
         assert!(text.contains("CPU cores: 16"));
+        assert!(text.contains(
+            "CUDA allocator policy: paged (BERTH_ALLOC_CONF unset; choose with backend:paged or backend:native)"
+        ));
         assert!(text.contains(
             "cuda:0  NVIDIA H200  143771 MiB total, 143000 MiB free, compute capability 9.0, 132 SMs"
         ));

@@ -28,7 +28,6 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use berth_alloc::backend::sim::SimBackend;
-use berth_alloc::caching::CachingAllocator;
 use berth_alloc::{Allocation, AllocatorConfig, DeviceAllocator, MemoryStats, StreamId};
 
 use crate::{Error, Result};
@@ -53,16 +52,27 @@ impl std::fmt::Debug for MetaPlan {
 
 impl MetaPlan {
     /// A plan over a simulated device of `capacity_bytes` (use the real GPU's total memory to
-    /// also predict out-of-memory), PyTorch's policy configured from `BERTH_ALLOC_CONF`.
+    /// also predict out-of-memory), with the policy and options `BERTH_ALLOC_CONF` selects for
+    /// CUDA devices ([`AllocatorConfig::policy`]: berth's `paged` by default, PyTorch's
+    /// caching allocator with `backend:native`), so the prediction is of the allocator the
+    /// real run uses.
     ///
     /// # Errors
     /// [`Error::Alloc`] for a malformed `BERTH_ALLOC_CONF`.
     pub fn new(capacity_bytes: u64) -> Result<MetaPlan> {
         let config = AllocatorConfig::from_env().map_err(|e| Error::Alloc(e.into()))?;
-        let allocator = CachingAllocator::with_config(SimBackend::new(capacity_bytes), config)?;
-        Ok(MetaPlan {
-            allocator: Arc::new(allocator),
-        })
+        MetaPlan::with_config(capacity_bytes, config)
+    }
+
+    /// A plan over a simulated device of `capacity_bytes` with the policy and options of
+    /// `config` (what [`MetaPlan::new`] reads from `BERTH_ALLOC_CONF`).
+    ///
+    /// # Errors
+    /// [`Error::Alloc`] when the policy cannot run on the simulated device (it cannot: the
+    /// simulator has virtual memory).
+    pub fn with_config(capacity_bytes: u64, config: AllocatorConfig) -> Result<MetaPlan> {
+        let allocator = berth_alloc::device_allocator(SimBackend::new(capacity_bytes), config, 0)?;
+        Ok(MetaPlan { allocator })
     }
 
     /// Makes this plan record the meta storages created on this thread until the guard drops.

@@ -33,11 +33,22 @@ pub struct MetaPrediction {
 /// # Errors
 /// Shape errors (a bug) or a malformed `BERTH_ALLOC_CONF`.
 pub fn predict(args: &TrainArgs) -> anyhow::Result<(MetaPrediction, MetaPlan)> {
+    predict_with(args, berth::cuda::memory::config()?)
+}
+
+/// [`predict`] for the allocator `config` selects instead of `BERTH_ALLOC_CONF`'s.
+///
+/// # Errors
+/// As [`predict`].
+pub fn predict_with(
+    args: &TrainArgs,
+    config: berth::alloc::AllocatorConfig,
+) -> anyhow::Result<(MetaPrediction, MetaPlan)> {
     let capacity = match berth::cuda::mem_get_info(0) {
         Ok((_, total)) => total as u64,
         Err(_) => DEFAULT_CAPACITY_BYTES,
     };
-    let plan = MetaPlan::new(capacity)?;
+    let plan = MetaPlan::with_config(capacity, config)?;
     let parameter_bytes;
     {
         let _active = plan.activate();
@@ -145,6 +156,7 @@ mod tests {
             save: None,
             data_dir: None,
             json: true,
+            memory_snapshot: None,
         }
     }
 
@@ -152,9 +164,34 @@ mod tests {
     /// batch's `[1000, 784]` f32 input (3,136,000 B) and its normalised copies are large-pool
     /// blocks (20 MiB segments); everything else is ≤ 1 MiB (2 MiB small segments). Every block
     /// is rounded to 512 B.
+    fn conf(s: &str) -> berth::alloc::AllocatorConfig {
+        berth::alloc::AllocatorConfig::parse(s).unwrap()
+    }
+
+    /// With berth's `paged` policy memory is mapped in 2 MiB pages, not 20 MiB segments: the
+    /// prediction is a whole number of pages, at least the peak allocated, and below PyTorch's.
+    #[test]
+    fn meta_prediction_of_the_paged_policy_maps_pages() {
+        let (paged, plan) = predict_with(&args(64, 256), conf("backend:paged")).unwrap();
+        let (native, _) = predict_with(&args(64, 256), conf("backend:native")).unwrap();
+        assert_eq!(plan.allocator().policy_name(), "paged");
+        assert_eq!(
+            paged.peak_reserved % (2 << 20),
+            0,
+            "{}",
+            paged.peak_reserved
+        );
+        assert!(paged.peak_reserved >= paged.peak_allocated);
+        assert!(
+            paged.peak_reserved < native.peak_reserved,
+            "{paged:?} {native:?}"
+        );
+        assert!(plan.memory_summary().contains("allocator policy: paged"));
+    }
+
     #[test]
     fn meta_prediction_counts_rounded_blocks_and_segments() {
-        let (p, _) = predict(&args(64, 256)).unwrap();
+        let (p, _) = predict_with(&args(64, 256), conf("backend:native")).unwrap();
         assert_eq!(p.parameter_bytes, 814_120);
         assert!(
             p.peak_allocated >= 2 * 814_120,
@@ -169,8 +206,8 @@ mod tests {
 
     #[test]
     fn meta_prediction_grows_with_the_model() {
-        let (small, _) = predict(&args(64, 64)).unwrap();
-        let (big, _) = predict(&args(64, 1024)).unwrap();
+        let (small, _) = predict_with(&args(64, 64), conf("")).unwrap();
+        let (big, _) = predict_with(&args(64, 1024), conf("")).unwrap();
         // hidden 1024: fc1.weight alone is 3,211,264 B, a large-pool block.
         assert!(big.peak_allocated >= small.peak_allocated + 2 * 3_211_264);
     }

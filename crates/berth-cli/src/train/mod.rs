@@ -59,7 +59,15 @@ pub struct TrainArgs {
     /// Print one final JSON object instead of text (no progress bar).
     #[arg(long)]
     pub json: bool,
+    /// Record the CUDA allocator's history during the run and write its snapshot to this file
+    /// at the end, as `torch.cuda.memory._dump_snapshot` does (open it with `berth memviz` or
+    /// PyTorch's `memory_viz`). CUDA only.
+    #[arg(long, value_name = "PATH")]
+    pub memory_snapshot: Option<PathBuf>,
 }
+
+/// Entries of allocator history kept for `--memory-snapshot` (PyTorch's default `max_entries`).
+const SNAPSHOT_HISTORY: usize = 100_000;
 
 /// Arguments of `berth eval`.
 #[derive(clap::Args, Debug, Clone)]
@@ -170,6 +178,13 @@ fn check_train_args(a: &TrainArgs) -> anyhow::Result<()> {
 pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
     check_train_args(&args)?;
     let device = resolve_device(&args.device)?;
+    if args.memory_snapshot.is_some() && !device.is_cuda() {
+        return Err(UsageError(format!(
+            "--memory-snapshot with --device {device}: snapshots are of the CUDA allocator; \
+             train on cuda (or use --device meta without it for a prediction)"
+        ))
+        .into());
+    }
     if device == Device::Meta {
         if args.save.is_some() {
             return Err(UsageError("--save with --device meta: meta tensors have no values to save; train on cpu or cuda".into()).into());
@@ -226,6 +241,13 @@ pub fn train_on(
     let steps_per_epoch = loader.len();
     let timer = report::EpochTimer::new(device)?;
     let mem = MemoryReport::start(device)?;
+    let snapshot_device = match (&args.memory_snapshot, report::cuda_index(device)) {
+        (Some(_), Some(i)) => {
+            berth::cuda::record_memory_history(i, Some(SNAPSHOT_HISTORY))?;
+            Some(i)
+        }
+        _ => None,
+    };
     let waits_before = report::host_waits();
     let mut epochs = Vec::with_capacity(args.epochs);
     let mut steps = 0u64;
@@ -280,6 +302,11 @@ pub fn train_on(
         epochs.push(e);
     }
     let memory = mem.finish(device)?;
+    if let (Some(i), Some(path)) = (snapshot_device, &args.memory_snapshot) {
+        let snapshot = berth::cuda::memory_snapshot(i)?;
+        std::fs::write(path, berth::alloc::pickle::dump_snapshot(&snapshot))
+            .with_context(|| format!("writing the memory snapshot to {}", path.display()))?;
+    }
     let waits = report::host_waits() - waits_before;
     let state_dict = model.state_dict()?;
     Ok(TrainReport {

@@ -52,6 +52,8 @@ pub struct MemoryReport {
     /// `memory_summary()` of the device (CUDA), `None` on the CPU.
     #[serde(skip)]
     pub summary: Option<String>,
+    /// The CUDA allocator's policy (`paged`, `pytorch`, `expandable`), `None` on the CPU.
+    pub policy: Option<String>,
 }
 
 impl MemoryReport {
@@ -83,6 +85,7 @@ impl MemoryStart {
                 peak_allocated: berth::cuda::max_memory_allocated(i)?,
                 peak_reserved: berth::cuda::max_memory_reserved(i)?,
                 summary: Some(berth::cuda::memory_summary(i, false)?),
+                policy: Some(berth::cuda::allocator_policy(i)?),
             },
             None => {
                 let peak = berth::storage::max_host_memory_allocated() as u64;
@@ -90,6 +93,7 @@ impl MemoryStart {
                     peak_allocated: peak,
                     peak_reserved: peak,
                     summary: None,
+                    policy: None,
                 }
             }
         })
@@ -208,6 +212,7 @@ impl TrainReport {
                 "samples_per_second": last.map(|e| e.samples_per_second),
                 "peak_allocated": self.memory.peak_allocated,
                 "peak_reserved": self.memory.peak_reserved,
+                "allocator_policy": self.memory.policy,
                 "implicit_syncs_per_step": self.implicit_syncs_per_step,
                 "per_epoch": self.epochs,
                 "saved": saved,
@@ -218,10 +223,9 @@ impl TrainReport {
         if let Some(summary) = &self.memory.summary {
             println!("{summary}");
         }
-        let what = if self.device.is_cuda() {
-            "caching allocator"
-        } else {
-            "host bytes held by tensors"
+        let what = match &self.memory.policy {
+            Some(policy) => format!("allocator policy {policy}"),
+            None => "host bytes held by tensors".to_owned(),
         };
         println!(
             "memory on {} ({what}): peak allocated {} B ({:.1} MiB), peak reserved {} B ({:.1} MiB)",

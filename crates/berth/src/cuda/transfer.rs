@@ -157,6 +157,53 @@ pub fn transfer(src: &Tensor, device: Device, non_blocking: bool) -> Result<Tens
     Ok(Tensor::from_contiguous(storage, src.shape(), src.dtype()))
 }
 
+/// Copies host tensor `src` to CUDA `device` with `non_blocking = true`, the copy queued on
+/// `copy_stream` while the memory comes from `device`'s *current* stream (the consumer's): the
+/// pattern that overlaps a copy with compute without `record_stream` (PyTorch's CUDA
+/// semantics notes, "allocate on the consumer stream":
+/// <https://docs.pytorch.org/docs/stable/notes/cuda.html#cuda-streams>).
+///
+/// `copy_stream` first waits for the current stream, so memory that stream freed earlier is
+/// not overwritten before the work still using it ran; the caller makes the consumer wait for
+/// `copy_stream` (an event recorded after this call) before reading the result. Freeing the
+/// result on the consumer stream after that wait is then ordered after the copy: the memory
+/// returns to the consumer stream's pool at once, with no deferred free. A pinned source is
+/// protected as by `.to()` (its block waits for `copy_stream`'s event).
+///
+/// # Errors
+/// [`CudaError::DeviceMismatch`] when `copy_stream` is not on `device`;
+/// [`CudaError::InvalidArgument`] when `src` is not a host tensor or `device` not a CUDA device;
+/// allocation and driver errors.
+pub fn to_device_on(src: &Tensor, device: Device, copy_stream: &Stream) -> Result<Tensor> {
+    if !src.device().is_cpu() {
+        return Err(CudaError::InvalidArgument {
+            op: "to_device_on",
+            what: format!("the source is on {}; pass a host tensor", src.device()),
+        }
+        .into());
+    }
+    let dev = cuda_index(device)?;
+    if copy_stream.device() != dev {
+        return Err(CudaError::DeviceMismatch {
+            op: "to_device_on",
+            expected: dev,
+            actual: copy_stream.device(),
+        }
+        .into());
+    }
+    let src = src.contiguous()?;
+    let elem = src.dtype().size_in_bytes();
+    let nbytes = src.numel() * elem;
+    let offset = src.storage_offset() * elem;
+    let consumer = current_stream(dev)?;
+    let dst = alloc_storage(dev, nbytes)?;
+    if nbytes > 0 && consumer != *copy_stream {
+        copy_stream.wait_stream(&consumer)?;
+    }
+    let storage = htod_into(&src, dst, offset, nbytes, true, copy_stream)?;
+    Ok(Tensor::from_contiguous(storage, src.shape(), src.dtype()))
+}
+
 fn htod(
     src: &Tensor,
     dev: usize,
@@ -166,6 +213,19 @@ fn htod(
 ) -> Result<Storage> {
     let stream = current_stream(dev)?;
     let dst = alloc_storage(dev, nbytes)?;
+    htod_into(src, dst, offset, nbytes, non_blocking, &stream)
+}
+
+/// Copies `nbytes` of `src`'s host memory from byte `offset` into the fresh device storage
+/// `dst` on `stream`.
+fn htod_into(
+    src: &Tensor,
+    dst: Storage,
+    offset: usize,
+    nbytes: usize,
+    non_blocking: bool,
+    stream: &Stream,
+) -> Result<Storage> {
     if nbytes == 0 {
         return Ok(dst);
     }
@@ -180,16 +240,16 @@ fn htod(
         // SAFETY: the source is `nbytes` bytes of a pinned block that stays out of reuse
         // until the copy ran (`record_stream` below) and whose host writes wait for it (the
         // pending event); `dptr` is the fresh allocation `dst`, of `nbytes` bytes on `dev`.
-        unsafe { copy_htod_async(dptr, sptr, nbytes, &stream)? };
+        unsafe { copy_htod_async(dptr, sptr, nbytes, stream)? };
         drop(guard);
         // Keep the pinned block from reuse until the copy ran, and make host writes wait.
         let _ = host_allocator()?.record_stream(ext.as_ptr(), stream.device_stream());
-        storage.add_pending_work(pending_after(&stream)?);
+        storage.add_pending_work(pending_after(stream)?);
     } else {
         let guard = storage.read_host("to")?;
         let bytes = &guard.bytes()[offset..offset + nbytes];
         // SAFETY: `dptr` is the fresh allocation `dst`, of `nbytes` bytes on `dev`.
-        unsafe { stage_htod(dptr, bytes, &stream)? };
+        unsafe { stage_htod(dptr, bytes, stream)? };
     }
     if !non_blocking {
         stream.synchronize_uncounted()?;

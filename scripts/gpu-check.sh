@@ -70,9 +70,30 @@ fi
 # The main job on the GPU (auto picks cuda:0), the meta prediction beside it, and the
 # DataLoader to the GPU.
 if want train; then
-timeout 300 .gpu/berth train --device auto --epochs 5 --json > "$OUT/train-cuda.json" 2>"$OUT/train-cuda.err" || status=1
-timeout 60 .gpu/berth train --device meta --json > "$OUT/train-meta.json" 2>>"$OUT/train-cuda.err" || status=1
-cat "$OUT/train-cuda.json" "$OUT/train-meta.json"
+# Per allocator policy: the default (berth's paged), PyTorch's policy, PyTorch's expandable
+# segments; each GPU run beside its meta prediction, and a memory snapshot of the default's.
+for conf in "" "backend:native" "expandable_segments:True"; do
+  tag=${conf:-default}; tag=${tag//[:]/-}
+  snap=(); [ -z "$conf" ] && snap=(--memory-snapshot "$OUT/train-default.snapshot.pickle")
+  BERTH_ALLOC_CONF=$conf timeout 300 .gpu/berth train --device auto --epochs 5 --json "${snap[@]}" > "$OUT/train-cuda-$tag.json" 2>"$OUT/train-cuda-$tag.err" || status=1
+  BERTH_ALLOC_CONF=$conf timeout 60 .gpu/berth train --device meta --json > "$OUT/train-meta-$tag.json" 2>>"$OUT/train-cuda-$tag.err" || status=1
+  python3 - "$OUT" "$tag" <<'PY' | tee -a "$OUT/train-policies.jsonl"
+import json, os, sys
+out, tag = sys.argv[1], sys.argv[2]
+try:
+    g = json.load(open(os.path.join(out, f"train-cuda-{tag}.json")))
+    m = json.load(open(os.path.join(out, f"train-meta-{tag}.json")))
+except Exception as e:
+    print(json.dumps({"conf": tag, "error": str(e)})); sys.exit(0)
+print(json.dumps({"conf": tag, "policy": g.get("allocator_policy"), "test_accuracy": g["test_accuracy"],
+  "epoch_seconds": g["epoch_seconds"], "samples_per_second": g["samples_per_second"],
+  "peak_allocated": g["peak_allocated"], "peak_reserved": g["peak_reserved"],
+  "reserved_over_allocated": g["peak_reserved"] / max(1, g["peak_allocated"]),
+  "meta_allocated": m["peak_allocated"], "meta_reserved": m["peak_reserved"],
+  "meta_allocated_error": m["peak_allocated"] / max(1, g["peak_allocated"]) - 1,
+  "meta_reserved_error": m["peak_reserved"] / max(1, g["peak_reserved"]) - 1}))
+PY
+done
 timeout 240 .gpu/berth bench dataloader --json > "$OUT/bench-dataloader.jsonl" 2>"$OUT/bench-dataloader.err" || status=1
 cat "$OUT/bench-dataloader.jsonl"
 fi

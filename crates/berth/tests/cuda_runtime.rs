@@ -345,6 +345,57 @@ fn a_block_freed_while_a_side_stream_uses_it_is_not_reused_until_that_work_is_do
     drop(y);
 }
 
+/// `Tensor::record_stream`: a CUDA tensor freed while a side stream still uses it keeps its
+/// memory out of reuse until that work is done; a pinned host tensor is accepted (the pinned
+/// allocator defers its block); a pageable one is a typed error.
+#[test]
+fn record_stream_from_the_tensor_api() {
+    if !gpu("tensor_record_stream") {
+        return;
+    }
+    let side = Stream::new(0, 0).unwrap();
+    let x = Tensor::zeros(&[3 << 18], DType::F32, Device::Cuda(0)).unwrap(); // 3 MiB
+    let px = x.storage().data_ptr();
+    testing::busy_stream(&side, 200).unwrap();
+    x.record_stream(&side).unwrap();
+    drop(x);
+    let y = Tensor::zeros(&[3 << 18], DType::F32, Device::Cuda(0)).unwrap();
+    assert_ne!(y.storage().data_ptr(), px, "handed out while the side stream still runs");
+    side.synchronize().unwrap();
+
+    let pinned = host(&[1.0, 2.0]).pin_memory().unwrap();
+    pinned.record_stream(&side).unwrap();
+    let err = host(&[1.0]).record_stream(&side).unwrap_err().to_string();
+    assert!(err.contains("record_stream takes a CUDA tensor or a pinned host tensor"), "{err}");
+}
+
+/// The memory functions take a device as PyTorch's do: an index, `None` (current), a `Device`.
+#[test]
+fn memory_api_by_device() {
+    if !gpu("memory_api_by_device") {
+        return;
+    }
+    let x = Tensor::zeros(&[1 << 20], DType::F32, Device::Cuda(0)).unwrap();
+    let by_index = cuda::memory_allocated(0).unwrap();
+    assert!(by_index >= 4 << 20, "{by_index}");
+    assert_eq!(cuda::memory_allocated(Device::Cuda(0)).unwrap(), by_index);
+    assert_eq!(cuda::memory_allocated(Device::CudaCurrent).unwrap(), by_index);
+    assert_eq!(cuda::memory_allocated(None::<usize>).unwrap(), by_index);
+    assert_eq!(
+        cuda::memory_reserved(Device::Cuda(0)).unwrap(),
+        cuda::memory_reserved(0usize).unwrap()
+    );
+    assert_eq!(
+        cuda::memory_allocated(Device::Cpu).unwrap_err().to_string(),
+        "Expected a cuda device, but got: cpu"
+    );
+    let policy = cuda::allocator_policy(Device::Cuda(0)).unwrap();
+    assert!(cuda::memory_summary(Device::Cuda(0), true)
+        .unwrap()
+        .contains(&format!("allocator policy: {policy}")));
+    drop(x);
+}
+
 #[test]
 fn bug_05_06_pin_memory_rules() {
     if !gpu("bug_05_06") {

@@ -9,8 +9,9 @@
 //! columns both have non-unit strides cannot be described to cuBLAS and is rejected with
 //! [`KernelError::InvalidArgument`] (the caller makes it contiguous).
 
-use super::kernels::{KernelError, RawStream, ScalarType};
+use super::kernels::{KernelError, RawStream};
 use super::CudaError;
+use crate::DType;
 use cudarc::cublas::{result as blas, sys as bsys};
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -123,7 +124,7 @@ fn to_int(what: &str, v: i64) -> Result<i32, KernelError> {
 pub unsafe fn matmul(
     device: usize,
     stream: RawStream,
-    dtype: ScalarType,
+    dtype: DType,
     batch: usize,
     m: usize,
     n: usize,
@@ -135,17 +136,17 @@ pub unsafe fn matmul(
     use bsys::cublasComputeType_t as Compute;
     use bsys::cudaDataType as Dt;
     let (data, compute, f64_scalars) = match dtype {
-        ScalarType::F32 if allow_tf32() => {
+        DType::F32 if allow_tf32() => {
             (Dt::CUDA_R_32F, Compute::CUBLAS_COMPUTE_32F_FAST_TF32, false)
         }
-        ScalarType::F32 => (Dt::CUDA_R_32F, Compute::CUBLAS_COMPUTE_32F, false),
-        ScalarType::F64 => (Dt::CUDA_R_64F, Compute::CUBLAS_COMPUTE_64F, true),
-        ScalarType::F16 => (Dt::CUDA_R_16F, Compute::CUBLAS_COMPUTE_32F, false),
-        ScalarType::BF16 => (Dt::CUDA_R_16BF, Compute::CUBLAS_COMPUTE_32F, false),
+        DType::F32 => (Dt::CUDA_R_32F, Compute::CUBLAS_COMPUTE_32F, false),
+        DType::F64 => (Dt::CUDA_R_64F, Compute::CUBLAS_COMPUTE_64F, true),
+        DType::F16 => (Dt::CUDA_R_16F, Compute::CUBLAS_COMPUTE_32F, false),
+        DType::BF16 => (Dt::CUDA_R_16BF, Compute::CUBLAS_COMPUTE_32F, false),
         other => {
             return Err(KernelError::UnsupportedDType {
                 op: "matmul",
-                dtype: other.suffix(),
+                dtype: other.as_str(),
                 supported: "f32, f64, f16, bf16",
             }
             .into())

@@ -9,8 +9,8 @@
 //! enqueued on the thread's current stream of the device ([`current_stream`]).
 
 use super::blas::{self, MatrixView};
-use super::kernels::{self, ArgReduce, DeviceView, RawStream, ScalarType};
-use super::rand::{fill_random_with, Distribution};
+use super::kernels::{self, ArgReduce, DeviceView, RawStream};
+use super::rand::fill_random_with;
 use crate::backend::{DeviceKernels, RandomDist, View};
 use crate::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Result};
@@ -18,11 +18,6 @@ use crate::{DType, Device, Error, Result};
 /// berth's CUDA kernels, as one value for [`crate::backend`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CudaKernels;
-
-/// The kernel dtype of a tensor dtype ([`ScalarType::of`]).
-pub fn scalar_type(dtype: DType) -> ScalarType {
-    ScalarType::of(dtype)
-}
 
 /// The stream kernels go to: the thread's current stream of `device`
 /// ([`super::current_stream`], set with a `StreamGuard`), the legacy default stream when none
@@ -39,7 +34,7 @@ struct Raw {
     device: usize,
     ptr: u64,
     strides: Vec<isize>,
-    dtype: ScalarType,
+    dtype: DType,
 }
 
 impl Raw {
@@ -52,8 +47,8 @@ impl Raw {
                 what: "a CUDA kernel got a view whose storage is not device memory".into(),
             })?;
         let device = usize::from(mem.device().index().unwrap_or(0));
-        let dtype = scalar_type(v.dtype);
-        let ptr = mem.device_ptr() + (v.layout.offset() * dtype.size_bytes()) as u64;
+        let dtype = v.dtype;
+        let ptr = mem.device_ptr() + (v.layout.offset() * dtype.size_in_bytes()) as u64;
         let strides = v.layout.strides().iter().map(|&s| s as isize).collect();
         Ok(Raw {
             device,
@@ -344,8 +339,9 @@ impl DeviceKernels for CudaKernels {
                     off[j] += c * st[j];
                 }
             }
-            let at =
-                |r: &Raw, o: isize| (r.ptr as i64 + o as i64 * r.dtype.size_bytes() as i64) as u64;
+            let at = |r: &Raw, o: isize| {
+                (r.ptr as i64 + o as i64 * r.dtype.size_in_bytes() as i64) as u64
+            };
             // SAFETY: as in `copy`; every batch offset stays inside its view.
             unsafe {
                 blas::matmul(
@@ -431,10 +427,6 @@ impl DeviceKernels for CudaKernels {
         if !d.is_contiguous_for(shape) {
             return Err(not_contiguous("random", "output"));
         }
-        let dist = match dist {
-            RandomDist::Uniform { low, high } => Distribution::Uniform { low, high },
-            RandomDist::Normal { mean, std } => Distribution::Normal { mean, std },
-        };
         let n = shape.iter().product();
         // SAFETY: contiguous `dst` of `n` elements.
         unsafe { fill_random_with(d.device, d.stream(), d.dtype, n, dist, d.ptr, seed, offset) }?;
@@ -474,7 +466,7 @@ fn unary_kernel(
 struct CeArgs {
     dev: usize,
     stream: RawStream,
-    dt: ScalarType,
+    dt: DType,
     n: usize,
     c: usize,
     /// The logits' address.

@@ -7,10 +7,10 @@
 //! CPU. f32 uniforms take the top 24 bits of one 32-bit word (`[0, 1)`); f64 uniforms take 53
 //! bits of two words; normals use Box-Muller on pairs of uniforms.
 
-use super::kernels::{
-    function, grid_for, launch, module_source, KernelError, RawStream, ScalarType,
-};
+use super::kernels::{function, grid_for, launch, module_source, KernelError, RawStream};
 use super::CudaError;
+use crate::backend::RandomDist;
+use crate::DType;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
@@ -158,25 +158,11 @@ fn next(device: usize) -> (u64, u64) {
     taken
 }
 
-/// What [`fill_random`] draws.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
-pub enum Distribution {
-    /// Uniform in `[low, high)` (`rand` is `Uniform { low: 0, high: 1 }`).
-    Uniform {
-        /// Inclusive lower bound.
-        low: f64,
-        /// Exclusive upper bound.
-        high: f64,
-    },
-    /// Normal (`randn` is `Normal { mean: 0, std: 1 }`).
-    Normal {
-        /// Mean.
-        mean: f64,
-        /// Standard deviation.
-        std: f64,
-    },
-}
+/// The distribution [`fill_random`] draws from is the tensor layer's [`RandomDist`]; this is
+/// its former device-side name, kept so that callers written against it (`tests/cuda_ops.rs`)
+/// still build. New code names [`RandomDist`].
+#[doc(hidden)]
+pub use crate::backend::RandomDist as Distribution;
 
 /// Fills the contiguous `out` (`n` elements of float `dtype`) with draws from `dist`, using
 /// `device`'s generator; returns the `(seed, offset)` the call used.
@@ -192,15 +178,15 @@ pub enum Distribution {
 pub unsafe fn fill_random(
     device: usize,
     stream: RawStream,
-    dtype: ScalarType,
+    dtype: DType,
     n: usize,
-    dist: Distribution,
+    dist: RandomDist,
     out: u64,
 ) -> Result<(u64, u64), CudaError> {
     if !dtype.is_float() {
         return Err(KernelError::UnsupportedDType {
             op: "rand",
-            dtype: dtype.suffix(),
+            dtype: dtype.as_str(),
             supported: "f32, f64, f16, bf16",
         }
         .into());
@@ -222,9 +208,9 @@ pub unsafe fn fill_random(
 pub unsafe fn fill_random_with(
     device: usize,
     stream: RawStream,
-    dtype: ScalarType,
+    dtype: DType,
     n: usize,
-    dist: Distribution,
+    dist: RandomDist,
     out: u64,
     seed: u64,
     offset: u64,
@@ -232,7 +218,7 @@ pub unsafe fn fill_random_with(
     if !dtype.is_float() {
         return Err(KernelError::UnsupportedDType {
             op: "rand",
-            dtype: dtype.suffix(),
+            dtype: dtype.as_str(),
             supported: "f32, f64, f16, bf16",
         }
         .into());
@@ -243,12 +229,12 @@ pub unsafe fn fill_random_with(
     }
     super::kernels::bind(device)?;
     let (name, mut p, mut q) = match dist {
-        Distribution::Uniform { low, high } => ("rand_uniform", low, high),
-        Distribution::Normal { mean, std } => ("rand_normal", mean, std),
+        RandomDist::Uniform { low, high } => ("rand_uniform", low, high),
+        RandomDist::Normal { mean, std } => ("rand_normal", mean, std),
     };
-    let key = format!("rand.{}", dtype.suffix());
-    let full = format!("{name}_{}", dtype.suffix());
-    let is_double = i32::from(dtype == ScalarType::F64);
+    let key = format!("rand.{}", dtype.as_str());
+    let full = format!("{name}_{}", dtype.as_str());
+    let is_double = i32::from(dtype == DType::F64);
     // SAFETY: `bind` made the context current.
     let f = unsafe {
         function(device, &key, &full, || {
@@ -256,7 +242,7 @@ pub unsafe fn fill_random_with(
         })
     }?;
     let (mut s, mut o, mut ptr) = (seed, offset, out);
-    let per: u64 = if dtype == ScalarType::F64 { 2 } else { 4 };
+    let per: u64 = if dtype == DType::F64 { 2 } else { 4 };
     let mut params = [
         (&raw mut nn).cast::<c_void>(),
         (&raw mut s).cast(),

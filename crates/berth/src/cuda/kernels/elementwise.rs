@@ -6,8 +6,9 @@
 //! the same view as output and input: each element is read before it is written by the same
 //! thread, so that is safe as long as the output has no internal overlap.
 
-use super::{grid_for, kernel_params, numel, DeviceView, Family, Idx, RawStream, ScalarType};
+use super::{grid_for, kernel_params, numel, DeviceView, Family, Idx, RawStream};
 use crate::cuda::CudaError;
+use crate::DType;
 use std::ffi::c_void;
 
 /// Threads per block of the elementwise kernels.
@@ -235,7 +236,7 @@ impl CompareOp {
     }
 }
 
-fn same_dtype(op: &'static str, want: ScalarType, got: ScalarType) -> Result<(), CudaError> {
+fn same_dtype(op: &'static str, want: DType, got: DType) -> Result<(), CudaError> {
     if want == got {
         Ok(())
     } else {
@@ -243,8 +244,8 @@ fn same_dtype(op: &'static str, want: ScalarType, got: ScalarType) -> Result<(),
             op,
             format!(
                 "operands must share one dtype, got {} and {}: cast first",
-                want.suffix(),
-                got.suffix()
+                want.as_str(),
+                got.as_str()
             ),
         )
         .into())
@@ -276,7 +277,7 @@ unsafe fn run(
     device: usize,
     stream: RawStream,
     family: Family,
-    dtype: ScalarType,
+    dtype: DType,
     name: &str,
     n: i64,
     params: &mut [*mut c_void],
@@ -388,7 +389,7 @@ pub unsafe fn compare(
     b: Option<DeviceView<'_>>,
     scalar: f64,
 ) -> Result<(), CudaError> {
-    same_dtype("compare", ScalarType::Bool, out.dtype)?;
+    same_dtype("compare", DType::Bool, out.dtype)?;
     if let Some(b) = b {
         same_dtype("compare", a.dtype, b.dtype)?;
     }
@@ -427,7 +428,7 @@ pub unsafe fn copy(
     let (mut o, mut x) = (out.ptr, src.ptr);
     let mut params = kernel_params![n, ix, o, x];
     // `copy_<out>_from_<src>`: `run` appends `_<src>`, the module's dtype.
-    let name = format!("copy_{}_from", out.dtype.suffix());
+    let name = format!("copy_{}_from", out.dtype.as_str());
     // SAFETY: the params match `COPY`'s signature; pointers per the caller's contract.
     unsafe { run(device, stream, COPY, src.dtype, &name, n, &mut params) }
 }

@@ -26,7 +26,7 @@ mod softmax;
 
 pub use berth_cuda::KernelError;
 pub use elementwise::{binary, compare, copy, fill, unary, BinaryOp, CompareOp, UnaryOp};
-pub use reduce::{arg_reduce, sum, ArgReduce};
+pub use reduce::{arg_reduce, sum, sum_output, ArgReduce};
 pub use softmax::{cross_entropy, cross_entropy_backward, softmax, softmax_backward, Reduction};
 
 pub(crate) use module::{function, grid_for, launch, run, Family};
@@ -51,96 +51,11 @@ pub type RawStream = cudarc::driver::sys::CUstream;
 /// (PyTorch's limit is 25; berth's index struct holds 8).
 pub const MAX_DIMS: usize = 8;
 
-/// Element types the kernels know, in PyTorch's `ScalarType` sense.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ScalarType {
-    /// 32-bit float.
-    F32,
-    /// 64-bit float.
-    F64,
-    /// IEEE half.
-    F16,
-    /// bfloat16.
-    BF16,
-    /// 64-bit signed integer.
-    I64,
-    /// 32-bit signed integer.
-    I32,
-    /// 8-bit unsigned integer.
-    U8,
-    /// Boolean, one byte (0 or 1).
-    Bool,
-}
-
-impl ScalarType {
-    /// Every scalar type, in [`DType::ALL`]'s order.
-    pub const ALL: [Self; 8] = {
-        let mut all = [Self::F32; 8];
-        let mut i = 0;
-        while i < all.len() {
-            all[i] = Self::of(DType::ALL[i]);
-            i += 1;
-        }
-        all
-    };
-
-    /// The kernel type of tensor dtype `dtype` (one to one).
-    pub const fn of(dtype: DType) -> Self {
-        match dtype {
-            DType::F32 => Self::F32,
-            DType::F64 => Self::F64,
-            DType::F16 => Self::F16,
-            DType::BF16 => Self::BF16,
-            DType::I64 => Self::I64,
-            DType::I32 => Self::I32,
-            DType::U8 => Self::U8,
-            DType::Bool => Self::Bool,
-        }
-    }
-
-    /// The tensor dtype of this kernel type: the inverse of [`ScalarType::of`] (the variants
-    /// are declared in [`DType::ALL`]'s order, which a compile-time check below enforces).
-    pub const fn dtype(self) -> DType {
-        DType::ALL[self as usize]
-    }
-
-    /// Size of one element in bytes ([`DType::size_in_bytes`]).
-    pub fn size_bytes(self) -> usize {
-        self.dtype().size_in_bytes()
-    }
-
-    /// Whether this is a floating-point type ([`DType::is_float`]).
-    pub fn is_float(self) -> bool {
-        self.dtype().is_float()
-    }
-
-    /// The name used in kernel names and module keys (`f32`, `bf16`, `bool`, ...): the
-    /// dtype's short name ([`DType::as_str`]).
-    pub fn suffix(self) -> &'static str {
-        self.dtype().as_str()
-    }
-
-    /// The dtype [`sum`] writes for this input: the same for floats, i64 for integers and
-    /// bool (PyTorch's `sum` promotes integers to `torch.int64`).
-    pub fn sum_output(self) -> Self {
-        if self.is_float() {
-            self
-        } else {
-            Self::I64
-        }
-    }
-}
-
-// `ScalarType::dtype` indexes `DType::ALL` by discriminant: the two enums must list their
-// variants in one order.
-const _: () = {
-    let mut i = 0;
-    while i < DType::ALL.len() {
-        assert!(ScalarType::of(DType::ALL[i]) as usize == i);
-        i += 1;
-    }
-};
+/// The kernels' element type is the tensor's [`DType`]; this is its former kernel-side name,
+/// kept so that callers written against it (`tests/cuda_ops.rs`) still build. New code names
+/// [`DType`].
+#[doc(hidden)]
+pub use crate::DType as ScalarType;
 
 /// One strided operand on the device: the address of its first element (the storage's
 /// address plus the view's offset, in bytes) and its strides in elements (0 for broadcast
@@ -150,14 +65,14 @@ pub struct DeviceView<'a> {
     /// `CUdeviceptr` of element `[0, 0, ...]`.
     pub ptr: u64,
     /// The element type.
-    pub dtype: ScalarType,
+    pub dtype: DType,
     /// Strides in elements, one per dimension of the operation's shape.
     pub strides: &'a [isize],
 }
 
 impl<'a> DeviceView<'a> {
     /// A view of `ptr` with `strides` (in elements).
-    pub fn new(ptr: u64, dtype: ScalarType, strides: &'a [isize]) -> Self {
+    pub fn new(ptr: u64, dtype: DType, strides: &'a [isize]) -> Self {
         Self {
             ptr,
             dtype,
@@ -304,27 +219,5 @@ mod tests {
         let strides: Vec<isize> = (0..10).rev().map(|d| 3isize.pow(d)).collect();
         let e = Idx::<1>::new("t", &shape, [&strides]).unwrap_err();
         assert!(e.to_string().contains("at most 8"), "{e}");
-    }
-
-    #[test]
-    fn scalar_type_table() {
-        assert_eq!(ScalarType::BF16.size_bytes(), 2);
-        assert_eq!(ScalarType::I32.sum_output(), ScalarType::I64);
-        assert_eq!(ScalarType::F16.sum_output(), ScalarType::F16);
-        assert!(!ScalarType::Bool.is_float());
-    }
-
-    #[test]
-    fn scalar_type_mirrors_dtype() {
-        assert_eq!(ScalarType::ALL.len(), DType::ALL.len());
-        for (s, d) in ScalarType::ALL.into_iter().zip(DType::ALL) {
-            assert_eq!(ScalarType::of(d), s);
-            assert_eq!(s.dtype(), d);
-            assert_eq!(s.size_bytes(), d.size_in_bytes());
-            assert_eq!(s.is_float(), d.is_float());
-            assert_eq!(s.suffix(), d.as_str());
-        }
-        assert_eq!(ScalarType::F16.suffix(), "f16");
-        assert_eq!(ScalarType::I64.size_bytes(), 8);
     }
 }

@@ -7,8 +7,9 @@
 //! at once; the first to finish wins and the other's module is unloaded.
 
 use super::KernelError;
-use super::{bind, module_source, ScalarType};
+use super::{bind, module_source};
 use crate::cuda::CudaError;
+use crate::DType;
 use cudarc::driver::{result as drv, sys as dsys};
 use cudarc::nvrtc::result as nvrtc;
 use std::collections::HashMap;
@@ -256,15 +257,15 @@ pub(crate) unsafe fn run(
     device: usize,
     stream: dsys::CUstream,
     family: Family,
-    dtype: ScalarType,
+    dtype: DType,
     name: &str,
     grid: u32,
     block: u32,
     params: &mut [*mut c_void],
 ) -> Result<(), CudaError> {
     bind(device)?;
-    let key = format!("{}.{}", family.key, dtype.suffix());
-    let full = format!("{name}_{}", dtype.suffix());
+    let key = format!("{}.{}", family.key, dtype.as_str());
+    let full = format!("{name}_{}", dtype.as_str());
     // SAFETY: `bind` made `device`'s context current.
     let f = unsafe { function(device, &key, &full, || module_source(family.src, dtype)) }?;
     // SAFETY: `bind` made the context current; the rest is the caller's contract.

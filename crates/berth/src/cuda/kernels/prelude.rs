@@ -6,7 +6,7 @@
 //! of the family's source, and the macros `S`, `C`, `A`, `LD`, `ST`, `KN(name)` name that dtype's
 //! storage type, compute type, accumulator type, load, store and kernel name (`name_f32`).
 
-use super::ScalarType;
+use crate::DType;
 
 /// Shared device code, prepended to every family's source.
 pub(crate) const PRELUDE: &str = r#"
@@ -170,8 +170,8 @@ template <class T> __device__ T block_max(T v, T* sh) {
 "#;
 
 /// The full source of one module: prelude, the dtype macros for `dtype`, then `family`.
-pub(crate) fn module_source(family: &str, dtype: ScalarType) -> String {
-    let suf = dtype.suffix();
+pub(crate) fn module_source(family: &str, dtype: DType) -> String {
+    let suf = dtype.as_str();
     format!(
         "{PRELUDE}\n#define SUF {suf}\n#define S CAT(s_, SUF)\n#define C CAT(c_, SUF)\n\
          #define A CAT(a_, SUF)\n#define SO CAT(so_, SUF)\n#define LD CAT(ld_, SUF)\n\

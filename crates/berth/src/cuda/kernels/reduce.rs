@@ -8,14 +8,22 @@
 //! Over all elements one block of 1024 threads walks the input in any layout.
 //!
 //! Accumulators follow PyTorch: f32 for f32/f16/bf16, f64 for f64, i64 for integers and bool;
-//! `sum` of integers writes i64 ([`ScalarType::sum_output`]). max/min propagate NaN and
+//! `sum` of integers writes i64 ([`sum_output`]). max/min propagate NaN and
 //! argmax/argmin return the first index of the extreme value (the first NaN if any).
 
-use super::{
-    grid_for, kernel_params, numel, run, DeviceView, Family, Idx, KernelError, RawStream,
-    ScalarType,
-};
+use super::{grid_for, kernel_params, numel, run, DeviceView, Family, Idx, KernelError, RawStream};
 use crate::cuda::CudaError;
+use crate::DType;
+
+/// The dtype [`sum`] writes for an input of `dtype`: the same for floats, i64 for integers and
+/// bool (PyTorch's `sum` promotes integers to `torch.int64`).
+pub fn sum_output(dtype: DType) -> DType {
+    if dtype.is_float() {
+        dtype
+    } else {
+        DType::I64
+    }
+}
 
 const REDUCE_SRC: &str = r#"
 /* offset of the r-th element of the reduced dimensions */
@@ -206,7 +214,7 @@ fn split(
 /// `out`, whose `strides` describe the kept dimensions (`shape` without `dims`; keepdim is the
 /// caller's view). All dimensions (or a 0-d input) reduce into the single element at `out.ptr`.
 ///
-/// `out.dtype` must be `input.dtype.sum_output()`; an empty reduction sums to 0 (mean: NaN).
+/// `out.dtype` must be [`sum_output`]`(input.dtype)`; an empty reduction sums to 0 (mean: NaN).
 ///
 /// # Errors
 /// [`KernelError::InvalidArgument`] for a wrong output dtype, dims or stride count; NVRTC and
@@ -227,14 +235,14 @@ pub unsafe fn sum(
     out: DeviceView<'_>,
 ) -> Result<(), CudaError> {
     let op = if mean { "mean" } else { "sum" };
-    if out.dtype != input.dtype.sum_output() {
+    if out.dtype != sum_output(input.dtype) {
         return Err(KernelError::invalid(
             op,
             format!(
                 "output dtype {} for input {}: expected {}",
-                out.dtype.suffix(),
-                input.dtype.suffix(),
-                input.dtype.sum_output().suffix()
+                out.dtype.as_str(),
+                input.dtype.as_str(),
+                sum_output(input.dtype).as_str()
             ),
         )
         .into());
@@ -291,7 +299,7 @@ pub unsafe fn arg_reduce(
     if values.is_some_and(|v| v.dtype != input.dtype) {
         return Err(KernelError::invalid(op, "values must have the input's dtype").into());
     }
-    if indices.is_some_and(|i| i.dtype != ScalarType::I64) {
+    if indices.is_some_and(|i| i.dtype != DType::I64) {
         return Err(KernelError::invalid(op, "indices must be i64").into());
     }
     let sp = split(op, shape, input.strides, dims)?;
@@ -327,4 +335,19 @@ pub unsafe fn arg_reduce(
     let (name, grid, block) = sp.kept_launch(n_out, "arg_cols", "arg_rows");
     // SAFETY: params match `arg_rows` / `arg_cols`; pointers per the caller's contract.
     unsafe { run(device, stream, REDUCE, dt, name, grid, block, &mut params) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sum_output_promotes_integers_and_bool_to_i64() {
+        for d in DType::ALL {
+            let want = if d.is_float() { d } else { DType::I64 };
+            assert_eq!(sum_output(d), want, "{d}");
+        }
+        assert_eq!(sum_output(DType::F16), DType::F16);
+        assert_eq!(sum_output(DType::Bool), DType::I64);
+    }
 }

@@ -10,8 +10,9 @@
 //! `[0, C)` gives a NaN loss and NaN gradients for its row, where PyTorch stops with a
 //! device-side assert: checking would need a host sync.
 
-use super::{kernel_params, numel, run, Family, KernelError, RawStream, ScalarType};
+use super::{kernel_params, numel, run, Family, KernelError, RawStream};
 use crate::cuda::CudaError;
+use crate::DType;
 use std::ffi::c_void;
 
 const SOFTMAX_SRC: &str = r#"
@@ -125,13 +126,13 @@ impl Reduction {
     }
 }
 
-fn float_only(op: &'static str, dtype: ScalarType) -> Result<(), KernelError> {
+fn float_only(op: &'static str, dtype: DType) -> Result<(), KernelError> {
     if dtype.is_float() {
         Ok(())
     } else {
         Err(KernelError::UnsupportedDType {
             op,
-            dtype: dtype.suffix(),
+            dtype: dtype.as_str(),
             supported: "f32, f64, f16, bf16",
         })
     }
@@ -180,7 +181,7 @@ fn rows_of(op: &'static str, shape: &[usize], dim: usize) -> Result<(i64, i64, i
 unsafe fn run_rows<const N: usize>(
     device: usize,
     stream: RawStream,
-    dtype: ScalarType,
+    dtype: DType,
     op: &'static str,
     name: &str,
     shape: &[usize],
@@ -233,7 +234,7 @@ unsafe fn run_rows<const N: usize>(
 pub unsafe fn softmax(
     device: usize,
     stream: RawStream,
-    dtype: ScalarType,
+    dtype: DType,
     shape: &[usize],
     dim: usize,
     log: bool,
@@ -270,7 +271,7 @@ pub unsafe fn softmax(
 pub unsafe fn softmax_backward(
     device: usize,
     stream: RawStream,
-    dtype: ScalarType,
+    dtype: DType,
     shape: &[usize],
     dim: usize,
     log: bool,
@@ -314,7 +315,7 @@ pub unsafe fn softmax_backward(
 pub unsafe fn cross_entropy(
     device: usize,
     stream: RawStream,
-    dtype: ScalarType,
+    dtype: DType,
     n: usize,
     classes: usize,
     logits: u64,
@@ -370,7 +371,7 @@ pub unsafe fn cross_entropy(
 pub unsafe fn cross_entropy_backward(
     device: usize,
     stream: RawStream,
-    dtype: ScalarType,
+    dtype: DType,
     n: usize,
     classes: usize,
     logits: u64,

@@ -10,10 +10,10 @@
 //! [`KernelError::InvalidArgument`] (the caller makes it contiguous).
 
 use super::kernels::{KernelError, RawStream};
+use super::registry::PerDevice;
 use super::CudaError;
 use crate::DType;
 use cudarc::cublas::{result as blas, sys as bsys};
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -40,12 +40,8 @@ struct Handle(bsys::cublasHandle_t);
 // which the `Mutex` around it guarantees.
 unsafe impl Send for Handle {}
 
-type Handles = Mutex<HashMap<usize, Handle>>;
-
-fn handles() -> &'static Handles {
-    static HANDLES: OnceLock<Handles> = OnceLock::new();
-    HANDLES.get_or_init(|| Mutex::new(HashMap::new()))
-}
+/// Each device's handle, created with the device's context current on first use.
+static HANDLES: PerDevice<Mutex<Handle>> = PerDevice::new();
 
 fn cublas_present() -> Result<(), KernelError> {
     static PRESENT: OnceLock<bool> = OnceLock::new();
@@ -199,17 +195,15 @@ pub unsafe fn matmul(
     } else {
         ((&raw const alpha32).cast(), (&raw const beta32).cast())
     };
-    let mut map = handles()
+    // `bind` made `device`'s context current: a new handle belongs to it.
+    let guard = HANDLES
+        .get_or_try_init(device, |d| {
+            let h = blas::create_handle().map_err(status("cublasCreate", d))?;
+            Ok(Mutex::new(Handle(h)))
+        })?
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let handle = match map.get(&device) {
-        Some(h) => h.0,
-        None => {
-            let h = blas::create_handle().map_err(status("cublasCreate", device))?;
-            map.insert(device, Handle(h));
-            h
-        }
-    };
+    let handle = guard.0;
     // SAFETY: `handle` belongs to `device`'s context (created with it current) and is used
     // under the lock; the stream belongs to the same context (precondition 2).
     unsafe { blas::set_stream(handle, stream.cast()) }

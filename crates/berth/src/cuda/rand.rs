@@ -8,12 +8,12 @@
 //! bits of two words; normals use Box-Muller on pairs of uniforms.
 
 use super::kernels::{function, grid_for, launch, module_source, KernelError, RawStream};
+use super::registry::PerDevice;
 use super::CudaError;
 use crate::backend::RandomDist;
 use crate::DType;
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 const RAND_SRC: &str = r#"
 __device__ __forceinline__ void philox(u32 c[4], u32 k0, u32 k1) {
@@ -120,15 +120,32 @@ pub fn uniform_f32_reference(seed: u64, offset: u64, n: usize, low: f32, high: f
 }
 
 /// The per-device generator state: the seed and the next call's offset.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct State {
     seed: u64,
     offset: u64,
 }
 
-fn states() -> &'static Mutex<HashMap<usize, State>> {
-    static STATES: OnceLock<Mutex<HashMap<usize, State>>> = OnceLock::new();
-    STATES.get_or_init(|| Mutex::new(HashMap::new()))
+impl State {
+    /// A generator at the start of `seed`'s sequence.
+    const fn new(seed: u64) -> Self {
+        State { seed, offset: 0 }
+    }
+
+    /// The `(seed, offset)` of the next call; advances the offset.
+    fn take(&mut self) -> (u64, u64) {
+        let taken = (self.seed, self.offset);
+        self.offset = self.offset.wrapping_add(1);
+        taken
+    }
+}
+
+/// Each device's generator, created at [`DEFAULT_SEED`] on first use.
+static STATES: PerDevice<Mutex<State>> = PerDevice::new();
+
+/// `device`'s generator, created on first use (no context is created).
+fn state(device: usize) -> Result<&'static Mutex<State>, CudaError> {
+    STATES.get_or_try_init(device, |_| Ok(Mutex::new(State::new(DEFAULT_SEED))))
 }
 
 /// The seed a device generator starts with before any [`manual_seed`] (PyTorch's default CUDA
@@ -137,25 +154,26 @@ pub const DEFAULT_SEED: u64 = 67_280_421_310_721;
 
 /// Seeds `device`'s generator (`torch.cuda.manual_seed(seed)` for that device) and restarts
 /// its offset at 0, so the same seed gives the same numbers again.
+///
+/// As PyTorch's, it is silently ignored without a driver, and so for an index past the device
+/// count: there is no generator to seed, and [`fill_random`] on that device fails with
+/// [`CudaError::Unavailable`] or [`CudaError::InvalidDevice`].
 pub fn manual_seed(device: usize, seed: u64) {
-    let mut map = states()
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    map.insert(device, State { seed, offset: 0 });
+    if let Ok(s) = state(device) {
+        *s.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = State::new(seed);
+    }
 }
 
 /// Takes the `(seed, offset)` for the next call on `device` and advances the offset.
-fn next(device: usize) -> (u64, u64) {
-    let mut map = states()
+///
+/// # Errors
+/// [`CudaError::Unavailable`] without a driver, [`CudaError::InvalidDevice`] for an index at
+/// or past the device count.
+fn next(device: usize) -> Result<(u64, u64), CudaError> {
+    let mut s = state(device)?
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let s = map.entry(device).or_insert(State {
-        seed: DEFAULT_SEED,
-        offset: 0,
-    });
-    let taken = (s.seed, s.offset);
-    s.offset = s.offset.wrapping_add(1);
-    taken
+    Ok(s.take())
 }
 
 /// The distribution [`fill_random`] draws from is the tensor layer's [`RandomDist`]; this is
@@ -191,7 +209,7 @@ pub unsafe fn fill_random(
         }
         .into());
     }
-    let (seed, offset) = next(device);
+    let (seed, offset) = next(device)?;
     // SAFETY: the caller's contract.
     unsafe { fill_random_with(device, stream, dtype, n, dist, out, seed, offset) }?;
     Ok((seed, offset))
@@ -291,13 +309,32 @@ mod tests {
     }
 
     #[test]
-    fn manual_seed_restarts_the_sequence() {
-        manual_seed(77, 5);
-        let first = next(77);
-        let second = next(77);
-        assert_eq!(first, (5, 0));
-        assert_eq!(second, (5, 1));
-        manual_seed(77, 5);
-        assert_eq!(next(77), (5, 0));
+    fn a_seed_restarts_the_sequence() {
+        let mut s = State::new(5);
+        assert_eq!(s.take(), (5, 0));
+        assert_eq!(s.take(), (5, 1));
+        s = State::new(5);
+        assert_eq!(s.take(), (5, 0));
+    }
+
+    #[test]
+    fn generators_exist_only_for_devices_that_exist() {
+        let count = crate::cuda::device_count();
+        // Seeding a device that does not exist is ignored; drawing on it is a typed error.
+        manual_seed(count, 5);
+        let e = next(count).unwrap_err();
+        if crate::cuda::is_available() {
+            assert!(
+                matches!(e, CudaError::InvalidDevice { index, .. } if index == count),
+                "{e}"
+            );
+            manual_seed(0, 5);
+            assert_eq!(next(0).unwrap(), (5, 0));
+            assert_eq!(next(0).unwrap(), (5, 1));
+            manual_seed(0, 5);
+            assert_eq!(next(0).unwrap(), (5, 0));
+        } else {
+            assert!(matches!(e, CudaError::Unavailable { .. }), "{e}");
+        }
     }
 }

@@ -3,24 +3,31 @@
 //!
 //! Note [Meta storage]: meta storage owns no memory. Its size is still known, so while a plan is
 //! active on the creating thread, [`crate::Storage::meta`] also takes an
-//! [`berth_alloc::Allocation`] of that size from the plan's allocator (PyTorch's policy over
-//! [`SimBackend`], the same one that serves CUDA tensors, configured from `BERTH_ALLOC_CONF`)
+//! [`berth_alloc::Allocation`] of that size from the plan's allocator (the policy that serves
+//! CUDA tensors, configured from `BERTH_ALLOC_CONF`, over [`SimBackend`])
 //! and keeps it until the storage is dropped. The allocator's statistics then show what the
-//! same sequence of tensors would have cost on the GPU *including* 512-byte rounding, 2/20 MiB
-//! segments and caching: `max_memory_allocated` and `max_memory_reserved` of the plan are the
+//! same sequence of tensors would have cost on the GPU *including* 512-byte rounding, pages or
+//! segments, and caching: `max_memory_allocated` and `max_memory_reserved` of the plan are the
 //! prediction. Nothing is allocated on any real device.
 //!
 //! ```
+//! use berth::alloc::AllocatorConfig;
 //! use berth::{meta_plan::MetaPlan, DType, Device, Tensor};
-//! let plan = MetaPlan::new(80 << 30)?;
-//! {
+//! let run = |conf: &str| -> berth::Result<MetaPlan> {
+//!     let plan = MetaPlan::with_config(80 << 30, AllocatorConfig::parse(conf).unwrap())?;
 //!     let _active = plan.activate();
 //!     let a = Tensor::zeros(&[1024, 1024], DType::F32, Device::Meta)?; // 4 MiB
 //!     let _b = a.matmul(&a)?;                                          // 4 MiB more
-//! }
-//! assert_eq!(plan.max_memory_allocated(), 8 << 20);
-//! // Both 4 MiB blocks are large-pool blocks carved from one 20 MiB segment.
-//! assert_eq!(plan.max_memory_reserved(), 20 << 20);
+//!     Ok(plan.clone())
+//! };
+//! let native = run("backend:native")?;
+//! assert_eq!(native.max_memory_allocated(), 8 << 20);
+//! // PyTorch's policy: both 4 MiB blocks are carved from one 20 MiB segment.
+//! assert_eq!(native.max_memory_reserved(), 20 << 20);
+//! // berth's paged policy maps 2 MiB pages as the blocks need them.
+//! let paged = run("backend:paged")?;
+//! assert_eq!(paged.max_memory_allocated(), 8 << 20);
+//! assert_eq!(paged.max_memory_reserved(), 10 << 20);
 //! # Ok::<(), berth::Error>(())
 //! ```
 

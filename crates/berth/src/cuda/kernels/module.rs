@@ -2,12 +2,15 @@
 //!
 //! Each (device, module key) is compiled once per process with NVRTC for the device's compute
 //! capability, loaded with `cuModuleLoadData` and kept for the life of the process; kernel
-//! handles (`CUfunction`) are looked up once and cached beside it. The cache lock is never held
-//! while NVRTC runs (compilation takes 100s of ms), so two threads may compile the same module
-//! at once; the first to finish wins and the other's module is unloaded.
+//! handles (`CUfunction`) are looked up once and cached beside it. There is one cache per
+//! device, in a [`PerDevice`] registry as the contexts and allocators are; it also holds the
+//! device's `--gpu-architecture` option (its compute capability, read once). A cache's lock is
+//! never held while NVRTC runs (compilation takes 100s of ms), so two threads may compile the
+//! same module at once; the first to finish wins and the other's module is unloaded.
 
 use super::KernelError;
 use super::{bind, module_source};
+use crate::cuda::registry::PerDevice;
 use crate::cuda::CudaError;
 use crate::DType;
 use cudarc::driver::{result as drv, sys as dsys};
@@ -44,11 +47,32 @@ impl Function {
     }
 }
 
-type Cache = Mutex<HashMap<(usize, String), Arc<LoadedModule>>>;
+/// One device's compiled modules, by key, and the NVRTC architecture option they are built for.
+struct DeviceModules {
+    /// `--gpu-architecture=compute_XY` for the device's compute capability.
+    arch: String,
+    loaded: Mutex<HashMap<String, Arc<LoadedModule>>>,
+}
 
-fn cache() -> &'static Cache {
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+impl DeviceModules {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<LoadedModule>>> {
+        self.loaded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Each device's module cache, created on the first kernel lookup on that device.
+static MODULES: PerDevice<DeviceModules> = PerDevice::new();
+
+fn modules(device: usize) -> Result<&'static DeviceModules, CudaError> {
+    MODULES.get_or_try_init(device, |d| {
+        let props = crate::cuda::get_device_properties(d)?;
+        Ok(DeviceModules {
+            arch: format!("--gpu-architecture=compute_{}{}", props.major, props.minor),
+            loaded: Mutex::new(HashMap::new()),
+        })
+    })
 }
 
 /// Checks that `libnvrtc` can be loaded (cudarc's loader panics otherwise).
@@ -65,25 +89,6 @@ fn nvrtc_present() -> Result<(), KernelError> {
                 .into(),
         })
     }
-}
-
-/// The `--gpu-architecture` option for `device` (`compute_90` on an H100/H200).
-fn arch_option(device: usize) -> Result<String, KernelError> {
-    use dsys::CUdevice_attribute::{
-        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR,
-        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as MINOR,
-    };
-    let ordinal = i32::try_from(device)
-        .map_err(|_| KernelError::invalid("compile", format!("device index {device} too large")))?;
-    let dev =
-        drv::device::get(ordinal).map_err(|e| KernelError::driver("cuDeviceGet", device, e))?;
-    // SAFETY: `dev` is a valid device handle from `cuDeviceGet`.
-    let major = unsafe { drv::device::get_attribute(dev, MAJOR) }
-        .map_err(|e| KernelError::driver("cuDeviceGetAttribute", device, e))?;
-    // SAFETY: as above.
-    let minor = unsafe { drv::device::get_attribute(dev, MINOR) }
-        .map_err(|e| KernelError::driver("cuDeviceGetAttribute", device, e))?;
-    Ok(format!("--gpu-architecture=compute_{major}{minor}"))
 }
 
 /// Compiles `source` to PTX (NUL-terminated) with NVRTC.
@@ -135,7 +140,9 @@ fn compile(key: &str, source: &str, arch: &str) -> Result<Vec<std::ffi::c_char>,
 ///
 /// # Errors
 /// [`KernelError::Unavailable`] without NVRTC, [`KernelError::Compile`] on a source error,
-/// [`KernelError::Driver`] when loading fails or the kernel does not exist.
+/// [`KernelError::Driver`] when loading fails or the kernel does not exist;
+/// [`get_device_properties`](crate::cuda::get_device_properties)'s errors on the first lookup
+/// on `device`.
 ///
 /// # Safety
 /// 1. The primary context of `device` is current on this thread.
@@ -144,16 +151,13 @@ pub(crate) unsafe fn function(
     key: &str,
     name: &str,
     source: impl FnOnce() -> String,
-) -> Result<Function, KernelError> {
-    let cached = cache()
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(&(device, key.to_owned()))
-        .cloned();
+) -> Result<Function, CudaError> {
+    let modules = modules(device)?;
+    let cached = modules.lock().get(key).cloned();
     let module = match cached {
         Some(m) => m,
         None => {
-            let ptx = compile(key, &source(), &arch_option(device)?)?;
+            let ptx = compile(key, &source(), &modules.arch)?;
             // SAFETY: `ptx` is NUL-terminated PTX from NVRTC; precondition 1 gives the context.
             let raw = unsafe { drv::module::load_data(ptx.as_ptr().cast::<c_void>()) }
                 .map_err(|e| KernelError::driver("cuModuleLoadData", device, e))?;
@@ -161,11 +165,9 @@ pub(crate) unsafe fn function(
                 module: raw,
                 functions: Mutex::new(HashMap::new()),
             });
-            let mut map = cache()
+            let winner = modules
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let winner = map
-                .entry((device, key.to_owned()))
+                .entry(key.to_owned())
                 .or_insert_with(|| loaded.clone())
                 .clone();
             if !Arc::ptr_eq(&winner, &loaded) {

@@ -3,10 +3,10 @@
 //! unless `BERTH_REQUIRE_GPU=1`.
 
 use berth::cuda::blas::{self, MatrixView};
-use berth::cuda::kernels::{
-    self, contiguous_strides, BinaryOp, CompareOp, DeviceView, Reduction, ScalarType, UnaryOp,
-};
+use berth::cuda::kernels::{self, contiguous_strides, BinaryOp, DeviceView, Reduction, UnaryOp};
 use berth::cuda::rand as crand;
+use berth::ops::CmpOp;
+use berth::DType;
 use cudarc::driver::result as drv;
 
 /// Device buffer freed on drop (test helper; berth's allocators are not needed here).
@@ -82,7 +82,7 @@ fn cuda_ops_elementwise_broadcast_and_inplace_match_cpu() {
     let shape = [r, c];
     let cs = contiguous_strides(&shape);
     let bs = [0isize, 1];
-    let v = |p: &Buf, s: &[isize]| DeviceView::new(p.0, ScalarType::F32, s).strides.to_vec();
+    let v = |p: &Buf, s: &[isize]| DeviceView::new(p.0, DType::F32, s).strides.to_vec();
     let _ = v;
     let cases: [BinaryCase; 5] = [
         (BinaryOp::Add, |x, y| x + y),
@@ -99,9 +99,9 @@ fn cuda_ops_elementwise_broadcast_and_inplace_match_cpu() {
                 stream(),
                 op,
                 &shape,
-                DeviceView::new(dout.0, ScalarType::F32, &cs),
-                DeviceView::new(da.0, ScalarType::F32, &cs),
-                DeviceView::new(db.0, ScalarType::F32, &bs),
+                DeviceView::new(dout.0, DType::F32, &cs),
+                DeviceView::new(da.0, DType::F32, &cs),
+                DeviceView::new(db.0, DType::F32, &bs),
             )
         }
         .unwrap();
@@ -124,8 +124,8 @@ fn cuda_ops_elementwise_broadcast_and_inplace_match_cpu() {
                 stream(),
                 op,
                 &shape,
-                DeviceView::new(dout.0, ScalarType::F32, &cs),
-                DeviceView::new(da.0, ScalarType::F32, &cs),
+                DeviceView::new(dout.0, DType::F32, &cs),
+                DeviceView::new(da.0, DType::F32, &cs),
             )
         }
         .unwrap();
@@ -135,7 +135,7 @@ fn cuda_ops_elementwise_broadcast_and_inplace_match_cpu() {
     // In place on a transposed view: a^T += 0.5 * a^T (add_scaled_), then fill_.
     let t_shape = [c, r];
     let t_strides = [1isize, c as isize];
-    let tv = DeviceView::new(da.0, ScalarType::F32, &t_strides);
+    let tv = DeviceView::new(da.0, DType::F32, &t_strides);
     // SAFETY: `tv` covers the r*c elements of `da` exactly once.
     unsafe { kernels::binary(0, stream(), BinaryOp::AddScaled(0.5), &t_shape, tv, tv, tv) }
         .unwrap();
@@ -152,11 +152,11 @@ fn cuda_ops_elementwise_broadcast_and_inplace_match_cpu() {
         kernels::compare(
             0,
             stream(),
-            CompareOp::Gt,
+            CmpOp::Gt,
             &shape,
-            DeviceView::new(dmask.0, ScalarType::Bool, &cs),
-            DeviceView::new(dvals.0, ScalarType::F32, &cs),
-            Some(DeviceView::new(db.0, ScalarType::F32, &bs)),
+            DeviceView::new(dmask.0, DType::Bool, &cs),
+            DeviceView::new(dvals.0, DType::F32, &cs),
+            Some(DeviceView::new(db.0, DType::F32, &bs)),
             0.0,
         )
     }
@@ -168,10 +168,10 @@ fn cuda_ops_elementwise_broadcast_and_inplace_match_cpu() {
         kernels::compare(
             0,
             stream(),
-            CompareOp::Le,
+            CmpOp::Le,
             &shape,
-            DeviceView::new(dmask.0, ScalarType::Bool, &cs),
-            DeviceView::new(dvals.0, ScalarType::F32, &cs),
+            DeviceView::new(dmask.0, DType::Bool, &cs),
+            DeviceView::new(dvals.0, DType::F32, &cs),
             None,
             0.5,
         )
@@ -192,7 +192,7 @@ fn cuda_ops_copy_casts_strided_to_contiguous() {
     let t_shape = [c, r];
     let t_strides = [1isize, c as isize];
     let out_strides = contiguous_strides(&t_shape);
-    let src = DeviceView::new(da.0, ScalarType::F32, &t_strides);
+    let src = DeviceView::new(da.0, DType::F32, &t_strides);
     let transposed: Vec<f32> = (0..c * r).map(|i| a[(i % r) * c + i / r]).collect();
     // f32 -> bf16, f16, i32, bool, f64.
     let dbf = zeros::<u16>(r * c);
@@ -201,11 +201,11 @@ fn cuda_ops_copy_casts_strided_to_contiguous() {
     let db = zeros::<u8>(r * c);
     let dd = zeros::<f64>(r * c);
     for (buf, dt) in [
-        (&dbf, ScalarType::BF16),
-        (&dh, ScalarType::F16),
-        (&di, ScalarType::I32),
-        (&db, ScalarType::Bool),
-        (&dd, ScalarType::F64),
+        (&dbf, DType::BF16),
+        (&dh, DType::F16),
+        (&di, DType::I32),
+        (&db, DType::Bool),
+        (&dd, DType::F64),
     ] {
         // SAFETY: each output holds r*c elements of its dtype.
         unsafe {
@@ -254,8 +254,8 @@ fn cuda_ops_copy_casts_strided_to_contiguous() {
             0,
             stream(),
             &t_shape,
-            DeviceView::new(back.0, ScalarType::F32, &out_strides),
-            DeviceView::new(dbf.0, ScalarType::BF16, &out_strides),
+            DeviceView::new(back.0, DType::F32, &out_strides),
+            DeviceView::new(dbf.0, DType::BF16, &out_strides),
         )
     }
     .unwrap();
@@ -272,7 +272,7 @@ fn cuda_ops_reductions_match_cpu() {
     let da = upload(&a);
     let shape = [r, c];
     let cs = contiguous_strides(&shape);
-    let inp = DeviceView::new(da.0, ScalarType::F32, &cs);
+    let inp = DeviceView::new(da.0, DType::F32, &cs);
     let row_sums: Vec<f32> = (0..r)
         .map(|i| {
             a[i * c..(i + 1) * c]
@@ -297,7 +297,7 @@ fn cuda_ops_reductions_match_cpu() {
             inp,
             &[1],
             false,
-            DeviceView::new(out_r.0, ScalarType::F32, &[1]),
+            DeviceView::new(out_r.0, DType::F32, &[1]),
         )
         .unwrap();
         kernels::sum(
@@ -307,7 +307,7 @@ fn cuda_ops_reductions_match_cpu() {
             inp,
             &[0],
             true,
-            DeviceView::new(out_c.0, ScalarType::F32, &[1]),
+            DeviceView::new(out_c.0, DType::F32, &[1]),
         )
         .unwrap();
         kernels::sum(
@@ -317,7 +317,7 @@ fn cuda_ops_reductions_match_cpu() {
             inp,
             &[0, 1],
             false,
-            DeviceView::new(out_1.0, ScalarType::F32, &[]),
+            DeviceView::new(out_1.0, DType::F32, &[]),
         )
         .unwrap();
     }
@@ -353,7 +353,7 @@ fn cuda_ops_reductions_match_cpu() {
             inp,
             &[1],
             None,
-            Some(DeviceView::new(idx.0, ScalarType::I64, &[1])),
+            Some(DeviceView::new(idx.0, DType::I64, &[1])),
         )
         .unwrap();
         kernels::arg_reduce(
@@ -363,7 +363,7 @@ fn cuda_ops_reductions_match_cpu() {
             &shape,
             inp,
             &[0, 1],
-            Some(DeviceView::new(mx.0, ScalarType::F32, &[])),
+            Some(DeviceView::new(mx.0, DType::F32, &[])),
             None,
         )
         .unwrap();
@@ -375,7 +375,7 @@ fn cuda_ops_reductions_match_cpu() {
             inp,
             &[0],
             None,
-            Some(DeviceView::new(idx0.0, ScalarType::I64, &[1])),
+            Some(DeviceView::new(idx0.0, DType::I64, &[1])),
         )
         .unwrap();
     }
@@ -415,12 +415,12 @@ fn cuda_ops_softmax_and_cross_entropy_match_cpu() {
     );
     // SAFETY: contiguous buffers of the stated sizes.
     unsafe {
-        kernels::softmax(0, stream(), ScalarType::F32, &[n, k], 1, false, dx.0, dsm.0).unwrap();
-        kernels::softmax(0, stream(), ScalarType::F32, &[n, k], 1, true, dx.0, dlsm.0).unwrap();
+        kernels::softmax(0, stream(), DType::F32, &[n, k], 1, false, dx.0, dsm.0).unwrap();
+        kernels::softmax(0, stream(), DType::F32, &[n, k], 1, true, dx.0, dlsm.0).unwrap();
         kernels::cross_entropy(
             0,
             stream(),
-            ScalarType::F32,
+            DType::F32,
             n,
             k,
             dx.0,
@@ -432,7 +432,7 @@ fn cuda_ops_softmax_and_cross_entropy_match_cpu() {
         kernels::cross_entropy_backward(
             0,
             stream(),
-            ScalarType::F32,
+            DType::F32,
             n,
             k,
             dx.0,
@@ -519,7 +519,7 @@ fn cuda_ops_matmul_f32_bf16_transposed_and_batched_match_cpu() {
         col_stride: 1,
     };
     // SAFETY: buffers of m*k, n*k and m*n f32.
-    unsafe { blas::matmul(0, stream(), ScalarType::F32, 1, m, n, k, av, bv, cv) }.unwrap();
+    unsafe { blas::matmul(0, stream(), DType::F32, 1, m, n, k, av, bv, cv) }.unwrap();
     let got = download::<f32>(&dc, m * n);
     for (i, (&g, &wv)) in got.iter().zip(&want).enumerate() {
         assert!(
@@ -548,7 +548,7 @@ fn cuda_ops_matmul_f32_bf16_transposed_and_batched_match_cpu() {
         blas::matmul(
             0,
             stream(),
-            ScalarType::BF16,
+            DType::BF16,
             1,
             m,
             n,
@@ -579,7 +579,7 @@ fn cuda_ops_matmul_f32_bf16_transposed_and_batched_match_cpu() {
         blas::matmul(
             0,
             stream(),
-            ScalarType::F32,
+            DType::F32,
             batch,
             m,
             n,
@@ -621,8 +621,7 @@ fn cuda_ops_matmul_f32_bf16_transposed_and_batched_match_cpu() {
     }
     // Integer matmul is a typed error, as in PyTorch.
     // SAFETY: rejected before any device access.
-    let e =
-        unsafe { blas::matmul(0, stream(), ScalarType::I64, 1, m, n, k, av, bv, cv) }.unwrap_err();
+    let e = unsafe { blas::matmul(0, stream(), DType::I64, 1, m, n, k, av, bv, cv) }.unwrap_err();
     assert!(
         e.to_string()
             .contains("not implemented on CUDA for dtype i64"),
@@ -638,24 +637,22 @@ fn cuda_ops_philox_rand_matches_cpu_reference_bit_for_bit() {
     }
     let n = 100_003;
     let d = zeros::<f32>(n);
-    let dist = crand::Distribution::Uniform {
+    let dist = berth::backend::RandomDist::Uniform {
         low: -1.0,
         high: 3.0,
     };
     // SAFETY: `d` holds n f32.
-    unsafe { crand::fill_random_with(0, stream(), ScalarType::F32, n, dist, d.0, 1234, 7) }
-        .unwrap();
+    unsafe { crand::fill_random_with(0, stream(), DType::F32, n, dist, d.0, 1234, 7) }.unwrap();
     let got = download::<f32>(&d, n);
     assert_eq!(got, crand::uniform_f32_reference(1234, 7, n, -1.0, 3.0));
     // Normal: moments of 100k draws, and the generator advances between calls.
     crand::manual_seed(0, 42);
-    let normal = crand::Distribution::Normal {
+    let normal = berth::backend::RandomDist::Normal {
         mean: 1.0,
         std: 2.0,
     };
     // SAFETY: as above.
-    let (s1, o1) =
-        unsafe { crand::fill_random(0, stream(), ScalarType::F32, n, normal, d.0) }.unwrap();
+    let (s1, o1) = unsafe { crand::fill_random(0, stream(), DType::F32, n, normal, d.0) }.unwrap();
     let z = download::<f32>(&d, n);
     let mean = z.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64;
     let var = z
@@ -666,8 +663,7 @@ fn cuda_ops_philox_rand_matches_cpu_reference_bit_for_bit() {
     assert!((mean - 1.0).abs() < 0.03, "mean {mean}");
     assert!((var.sqrt() - 2.0).abs() < 0.03, "std {}", var.sqrt());
     // SAFETY: as above.
-    let (s2, o2) =
-        unsafe { crand::fill_random(0, stream(), ScalarType::F32, n, normal, d.0) }.unwrap();
+    let (s2, o2) = unsafe { crand::fill_random(0, stream(), DType::F32, n, normal, d.0) }.unwrap();
     assert_eq!((s1, o1, s2, o2), (42, 0, 42, 1));
     assert_ne!(download::<f32>(&d, n), z);
 }

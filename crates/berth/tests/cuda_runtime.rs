@@ -360,13 +360,20 @@ fn record_stream_from_the_tensor_api() {
     x.record_stream(&side).unwrap();
     drop(x);
     let y = Tensor::zeros(&[3 << 18], DType::F32, Device::Cuda(0)).unwrap();
-    assert_ne!(y.storage().data_ptr(), px, "handed out while the side stream still runs");
+    assert_ne!(
+        y.storage().data_ptr(),
+        px,
+        "handed out while the side stream still runs"
+    );
     side.synchronize().unwrap();
 
     let pinned = host(&[1.0, 2.0]).pin_memory().unwrap();
     pinned.record_stream(&side).unwrap();
     let err = host(&[1.0]).record_stream(&side).unwrap_err().to_string();
-    assert!(err.contains("record_stream takes a CUDA tensor or a pinned host tensor"), "{err}");
+    assert!(
+        err.contains("record_stream takes a CUDA tensor or a pinned host tensor"),
+        "{err}"
+    );
 }
 
 /// The memory functions take a device as PyTorch's do: an index, `None` (current), a `Device`.
@@ -376,15 +383,18 @@ fn memory_api_by_device() {
         return;
     }
     let x = Tensor::zeros(&[1 << 20], DType::F32, Device::Cuda(0)).unwrap();
-    let by_index = cuda::memory_allocated(0).unwrap();
-    assert!(by_index >= 4 << 20, "{by_index}");
-    assert_eq!(cuda::memory_allocated(Device::Cuda(0)).unwrap(), by_index);
-    assert_eq!(cuda::memory_allocated(Device::CudaCurrent).unwrap(), by_index);
-    assert_eq!(cuda::memory_allocated(None::<usize>).unwrap(), by_index);
-    assert_eq!(
-        cuda::memory_reserved(Device::Cuda(0)).unwrap(),
-        cuda::memory_reserved(0usize).unwrap()
-    );
+    // Other tests of this binary may allocate on cuda:0 in parallel: each form must see at
+    // least this tensor's 4 MiB (the same device), not exactly equal figures.
+    for allocated in [
+        cuda::memory_allocated(0).unwrap(),
+        cuda::memory_allocated(0usize).unwrap(),
+        cuda::memory_allocated(Device::Cuda(0)).unwrap(),
+        cuda::memory_allocated(Device::CudaCurrent).unwrap(),
+        cuda::memory_allocated(None::<usize>).unwrap(),
+    ] {
+        assert!(allocated >= 4 << 20, "{allocated}");
+    }
+    assert!(cuda::memory_reserved(Device::Cuda(0)).unwrap() >= 4 << 20);
     assert_eq!(
         cuda::memory_allocated(Device::Cpu).unwrap_err().to_string(),
         "Expected a cuda device, but got: cpu"

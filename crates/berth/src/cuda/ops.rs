@@ -198,20 +198,12 @@ impl DeviceKernels for CudaKernels {
         let d = Raw::of(op.name(), &dst)?;
         let a = Raw::of(op.name(), &lhs)?;
         let b = rhs.map(|v| Raw::of(op.name(), &v)).transpose()?;
-        let k = match op {
-            CmpOp::Eq => kernels::CompareOp::Eq,
-            CmpOp::Ne => kernels::CompareOp::Ne,
-            CmpOp::Gt => kernels::CompareOp::Gt,
-            CmpOp::Ge => kernels::CompareOp::Ge,
-            CmpOp::Lt => kernels::CompareOp::Lt,
-            CmpOp::Le => kernels::CompareOp::Le,
-        };
         // SAFETY: as in `copy`.
         unsafe {
             kernels::compare(
                 d.device,
                 d.stream(),
-                k,
+                op,
                 dst.layout.shape(),
                 d.view(),
                 a.view(),

@@ -176,12 +176,6 @@ fn next(device: usize) -> Result<(u64, u64), CudaError> {
     Ok(s.take())
 }
 
-/// The distribution [`fill_random`] draws from is the tensor layer's [`RandomDist`]; this is
-/// its former device-side name, kept so that callers written against it (`tests/cuda_ops.rs`)
-/// still build. New code names [`RandomDist`].
-#[doc(hidden)]
-pub use crate::backend::RandomDist as Distribution;
-
 /// Fills the contiguous `out` (`n` elements of float `dtype`) with draws from `dist`, using
 /// `device`'s generator; returns the `(seed, offset)` the call used.
 ///

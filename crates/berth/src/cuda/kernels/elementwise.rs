@@ -8,6 +8,7 @@
 
 use super::{grid_for, kernel_params, numel, DeviceView, Family, Idx, RawStream};
 use crate::cuda::CudaError;
+use crate::ops::CmpOp;
 use crate::DType;
 use std::ffi::c_void;
 
@@ -205,37 +206,6 @@ impl BinaryOp {
     }
 }
 
-/// Comparisons writing a bool output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CompareOp {
-    /// `a == b`.
-    Eq,
-    /// `a != b`.
-    Ne,
-    /// `a > b`.
-    Gt,
-    /// `a < b`.
-    Lt,
-    /// `a >= b`.
-    Ge,
-    /// `a <= b`.
-    Le,
-}
-
-impl CompareOp {
-    fn kernel(self) -> &'static str {
-        match self {
-            Self::Eq => "eq",
-            Self::Ne => "ne",
-            Self::Gt => "gt",
-            Self::Lt => "lt",
-            Self::Ge => "ge",
-            Self::Le => "le",
-        }
-    }
-}
-
 fn same_dtype(op: &'static str, want: DType, got: DType) -> Result<(), CudaError> {
     if want == got {
         Ok(())
@@ -382,7 +352,7 @@ pub unsafe fn binary(
 pub unsafe fn compare(
     device: usize,
     stream: RawStream,
-    op: CompareOp,
+    op: CmpOp,
     shape: &[usize],
     out: DeviceView<'_>,
     a: DeviceView<'_>,
@@ -400,7 +370,7 @@ pub unsafe fn compare(
     let (mut o, mut x, mut y, mut p) = (out.ptr, a.ptr, b.map_or(0, |b| b.ptr), scalar);
     let mut params = kernel_params![n, ix, o, x, y, p];
     let suffix = if b.is_some() { "" } else { "s" };
-    let name = format!("{}{suffix}", op.kernel());
+    let name = format!("{}{suffix}", op.name());
     // SAFETY: the params match `COMPARE` (whose last parameter is absent and ignored) or
     // `COMPARE_S`; pointers per the caller's contract.
     unsafe { run(device, stream, BINARY, a.dtype, &name, n, &mut params) }

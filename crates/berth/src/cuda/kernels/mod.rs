@@ -25,7 +25,7 @@ mod reduce;
 mod softmax;
 
 pub use berth_cuda::KernelError;
-pub use elementwise::{binary, compare, copy, fill, unary, BinaryOp, CompareOp, UnaryOp};
+pub use elementwise::{binary, compare, copy, fill, unary, BinaryOp, UnaryOp};
 pub use reduce::{arg_reduce, sum, sum_output, ArgReduce};
 pub use softmax::{cross_entropy, cross_entropy_backward, softmax, softmax_backward, Reduction};
 
@@ -50,12 +50,6 @@ pub type RawStream = cudarc::driver::sys::CUstream;
 /// The most dimensions a kernel operand may have after merging contiguous dimensions
 /// (PyTorch's limit is 25; berth's index struct holds 8).
 pub const MAX_DIMS: usize = 8;
-
-/// The kernels' element type is the tensor's [`DType`]; this is its former kernel-side name,
-/// kept so that callers written against it (`tests/cuda_ops.rs`) still build. New code names
-/// [`DType`].
-#[doc(hidden)]
-pub use crate::DType as ScalarType;
 
 /// One strided operand on the device: the address of its first element (the storage's
 /// address plus the view's offset, in bytes) and its strides in elements (0 for broadcast

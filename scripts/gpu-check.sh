@@ -114,7 +114,7 @@ fi
 # by up to 1.7x between runs, for berth and PyTorch alike).
 if want replay; then
 mkdir -p /tmp/berth-replay-ext
-for round in 1 2 3; do
+for round in $(seq 1 "${ROUNDS:-3}"); do
   timeout 300 .gpu/berth replay --device cuda:0 --policy all --json .gpu/shared/traces/*.trace.json.gz >> "$OUT/replay-cuda.jsonl" 2>>"$OUT/bench.err" || status=1
   if [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
     for conf in "" "expandable_segments:True"; do

@@ -38,7 +38,6 @@ pub(crate) const REQUIRED_DRIVER_SYMBOLS: &[&str] = &[
     "cuMemGetInfo_v2",
     // Streams and events.
     "cuStreamCreateWithPriority",
-    "cuStreamDestroy_v2",
     "cuStreamSynchronize",
     "cuStreamQuery",
     "cuStreamWaitEvent",

@@ -5,16 +5,28 @@
 //! The default stream of every device is the legacy NULL stream (handle 0), as PyTorch's; side
 //! streams are created non-blocking, as PyTorch's pool streams. A stream's [`StreamId`] is its
 //! raw handle, the value PyTorch's traces carry.
+//!
+//! # Note [Streams are never destroyed]
+//! The allocators keep a stream's [`StreamId`] after the last [`Stream`] handle is gone: a
+//! block freed after `record_stream` waits for an event on it, and berth's `paged` policy keeps
+//! a reservation per stream and synchronises the stream before unmapping its pages. Were the
+//! `CUstream` destroyed, those later driver calls would get a dangling handle (a crash seen on
+//! the H200, not an error). So, like PyTorch, whose side streams come from a pool and live for
+//! the process (`c10/cuda/CUDAStream.cpp`), berth never destroys a stream it created: when the
+//! last handle drops, the `CUstream` goes back to a per-device, per-priority pool, and the next
+//! [`Stream::new`] of that device and priority reuses it (its queued work still completes
+//! first, in stream order). The number of live `CUstream`s is the most ever held at once.
 
 use crate::device::{check_device, current_device};
 use crate::{ffi, CudaError, Event};
 use berth_alloc::{DeviceStream, StreamId};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-/// A CUDA stream of one device. Cloning shares the handle; the last clone of a created stream
-/// destroys it (queued work still completes).
+/// A CUDA stream of one device. Cloning shares the handle; when the last clone of a created
+/// stream drops, its `CUstream` returns to a pool for the next [`Stream::new`] (Note [Streams
+/// are never destroyed]).
 #[derive(Clone)]
 pub struct Stream {
     inner: Arc<Inner>,
@@ -27,13 +39,19 @@ struct Inner {
     owned: bool,
 }
 
+/// Created streams no handle holds any more, as `(device, priority, raw)`, for reuse (Note
+/// [Streams are never destroyed]).
+static POOL: Mutex<Vec<(usize, i32, u64)>> = Mutex::new(Vec::new());
+
+fn pool() -> std::sync::MutexGuard<'static, Vec<(usize, i32, u64)>> {
+    // Each critical section is one push or search: a poisoned pool is still consistent.
+    POOL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         if self.owned {
-            // A failed destroy leaks one handle; a drop path never panics.
-            // SAFETY: `raw` was created by `stream_create` for this `Inner`, which destroys it
-            // once, here; no clone is left to use it.
-            let _ = unsafe { ffi::stream_destroy(self.device, self.raw) };
+            pool().push((self.device, self.priority, self.raw));
         }
     }
 }
@@ -79,7 +97,16 @@ impl Stream {
                 greatest,
             });
         }
-        let raw = ffi::stream_create(device, priority)?;
+        let pooled = {
+            let mut p = pool();
+            p.iter()
+                .position(|&(d, pr, _)| d == device && pr == priority)
+                .map(|i| p.swap_remove(i).2)
+        };
+        let raw = match pooled {
+            Some(raw) => raw,
+            None => ffi::stream_create(device, priority)?,
+        };
         Ok(Stream {
             inner: Arc::new(Inner {
                 device,

@@ -376,6 +376,34 @@ fn record_stream_from_the_tensor_api() {
     );
 }
 
+/// Note [Streams are never destroyed]: the allocator keeps using a stream's id after the last
+/// handle is gone (deferred frees, the paged policy's per-stream reservation), so dropping a
+/// stream must not free its `CUstream`: memory used on a dropped stream is reclaimed safely,
+/// and the next stream of that device and priority reuses the handle.
+#[test]
+fn a_dropped_stream_stays_valid_for_the_allocator_and_is_reused() {
+    if !gpu("dropped_stream") {
+        return;
+    }
+    let side = Stream::new(0, 0).unwrap();
+    let raw = side.as_raw();
+    {
+        let _g = side.scope();
+        let x = Tensor::zeros(&[1 << 20], DType::F32, Device::Cuda(0)).unwrap(); // on `side`
+        let y = Tensor::zeros(&[1 << 20], DType::F32, Device::Cuda(0)).unwrap();
+        y.record_stream(&Stream::default_stream(0).unwrap())
+            .unwrap();
+        drop((x, y));
+    }
+    drop(side);
+    // The allocator now synchronises / records on the dropped stream's id.
+    cuda::empty_cache().unwrap();
+    let _z = Tensor::zeros(&[1 << 20], DType::F32, Device::Cuda(0)).unwrap();
+    cuda::synchronize(0).unwrap();
+    let again = Stream::new(0, 0).unwrap();
+    assert_eq!(again.as_raw(), raw, "the pooled CUstream is reused");
+}
+
 /// The memory functions take a device as PyTorch's do: an index, `None` (current), a `Device`.
 #[test]
 fn memory_api_by_device() {

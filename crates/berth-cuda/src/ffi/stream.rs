@@ -34,18 +34,6 @@ pub(crate) fn stream_create(device: usize, priority: i32) -> Result<u64, CudaErr
     Ok(s as usize as u64)
 }
 
-/// `cuStreamDestroy`. Queued work still completes (the driver defers the release).
-///
-/// # Safety
-/// `raw` came from [`stream_create`] on `device`, is destroyed once, and is not used after.
-pub(crate) unsafe fn stream_destroy(device: usize, raw: u64) -> Result<(), CudaError> {
-    bind(device)?;
-    // SAFETY: the caller's contract.
-    check("cuStreamDestroy", device, unsafe {
-        result::stream::destroy(stream(raw))
-    })
-}
-
 /// `cuStreamSynchronize`.
 ///
 /// # Safety

@@ -59,9 +59,6 @@ pub(crate) fn priority_range(_: usize) -> Result<(i32, i32), CudaError> {
 pub(crate) fn stream_create(_: usize, _: i32) -> Result<u64, CudaError> {
     no()
 }
-pub(crate) unsafe fn stream_destroy(_: usize, _: u64) -> Result<(), CudaError> {
-    no()
-}
 pub(crate) unsafe fn stream_sync(_: usize, _: u64) -> Result<(), CudaError> {
     no()
 }

@@ -229,6 +229,57 @@ impl CudaError {
 mod tests {
     use super::*;
 
+    /// Allocator and pinned-allocator errors reach callers as themselves, not as text.
+    #[test]
+    fn allocator_errors_keep_their_type_as_the_source() {
+        use std::error::Error as _;
+        let e = CudaError::Alloc {
+            device: 1,
+            source: berth_alloc::AllocError::InvalidFraction { fraction: 2.0 },
+        };
+        assert!(!e.is_out_of_memory());
+        let src = e
+            .source()
+            .unwrap()
+            .downcast_ref::<berth_alloc::AllocError>();
+        assert_eq!(
+            src,
+            Some(&berth_alloc::AllocError::InvalidFraction { fraction: 2.0 })
+        );
+        let oom = CudaError::PinnedAlloc {
+            source: berth_alloc::host::HostAllocError::OutOfMemory {
+                requested: 3,
+                rounded: 4,
+                allocated: 0,
+                in_use: 0,
+            },
+        };
+        assert!(oom.is_out_of_memory());
+        let conf = CudaError::from(berth_alloc::AllocatorConfig::parse("backend:x").unwrap_err());
+        assert!(matches!(conf, CudaError::Config(_)), "{conf:?}");
+        assert!(conf
+            .to_string()
+            .starts_with("BERTH_ALLOC_CONF: invalid value 'x'"));
+    }
+
+    /// A driver error keeps its `CUresult` when it reaches berth-alloc.
+    #[test]
+    fn driver_errors_keep_their_code_in_the_backend_error() {
+        let e = berth_alloc::BackendError::from(CudaError::Driver {
+            op: "cuMemMap",
+            code: 1,
+            name: "CUDA_ERROR_INVALID_VALUE".into(),
+        });
+        assert_eq!(
+            e,
+            berth_alloc::BackendError::Driver {
+                op: "cuMemMap",
+                code: 1,
+                name: "CUDA_ERROR_INVALID_VALUE".into()
+            }
+        );
+    }
+
     #[test]
     fn bug_20_invalid_device_message_names_index_and_range() {
         let e = CudaError::InvalidDevice { index: 5, count: 1 };

@@ -106,12 +106,14 @@ pub enum DataError {
         worker_id: usize,
     },
     /// Page-locked memory could not be allocated for a batch.
-    #[error("pin_memory: the pinned host allocator {host} failed: {message}")]
+    #[error("pin_memory: the pinned host allocator {host} failed: {source}")]
     Pin {
         /// The pinned memory source's name.
         host: String,
-        /// Its error, in words.
-        message: String,
+        /// The allocator's error (`HostAllocError::OutOfMemory` is a full pinned pool, retryable
+        /// after freeing pinned tensors).
+        #[source]
+        source: berth::alloc::host::HostAllocError,
     },
     /// The device prefetcher failed outside a copy.
     #[error("device prefetch: {message}")]

@@ -46,10 +46,13 @@ impl PinnedHost for AllocatorPinnedHost {
 
     fn empty_pinned(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let nbytes = shape.iter().product::<usize>() * dtype.size_in_bytes();
-        let block = self.alloc.allocate(nbytes).map_err(|e| DataError::Pin {
-            host: self.name.clone(),
-            message: e.to_string(),
-        })?;
+        let block = self
+            .alloc
+            .allocate(nbytes)
+            .map_err(|source| DataError::Pin {
+                host: self.name.clone(),
+                source,
+            })?;
         let storage = Storage::host_external(Box::new(PinnedMemory::new(block)));
         Ok(Tensor::from_parts(
             Arc::new(storage),

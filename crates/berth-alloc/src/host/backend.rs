@@ -224,7 +224,7 @@ impl SimHostBackend {
 
     /// Completes every event recorded so far on `stream` of device 0.
     pub fn complete_events_on(&self, stream: StreamId) {
-        self.devices[0].complete_events_on(stream);
+        self.complete_events_on_device(DeviceStream::new(0, stream));
     }
 
     /// Completes every event recorded so far on `stream` of its device (no-op for a device

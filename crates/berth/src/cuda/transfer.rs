@@ -135,6 +135,15 @@ fn cuda_index(d: Device) -> Result<usize> {
     }
 }
 
+/// `src` made contiguous, with the byte offset of its first element in its storage and its
+/// byte length: what a copy of the whole tensor reads.
+fn contiguous_bytes(src: &Tensor) -> Result<(Tensor, usize, usize)> {
+    let src = src.contiguous()?;
+    let elem = src.dtype().size_in_bytes();
+    let (offset, nbytes) = (src.storage_offset() * elem, src.numel() * elem);
+    Ok((src, offset, nbytes))
+}
+
 /// Copies `src` to `device` (one side CUDA), returning a contiguous tensor of the same dtype.
 /// What the CUDA [`DeviceKernels::transfer`](crate::backend::DeviceKernels) calls.
 ///
@@ -142,10 +151,7 @@ fn cuda_index(d: Device) -> Result<usize> {
 /// Invalid device, out of memory, driver errors; [`CudaError::SyncDebug`] for a blocking
 /// device→host copy in sync-debug `Error` mode.
 pub fn transfer(src: &Tensor, device: Device, non_blocking: bool) -> Result<Tensor> {
-    let src = src.contiguous()?;
-    let elem = src.dtype().size_in_bytes();
-    let nbytes = src.numel() * elem;
-    let offset = src.storage_offset() * elem;
+    let (src, offset, nbytes) = contiguous_bytes(src)?;
     let from = src.device();
     let storage = if from.is_cpu() {
         htod(&src, cuda_index(device)?, offset, nbytes, non_blocking)?
@@ -191,10 +197,7 @@ pub fn to_device_on(src: &Tensor, device: Device, copy_stream: &Stream) -> Resul
         }
         .into());
     }
-    let src = src.contiguous()?;
-    let elem = src.dtype().size_in_bytes();
-    let nbytes = src.numel() * elem;
-    let offset = src.storage_offset() * elem;
+    let (src, offset, nbytes) = contiguous_bytes(src)?;
     let consumer = current_stream(dev)?;
     let dst = alloc_storage(dev, nbytes)?;
     if nbytes > 0 && consumer != *copy_stream {

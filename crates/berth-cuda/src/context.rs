@@ -103,3 +103,60 @@ pub(crate) fn bind(device: usize) -> Result<u64, CudaError> {
     }
     Ok(p.ctx)
 }
+
+/// A scope in which `device`'s primary context is current on this thread, entered from code
+/// that shares the thread with another CUDA user (PyTorch calling berth's allocator hooks):
+/// on drop the thread's previous context is current again.
+///
+/// # Note [Foreign contexts]
+/// berth caches, per thread, which device's context it made current, and skips
+/// `cuCtxSetCurrent` when it is already that device's. Inside another runtime (PyTorch's
+/// `cudaSetDevice` changes the current context behind berth's back) that cache can be stale,
+/// and the runtime's idea of the current device would change if berth left its own context
+/// current. So entering the scope reads the current context (`cuCtxGetCurrent`), makes
+/// `device`'s primary context current only when it is not already (the common case in a
+/// one-device program costs one `cuCtxGetCurrent`), and sets the cache to what is true; leaving
+/// it restores the previous context and forgets the cache. The primary context is the one the
+/// CUDA runtime uses too (<https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__PRIMARY__CTX.html>),
+/// so memory and streams are shared with PyTorch.
+#[must_use = "the context is restored when the scope is dropped"]
+pub struct ForeignContextScope {
+    device: usize,
+    /// The context to restore on drop, when this scope changed it.
+    restore: Option<u64>,
+}
+
+/// Enters a [`ForeignContextScope`] for `device`.
+///
+/// # Errors
+/// [`CudaError::InvalidDevice`], [`CudaError::Unavailable`], or [`CudaError::Driver`] when
+/// retaining the primary context or `cuCtxGetCurrent` / `cuCtxSetCurrent` fails.
+pub fn foreign_context_scope(device: usize) -> Result<ForeignContextScope, CudaError> {
+    let p = primary(device)?;
+    let prev = ffi::ctx_get_current(device)?;
+    if prev == p.ctx {
+        BOUND.with(|b| b.set(Some(device)));
+        return Ok(ForeignContextScope {
+            device,
+            restore: None,
+        });
+    }
+    // SAFETY: `p.ctx` is a retained primary context that is never released.
+    unsafe { ffi::ctx_set_current(device, p.ctx)? };
+    BOUND.with(|b| b.set(Some(device)));
+    Ok(ForeignContextScope {
+        device,
+        restore: Some(prev),
+    })
+}
+
+impl Drop for ForeignContextScope {
+    fn drop(&mut self) {
+        if let Some(prev) = self.restore {
+            // SAFETY: `prev` was current on this thread when the scope was entered, and the
+            // scope's body (berth's own calls) destroys no context.
+            let _ = unsafe { ffi::ctx_restore(self.device, prev) };
+            BOUND.with(|b| b.set(None));
+        }
+    }
+}

@@ -52,7 +52,8 @@ pub mod testing;
 
 pub use backend::{CudaBackend, CudaEvent};
 pub use context::{
-    bind_context, contexts_created, initialized_devices, is_initialized, synchronize,
+    bind_context, contexts_created, foreign_context_scope, initialized_devices, is_initialized,
+    synchronize, ForeignContextScope,
 };
 pub use copy::PinnedBuffer;
 pub use device::{

@@ -142,6 +142,24 @@ pub(crate) unsafe fn ctx_set_current(device: usize, ctx: u64) -> Result<(), Cuda
     })
 }
 
+/// `cuCtxGetCurrent` on the calling thread: the current context as a `u64` handle, 0 for none.
+pub(crate) fn ctx_get_current(device: usize) -> Result<u64, CudaError> {
+    let ctx = check("cuCtxGetCurrent", device, result::ctx::get_current())?;
+    Ok(ctx.map_or(0, |c| c as usize as u64))
+}
+
+/// `cuCtxSetCurrent` to a context handle read by [`ctx_get_current`] (0: no context).
+///
+/// # Safety
+/// `ctx` is 0 or a context that is still alive (one the calling thread had current and that
+/// its owner has not destroyed since).
+pub(crate) unsafe fn ctx_restore(device: usize, ctx: u64) -> Result<(), CudaError> {
+    // SAFETY: the caller's contract.
+    check("cuCtxSetCurrent", device, unsafe {
+        result::ctx::set_current(ctx as usize as sys::CUcontext)
+    })
+}
+
 /// `cuCtxSynchronize` in `device`'s primary context: blocks until its queued work ran.
 pub(crate) fn ctx_synchronize(device: usize) -> Result<(), CudaError> {
     crate::context::bind(device)?;

@@ -46,6 +46,12 @@ pub(crate) fn primary_ctx_retain(_: usize, _: i32) -> Result<u64, CudaError> {
 pub(crate) unsafe fn ctx_set_current(_: usize, _: u64) -> Result<(), CudaError> {
     no()
 }
+pub(crate) fn ctx_get_current(_: usize) -> Result<u64, CudaError> {
+    no()
+}
+pub(crate) unsafe fn ctx_restore(_: usize, _: u64) -> Result<(), CudaError> {
+    no()
+}
 pub(crate) fn ctx_synchronize(_: usize) -> Result<(), CudaError> {
     no()
 }

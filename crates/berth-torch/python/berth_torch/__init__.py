@@ -1,0 +1,183 @@
+"""berth's CUDA allocators under PyTorch.
+
+    import torch, berth_torch
+    berth_torch.use_allocator("paged")      # before any CUDA allocation
+    # ... an ordinary PyTorch program ...
+    berth_torch.memory_stats()              # torch.cuda.memory_stats()'s keys and meanings
+    berth_torch.memory_summary()            # PyTorch's table
+    torch.cuda.empty_cache()                # reaches berth through the reset hook
+    berth_torch.dump_snapshot("s.pickle")   # torch.cuda.memory._dump_snapshot's format
+
+Policies: "pytorch" (PyTorch's caching allocator, byte for byte), "expandable" (with
+expandable segments) and "paged" (berth's own: lower peak reserved). The allocator is PyTorch's
+``torch.cuda.memory.CUDAPluggableAllocator`` over this package's native library; with it
+installed, ``torch.cuda.memory_stats()`` and friends raise "does not yet support", so use the
+functions of this module, which answer with the same names and meanings. A request berth cannot
+serve (after freeing its cached blocks and retrying) raises ``torch.OutOfMemoryError`` with
+berth's message.
+"""
+
+import pickle
+import sys
+
+from . import _native
+
+__all__ = [
+    "POLICY_NAMES", "use_allocator", "installed_policy", "memory_stats", "memory_allocated",
+    "max_memory_allocated", "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats", "memory_summary", "empty_cache", "record_memory_history",
+    "snapshot", "dump_snapshot", "set_per_process_memory_fraction", "check_errors",
+]
+
+POLICY_NAMES = tuple(_native.POLICY_NAMES)
+_ALLOCATOR = None  # the installed CUDAPluggableAllocator, kept alive for the process
+
+
+def use_allocator(policy="paged", options=""):
+    """Makes berth's ``policy`` PyTorch's CUDA allocator for the rest of the process.
+
+    ``options`` are PyTorch's ``PYTORCH_CUDA_ALLOC_CONF`` options for the policy
+    (``"max_split_size_mb:512"``; not ``backend`` or ``expandable_segments``, which the policy
+    name sets). Must run before CUDA starts: right after ``import torch``, before any tensor is
+    put on the GPU. Calling it again with the same policy does nothing.
+
+    Raises ``ValueError`` for an unknown policy (naming the valid ones) or bad options, and
+    ``RuntimeError`` when CUDA already started or another allocator is installed.
+    """
+    global _ALLOCATOR
+    import torch
+
+    if not isinstance(policy, str) or policy not in POLICY_NAMES:
+        raise ValueError(
+            f"unknown berth allocator policy {policy!r}: use one of "
+            + ", ".join(repr(p) for p in POLICY_NAMES))
+    if _ALLOCATOR is not None:
+        _native.install(policy, options)  # same policy: a no-op; another: RuntimeError
+        return
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "berth_torch.use_allocator() must run before CUDA starts, and CUDA has already "
+            "started in this process (a tensor was put on the GPU, or a torch.cuda call "
+            "initialised it). Call berth_torch.use_allocator(...) right after `import torch`, "
+            "before any CUDA work, or start a new process.")
+    _native.install(policy, options)
+    _native.set_oom_exception(torch.OutOfMemoryError)
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(
+        _native.__file__, "berth_torch_alloc", "berth_torch_free")
+    for setter, address in _native.hook_addresses().items():
+        getattr(alloc._allocator, setter)(address)
+    try:
+        torch.cuda.memory.change_current_allocator(alloc)
+    except RuntimeError as e:
+        raise RuntimeError(
+            "berth_torch.use_allocator(): PyTorch refused to switch allocators ("
+            f"{e}). This happens when CUDA already allocated memory in this process; call "
+            "use_allocator right after `import torch`.") from e
+    _ALLOCATOR = alloc
+
+
+def installed_policy():
+    """The installed policy's name, or None."""
+    return _native.installed_policy()
+
+
+def _device(device):
+    """A device index from PyTorch's ``device=None | int | str | torch.device``."""
+    if device is None:
+        try:
+            import torch
+        except ImportError:  # no torch: only the simulated devices of the tests
+            return 0
+        return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"device index {device} is negative; use 0 or more, or None")
+        return device
+    import torch
+    d = torch.device(device)
+    if d.type != "cuda":
+        raise ValueError(f"expected a CUDA device, got {d}")
+    return _device(d.index)
+
+
+def memory_stats(device=None):
+    """``torch.cuda.memory_stats(device)``: PyTorch's key names and meanings, sorted; empty
+    before the device's first allocation."""
+    return dict(_native.memory_stats(_device(device)))
+
+
+def memory_allocated(device=None):
+    """Bytes held by live tensors (``torch.cuda.memory_allocated``)."""
+    return memory_stats(device).get("allocated_bytes.all.current", 0)
+
+
+def max_memory_allocated(device=None):
+    """Peak of :func:`memory_allocated` (``torch.cuda.max_memory_allocated``)."""
+    return memory_stats(device).get("allocated_bytes.all.peak", 0)
+
+
+def memory_reserved(device=None):
+    """Bytes reserved from the driver (``torch.cuda.memory_reserved``)."""
+    return memory_stats(device).get("reserved_bytes.all.current", 0)
+
+
+def max_memory_reserved(device=None):
+    """Peak of :func:`memory_reserved` (``torch.cuda.max_memory_reserved``)."""
+    return memory_stats(device).get("reserved_bytes.all.peak", 0)
+
+
+def reset_peak_memory_stats(device=None):
+    """Sets every peak to its current value (``torch.cuda.reset_peak_memory_stats``)."""
+    _native.reset_peak_memory_stats(_device(device))
+
+
+def reset_accumulated_memory_stats(device=None):
+    """Zeroes the accumulated counters (``torch.cuda.reset_accumulated_memory_stats``)."""
+    _native.reset_accumulated_memory_stats(_device(device))
+
+
+def memory_summary(device=None, abbreviated=False):
+    """PyTorch's table (``torch.cuda.memory_summary``), with a line naming berth's policy."""
+    return _native.memory_summary(_device(device), bool(abbreviated))
+
+
+def empty_cache():
+    """Returns free cached memory to the driver (what ``torch.cuda.empty_cache()`` does through
+    the reset hook), raising if it failed."""
+    _native.empty_cache()
+
+
+def set_per_process_memory_fraction(fraction, device=None):
+    """Caps reserved memory at ``fraction`` of the device's memory, raising ``ValueError``
+    unless 0 <= fraction <= 1 (``torch.cuda.set_per_process_memory_fraction``)."""
+    _native.set_memory_fraction(float(fraction), _device(device))
+
+
+def record_memory_history(enabled="all", context=None, stacks=None, max_entries=sys.maxsize,
+                          device=None):
+    """``torch.cuda.memory._record_memory_history``: starts recording allocation events (up to
+    ``max_entries``, newest kept) or stops and clears with ``enabled=None``. berth records no
+    Python stacks; ``context`` and ``stacks`` are accepted and ignored."""
+    if enabled not in (None, "all", "state"):
+        raise ValueError(f"enabled must be None, 'state' or 'all', got {enabled!r}")
+    _native.record_memory_history(_device(device), None if enabled is None else int(max_entries))
+
+
+def snapshot():
+    """``torch.cuda.memory._snapshot()``: segments, blocks and the recorded history."""
+    return pickle.loads(_native.snapshot_pickle())
+
+
+def dump_snapshot(filename="dump_snapshot.pickle"):
+    """``torch.cuda.memory._dump_snapshot``: writes the pickle that
+    ``python -m torch.cuda._memory_viz`` and https://pytorch.org/memory_viz open."""
+    with open(filename, "wb") as f:
+        f.write(_native.snapshot_pickle())
+
+
+def check_errors():
+    """Raises ``RuntimeError`` with the first error a hook that returns nothing to PyTorch
+    (free, record_stream, empty_cache, memory fraction) could not report, and clears it."""
+    msg = _native.take_deferred_error()
+    if msg is not None:
+        raise RuntimeError(msg)

@@ -1,0 +1,206 @@
+//! The extension module `berth_torch._native` (pyo3, stable ABI): what the Python package
+//! `berth_torch` builds its API on. Errors become Python exceptions: `ValueError` for a bad
+//! policy, options or argument, `RuntimeError` for the rest.
+
+use crate::abi;
+use crate::install::{self as inst_mod, HookError};
+use berth_alloc::pickle::dump_snapshot;
+use berth_alloc::MemorySnapshot;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+/// Keeps the registered out-of-memory exception class alive for the life of the process.
+static OOM_CLASS: OnceLock<Py<PyAny>> = OnceLock::new();
+
+fn to_py(e: HookError) -> PyErr {
+    match e {
+        HookError::Policy(_) | HookError::BadDevice { .. } => PyValueError::new_err(e.to_string()),
+        HookError::Alloc {
+            source: berth_alloc::AllocError::InvalidFraction { .. },
+            ..
+        } => PyValueError::new_err(e.to_string()),
+        _ => PyRuntimeError::new_err(e.to_string()),
+    }
+}
+
+/// Installs `policy` with `options` (PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax).
+#[pyfunction]
+#[pyo3(signature = (policy, options = ""))]
+fn install(policy: &str, options: &str) -> PyResult<()> {
+    inst_mod::install(policy, options)
+        .map(|_| ())
+        .map_err(to_py)
+}
+
+/// The installed policy's name, or None.
+#[pyfunction]
+fn installed_policy() -> Option<&'static str> {
+    inst_mod::installed().ok().map(|i| i.policy().name())
+}
+
+/// Registers the class the alloc hook raises for out-of-memory (`torch.OutOfMemoryError`).
+#[pyfunction]
+fn set_oom_exception(cls: Bound<'_, PyAny>) -> PyResult<()> {
+    let cls = OOM_CLASS.get_or_init(|| cls.unbind());
+    // SAFETY: `cls` is a live class kept alive by `OOM_CLASS` for the process; the GIL is
+    // held (this is a Python call).
+    if unsafe { crate::set_python_exception(cls.as_ptr().cast()) } {
+        Ok(())
+    } else {
+        Err(PyRuntimeError::new_err(
+            "berth: the Python C API was not found in this process",
+        ))
+    }
+}
+
+/// The hook functions' addresses, by PyTorch's setter names (`set_record_stream_fn`, ...),
+/// for `CUDAPluggableAllocator._allocator`.
+#[pyfunction]
+fn hook_addresses() -> BTreeMap<&'static str, usize> {
+    BTreeMap::from([
+        (
+            "set_record_stream_fn",
+            abi::berth_torch_record_stream as *const () as usize,
+        ),
+        ("set_reset_fn", abi::berth_torch_reset as *const () as usize),
+        (
+            "set_memory_fraction_fn",
+            abi::berth_torch_set_memory_fraction as *const () as usize,
+        ),
+        ("set_init_fn", abi::berth_torch_init as *const () as usize),
+    ])
+}
+
+fn installed() -> PyResult<&'static inst_mod::Installed> {
+    inst_mod::installed().map_err(to_py)
+}
+
+/// `torch.cuda.memory_stats(device)`: empty before the device's first allocation.
+#[pyfunction]
+fn memory_stats(device: i32) -> PyResult<BTreeMap<String, i64>> {
+    Ok(installed()?
+        .existing(device)
+        .map(|a| a.memory_stats())
+        .unwrap_or_default())
+}
+
+/// `torch.cuda.memory_summary(device, abbreviated)`.
+#[pyfunction]
+fn memory_summary(device: i32, abbreviated: bool) -> PyResult<String> {
+    let inst = installed()?;
+    Ok(match inst.existing(device) {
+        Some(a) => a.memory_summary(abbreviated),
+        None => berth_alloc::summary::memory_summary(
+            &berth_alloc::MemoryStats::new(None),
+            device,
+            inst.policy().name(),
+            abbreviated,
+        ),
+    })
+}
+
+/// `reset_peak_memory_stats(device)`.
+#[pyfunction]
+fn reset_peak_memory_stats(device: i32) -> PyResult<()> {
+    if let Some(a) = installed()?.existing(device) {
+        a.reset_peak_memory_stats();
+    }
+    Ok(())
+}
+
+/// `reset_accumulated_memory_stats(device)`.
+#[pyfunction]
+fn reset_accumulated_memory_stats(device: i32) -> PyResult<()> {
+    if let Some(a) = installed()?.existing(device) {
+        a.reset_accumulated_memory_stats();
+    }
+    Ok(())
+}
+
+/// `torch.cuda.memory._record_memory_history`: starts (`max_entries`) or stops (None)
+/// recording `device`'s allocation history; builds the device's allocator.
+#[pyfunction]
+#[pyo3(signature = (device, max_entries))]
+fn record_memory_history(device: i32, max_entries: Option<usize>) -> PyResult<()> {
+    let inst = installed()?;
+    let _scope = inst.scope(device).map_err(to_py)?;
+    inst.allocator(device)
+        .map_err(to_py)?
+        .record_memory_history(max_entries);
+    Ok(())
+}
+
+/// Every device's snapshot merged (`torch.cuda.memory._snapshot()`: all segments, one trace
+/// list per device), as the bytes `_dump_snapshot` writes.
+#[pyfunction]
+fn snapshot_pickle(py: Python<'_>) -> PyResult<Py<PyBytes>> {
+    let inst = installed()?;
+    let mut all = MemorySnapshot::default();
+    for (device, a) in inst.built() {
+        let s = a.snapshot();
+        if all.segments.is_empty() && all.device_traces.is_empty() {
+            all.allocator_settings = s.allocator_settings.clone();
+        }
+        all.segments.extend(s.segments);
+        let d = device as usize;
+        if all.device_traces.len() <= d {
+            all.device_traces.resize_with(d + 1, Vec::new);
+        }
+        all.device_traces[d] = s.device_traces.into_iter().flatten().collect();
+    }
+    if all.device_traces.is_empty() {
+        all.device_traces.push(Vec::new());
+    }
+    all.segments.sort_by_key(|s| (s.device, s.address));
+    Ok(PyBytes::new(py, &dump_snapshot(&all)).unbind())
+}
+
+/// `set_per_process_memory_fraction(fraction, device)`, raising for a bad fraction.
+#[pyfunction]
+fn set_memory_fraction(fraction: f64, device: i32) -> PyResult<()> {
+    installed()?
+        .set_memory_fraction(fraction, device)
+        .map_err(to_py)
+}
+
+/// `torch.cuda.empty_cache()` for berth's devices.
+#[pyfunction]
+fn empty_cache() -> PyResult<()> {
+    installed()?.empty_cache().map_err(to_py)
+}
+
+/// The first error a `void` hook could not report (a double free, ...), taken; or None.
+#[pyfunction]
+fn take_deferred_error() -> Option<String> {
+    abi::take_deferred_error()
+}
+
+/// Test switch: simulated devices of `capacity_bytes` for the next install.
+#[pyfunction]
+fn simulate(capacity_bytes: u64) -> PyResult<()> {
+    inst_mod::simulate(capacity_bytes).map_err(to_py)
+}
+
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(install, m)?)?;
+    m.add_function(wrap_pyfunction!(installed_policy, m)?)?;
+    m.add_function(wrap_pyfunction!(set_oom_exception, m)?)?;
+    m.add_function(wrap_pyfunction!(hook_addresses, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_peak_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_accumulated_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(record_memory_history, m)?)?;
+    m.add_function(wrap_pyfunction!(snapshot_pickle, m)?)?;
+    m.add_function(wrap_pyfunction!(set_memory_fraction, m)?)?;
+    m.add_function(wrap_pyfunction!(empty_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(take_deferred_error, m)?)?;
+    m.add_function(wrap_pyfunction!(simulate, m)?)?;
+    m.add("POLICY_NAMES", crate::POLICY_NAMES.to_vec())?;
+    Ok(())
+}

@@ -38,6 +38,9 @@ for b in "${BENCHES[@]}"; do
   cp "${b#*$'\t'}" .gpu/bench-alloc-replay
 done
 cp -r "$SHARED/bench" "$SHARED/traces" .gpu/shared/
+# The berth_torch wheel (PyTorch's allocator from berth), for scripts/torch-live.sh.
+command -v maturin >/dev/null || python3 -m pip install -q maturin >&2
+(cd crates/berth-torch && maturin build --release --out "$OLDPWD/.gpu" >&2)
 # What travels to the GPU machine is capped at 64 MiB with the work tree: drop symbols.
 strip .gpu/berth .gpu/test-* .gpu/bench-* 2>/dev/null || true
 
@@ -48,8 +51,9 @@ set -u
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # PARTS picks what runs (all by default), so the work can be split over several calls of at
-# most 10 minutes each: tests bench train replay alloc torch seeds.
-PARTS=" ${PARTS:-tests bench train replay alloc torch seeds} "
+# most 10 minutes each: tests bench train replay alloc torch seeds live (live: PyTorch
+# programs on berth's allocators through the berth_torch wheel, scripts/torch-live.sh).
+PARTS=" ${PARTS:-tests bench train replay alloc torch seeds live} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 .gpu/berth info | tee "$OUT/info.txt"
 status=0
@@ -151,6 +155,9 @@ fi
 if want alloc && [ -x .gpu/bench-alloc-replay ]; then
   BERTH_TRACE_DIR=.gpu/shared/traces timeout 400 .gpu/bench-alloc-replay --bench > "$OUT/bench-alloc.txt" 2>&1 || status=1
   grep -E -B1 "time:" "$OUT/bench-alloc.txt" | grep -v '^--'
+fi
+if want live && python3 -c 'import torch' 2>/dev/null; then
+  OUT="$OUT" bash scripts/torch-live.sh || status=1
 fi
 if want torch && [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
   timeout 240 python3 .gpu/shared/bench/torch_baseline.py > "$OUT/torch-baseline.json" 2>"$OUT/torch-baseline.err"

@@ -39,6 +39,21 @@ pub enum BackendError {
         /// The `CUresult`'s name.
         name: String,
     },
+    /// An `unmap` whose range is not a union of whole mappings: it would split the mapping at
+    /// `mapping` (the CUDA driver unmaps and releases only whole mappings, `cuMemUnmap`).
+    #[error("{op}: range {addr}+{bytes} bytes splits the mapping of {mapping_bytes} bytes at {mapping}; unmap whole mappings only, as made by map")]
+    SplitsMapping {
+        /// The backend call that failed (`"unmap"`).
+        op: &'static str,
+        /// Start of the range asked for.
+        addr: DevicePtr,
+        /// Length of the range asked for, in bytes.
+        bytes: u64,
+        /// Start of the mapping the range cuts through.
+        mapping: DevicePtr,
+        /// Length of that mapping, in bytes.
+        mapping_bytes: u64,
+    },
     /// Any other failure, with the driver's message.
     #[error("{op} failed: {message}")]
     Other {

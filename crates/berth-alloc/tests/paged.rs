@@ -6,7 +6,7 @@ use berth_alloc::replay::{replay, ReplayReport};
 use berth_alloc::trace::read_trace;
 use berth_alloc::{AllocError, DeviceAllocator, DevicePtr, PagedBestFit, StreamId};
 
-use crate::util::{trace_path, TRACES};
+use crate::util::{trace_path, MIB, TRACES};
 
 /// PyTorch's figures per trace (`shared/traces/README.md`): peak requested, peak reserved of
 /// the default / `expandable_segments` / `cudaMallocAsync` modes, and the default's segment count.
@@ -269,4 +269,79 @@ fn paged_random_ops_keep_invariants() {
     alloc.empty_cache().unwrap();
     assert_eq!(alloc.stats().memory_reserved(), 0);
     assert_eq!(alloc.stats().memory_allocated(), 0);
+}
+
+/// `Note [Mapping units]`: a 4 GiB block is mapped as 64 units of 64 MiB, one `map` call and
+/// one backend mapping each; a 3 MiB block as one unit.
+#[test]
+fn paged_maps_a_big_block_as_few_bounded_units() {
+    let alloc = PagedBestFit::new(SimBackend::new(16 << 30)).unwrap();
+    let big = alloc.raw_alloc(4 << 30, StreamId::DEFAULT).unwrap();
+    let sim = alloc.backend();
+    assert_eq!((sim.counts().map, alloc.device_calls()), (64, 64));
+    let mappings = sim.mappings();
+    assert_eq!(mappings.len(), 64);
+    assert!(mappings.iter().all(|&(_, n)| n == 64 * MIB), "{mappings:?}");
+    assert_eq!(mappings[0].0, big, "the units start at the block");
+    assert!(mappings.windows(2).all(|w| w[0].0 .0 + w[0].1 == w[1].0 .0));
+    assert_eq!(alloc.stats().memory_reserved(), 4 << 30);
+    let small = alloc.raw_alloc(3 << 20, StreamId(5)).unwrap();
+    assert_eq!(sim.counts().map, 65, "a short run is one unit");
+    assert_eq!(sim.live_mappings(), 65);
+    alloc.raw_delete(small).unwrap();
+    alloc.raw_delete(big).unwrap();
+    alloc.empty_cache().unwrap();
+    assert_eq!((sim.live_mappings(), sim.used_bytes()), (0, 0));
+}
+
+/// `Note [Mapping units]`, steps 2 and 3: after a freed 1 GiB block's memory is partly
+/// reused, making room for another stream unmaps only the units that are entirely free, in one
+/// call (the simulator refuses any unmap that splits a mapping), and `empty_cache` keeps the
+/// unit a live block pins: 64 MiB of it with the default bound, all of it with 1 GiB units.
+#[test]
+fn paged_unmaps_whole_free_units_only() {
+    for (unit, pinned, unmaps) in [(64 * MIB, 64 * MIB, 1), (1 << 30, 1 << 30, 0)] {
+        let alloc = PagedBestFit::with_max_unit(SimBackend::new(16 << 30), unit).unwrap();
+        let (s0, s1) = (StreamId(0), StreamId(1));
+        let a = alloc.raw_alloc(1 << 30, s0).unwrap();
+        let units = (1 << 30) / unit;
+        assert_eq!(alloc.backend().live_mappings() as u64, units);
+        alloc.raw_delete(a).unwrap();
+        // Reuses the freed, mapped memory: lands in the block's first unit.
+        let b = alloc.raw_alloc(MIB as usize, s0).unwrap();
+        assert_eq!(b, a);
+        assert_eq!(alloc.backend().counts().map, units, "no new mapping for b");
+        // Stream 1 needs 1 GiB: mapped memory would pass the headroom (9/8 of the 1 GiB live
+        // peak), so stream 0's entirely free units go first, in one call.
+        let c = alloc.raw_alloc(1 << 30, s1).unwrap();
+        let sim = alloc.backend();
+        assert_eq!(
+            sim.counts().unmap,
+            unmaps,
+            "{unit}: one unmap for the free run"
+        );
+        assert_eq!(
+            sim.mappings()[0],
+            (a, pinned),
+            "{unit}: the unit under b stays"
+        );
+        assert_eq!(alloc.stats().memory_reserved(), pinned + (1 << 30));
+        assert_eq!(sim.used_bytes(), pinned + (1 << 30));
+        alloc.raw_delete(c).unwrap();
+        alloc.empty_cache().unwrap();
+        assert_eq!(
+            alloc.stats().memory_reserved(),
+            pinned,
+            "{unit}: b pins its unit"
+        );
+        assert_eq!(sim.mappings(), vec![(a, pinned)]);
+        alloc.raw_delete(b).unwrap();
+        alloc.empty_cache().unwrap();
+        assert_eq!((sim.used_bytes(), sim.live_mappings()), (0, 0));
+        assert_eq!(
+            sim.counts().unmap,
+            unmaps + 2,
+            "{unit}: c's units, then b's"
+        );
+    }
 }

@@ -173,9 +173,19 @@ pub trait MemoryBackend: Send + Sync + 'static {
 ///
 /// A separate, object-safe trait (not a subtrait with an `Event` type) so that a policy generic
 /// over any [`MemoryBackend`] can ask for it at run time through [`MemoryBackend::as_virtual`].
-/// Physical memory is mapped in pages of [`VirtualMemoryBackend::granularity`] bytes chosen by the
-/// caller (PyTorch: 2 MiB for the small pool, 20 MiB for the large one), each a multiple of the
-/// backend's minimum granularity.
+/// Physical memory is mapped in ranges chosen by the caller, each a multiple of the backend's
+/// minimum [`VirtualMemoryBackend::granularity`] (PyTorch's expandable segments map one page of
+/// 2 MiB for the small pool or 20 MiB for the large one per call; berth's `paged` policy maps
+/// runs of pages, `Note [Mapping units]` in `crate::own`).
+///
+/// # Mappings
+/// Each successful [`VirtualMemoryBackend::map`] call makes one *mapping*, backed by one
+/// physical allocation where the backend can (one `cuMemCreate` handle on CUDA, which is what
+/// keeps large buffers as fast as `cuMemAlloc` memory). The driver unmaps whole mappings only
+/// (`cuMemMap` maps a handle at offset 0, and `cuMemUnmap` cannot release part of one), so
+/// [`VirtualMemoryBackend::unmap`] takes a union of whole mappings: a caller that wants to
+/// unmap pages one at a time later must map them one at a time. [`sim::SimBackend`] refuses a
+/// range that splits a mapping with [`BackendError::SplitsMapping`], as the CUDA backend does.
 pub trait VirtualMemoryBackend: Send + Sync {
     /// The minimum mapping granularity in bytes (`cuMemGetAllocationGranularity`, 2 MiB on
     /// current GPUs). Every `bytes` and offset below is a multiple of it.
@@ -188,21 +198,30 @@ pub trait VirtualMemoryBackend: Send + Sync {
     fn reserve(&self, bytes: usize) -> Result<DevicePtr, BackendError>;
 
     /// Creates `bytes` bytes of physical memory and maps it at `addr` (inside a reservation)
-    /// with read/write access for this device.
+    /// with read/write access for this device, as one mapping (see [Mappings](Self#mappings)):
+    /// it can later be unmapped only whole, alone or together with adjacent mappings.
     ///
     /// # Errors
     /// [`BackendError::OutOfMemory`] when the physical memory is not available (nothing is left
     /// mapped then); [`BackendError::Other`] for a range outside a reservation or already mapped.
     fn map(&self, addr: DevicePtr, bytes: usize, stream: StreamId) -> Result<(), BackendError>;
 
-    /// Unmaps `bytes` bytes at `addr` and releases their physical memory.
+    /// Unmaps `bytes` bytes at `addr` and releases their physical memory (or keeps it for a
+    /// later `map`: [`VirtualMemoryBackend::trim`]).
+    ///
+    /// The range must be a union of whole mappings, each made by one
+    /// [`VirtualMemoryBackend::map`] call: it starts where a mapping starts, ends where one
+    /// ends, and has no hole (see [Mappings](Self#mappings)).
     ///
     /// # Safety
     /// 1. The range was mapped by [`VirtualMemoryBackend::map`] (possibly in several calls).
     /// 2. No queued work still uses it (callers synchronize first; `cuMemUnmap` does not).
     ///
     /// # Errors
-    /// [`BackendError::Other`] for a range that is not mapped.
+    /// 1. [`BackendError::SplitsMapping`] when the range would cut a mapping in two (nothing is
+    ///    unmapped then).
+    /// 2. [`BackendError::Other`] (simulator) or [`BackendError::InvalidPointer`] (CUDA) for a
+    ///    range that is not entirely mapped; [`BackendError::Driver`] when the driver fails.
     unsafe fn unmap(
         &self,
         addr: DevicePtr,

@@ -4,8 +4,13 @@
 //! the exact segment addresses a PyTorch trace recorded), supports virtual memory for expandable
 //! segments, keeps events that complete only when told, counts every call, and can be told to
 //! fail the Nth `malloc`. No memory is touched: addresses are numbers.
+//!
+//! Virtual memory is modelled as the CUDA driver does it: each `map` call makes one mapping
+//! (one `cuMemCreate` handle on a GPU), and `unmap` takes whole mappings only. A range that
+//! would split a mapping is refused with [`BackendError::SplitsMapping`], so a policy that
+//! would fail on a GPU fails the same way in every simulated test.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use super::{DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend};
 use crate::error::BackendError;
@@ -79,8 +84,8 @@ struct SimState {
     segments: BTreeMap<u64, u64>,
     /// Address reservations: base → bytes.
     reservations: BTreeMap<u64, u64>,
-    /// Mapped pages (addresses of granularity-sized pages).
-    mapped_pages: BTreeSet<u64>,
+    /// Live mappings, one per successful `map` call: start address → bytes.
+    mappings: BTreeMap<u64, u64>,
     used: u64,
     clocks: HashMap<StreamId, StreamClock>,
     fail_malloc_at: Option<u64>,
@@ -208,6 +213,21 @@ impl SimBackend {
     /// Number of live (not freed) segments.
     pub fn live_segments(&self) -> usize {
         self.lock().segments.len()
+    }
+
+    /// Number of live mappings: successful `map` calls whose range is not unmapped yet (on a
+    /// GPU, the physical handles mapped).
+    pub fn live_mappings(&self) -> usize {
+        self.lock().mappings.len()
+    }
+
+    /// The live mappings `(start, bytes)` in address order.
+    pub fn mappings(&self) -> Vec<(DevicePtr, u64)> {
+        self.lock()
+            .mappings
+            .iter()
+            .map(|(&a, &n)| (DevicePtr(a), n))
+            .collect()
     }
 
     /// Whether any call has used the device yet (the simulated context exists).
@@ -410,8 +430,12 @@ impl VirtualMemoryBackend for SimBackend {
         st.counts.map += 1;
         let (addr, bytes) = (addr.0, bytes as u64);
         self.check_range(&st, addr, bytes, "map")?;
-        let g = self.granularity as u64;
-        if st.mapped_pages.range(addr..addr + bytes).next().is_some() {
+        let overlaps = st
+            .mappings
+            .range(..addr + bytes)
+            .next_back()
+            .is_some_and(|(&a, &n)| a + n > addr);
+        if overlaps {
             return Err(BackendError::Other {
                 op: "map",
                 message: format!("range {addr:#x}+{bytes} is already partly mapped"),
@@ -420,9 +444,7 @@ impl VirtualMemoryBackend for SimBackend {
         if bytes > self.available(&st) {
             return Err(BackendError::OutOfMemory { op: "map", bytes });
         }
-        for page in (addr..addr + bytes).step_by(g as usize) {
-            st.mapped_pages.insert(page);
-        }
+        st.mappings.insert(addr, bytes);
         st.used += bytes;
         Ok(())
     }
@@ -437,16 +459,39 @@ impl VirtualMemoryBackend for SimBackend {
         st.counts.unmap += 1;
         let (addr, bytes) = (addr.0, bytes as u64);
         self.check_range(&st, addr, bytes, "unmap")?;
-        let g = self.granularity as u64;
-        let pages = st.mapped_pages.range(addr..addr + bytes).count() as u64;
-        if pages * g != bytes {
+        let end = addr + bytes;
+        let splits = |a: u64, n: u64| BackendError::SplitsMapping {
+            op: "unmap",
+            addr: DevicePtr(addr),
+            bytes,
+            mapping: DevicePtr(a),
+            mapping_bytes: n,
+        };
+        // A mapping that starts before the range and reaches into it would be cut in two.
+        if let Some((&a, &n)) = st.mappings.range(..addr).next_back() {
+            if a + n > addr {
+                return Err(splits(a, n));
+            }
+        }
+        let mut at = addr;
+        for (&a, &n) in st.mappings.range(addr..end) {
+            if a != at {
+                break; // a hole: reported below
+            }
+            if a + n > end {
+                return Err(splits(a, n));
+            }
+            at = a + n;
+        }
+        if at != end {
             return Err(BackendError::Other {
                 op: "unmap",
                 message: format!("range {addr:#x}+{bytes} is not entirely mapped"),
             });
         }
-        for page in (addr..addr + bytes).step_by(g as usize) {
-            st.mapped_pages.remove(&page);
+        let starts: Vec<u64> = st.mappings.range(addr..end).map(|(&a, _)| a).collect();
+        for a in starts {
+            st.mappings.remove(&a);
         }
         st.used -= bytes;
         Ok(())
@@ -467,7 +512,7 @@ impl VirtualMemoryBackend for SimBackend {
                 message: format!("reservation {base} has {b} bytes, not {bytes}"),
             });
         }
-        if st.mapped_pages.range(base.0..base.0 + b).next().is_some() {
+        if st.mappings.range(base.0..base.0 + b).next().is_some() {
             return Err(BackendError::Other {
                 op: "release",
                 message: format!("reservation {base} still has mapped pages"),
@@ -526,19 +571,72 @@ mod tests {
     }
 
     #[test]
-    fn map_unmap_account_pages() {
+    fn map_unmap_account_mappings() {
+        const P: u64 = 2 << 20;
+        let s = StreamId(0);
         let sim = SimBackend::new(1 << 30);
         let base = sim.reserve(64 << 20).unwrap();
-        sim.map(base, 4 << 20, StreamId(0)).unwrap();
-        assert!(sim.map(base, 2 << 20, StreamId(0)).is_err());
-        assert_eq!(sim.used_bytes(), 4 << 20);
-        // SAFETY: the range was mapped above and nothing uses it.
+        let at = |k: u64| DevicePtr(base.0 + k * P);
+        sim.map(at(0), 2 * P as usize, s).unwrap();
+        sim.map(at(2), P as usize, s).unwrap();
+        assert!(sim.map(at(1), P as usize, s).is_err(), "already mapped");
+        assert_eq!((sim.used_bytes(), sim.live_mappings()), (3 * P, 2));
+        assert_eq!(sim.mappings(), vec![(at(0), 2 * P), (at(2), P)]);
+        // SAFETY: the ranges were mapped above and nothing uses them; refused calls change
+        // nothing.
         unsafe {
-            sim.unmap(DevicePtr(base.0 + (2 << 20)), 2 << 20, StreamId(0))
-                .unwrap()
-        };
-        assert_eq!(sim.used_bytes(), 2 << 20);
-        // SAFETY: still mapped pages → error expected, nothing released.
+            assert!(sim.unmap(at(3), P as usize, s).is_err(), "not mapped");
+            // Two whole mappings in one call are fine.
+            sim.unmap(at(0), 3 * P as usize, s).unwrap();
+        }
+        assert_eq!((sim.used_bytes(), sim.live_mappings()), (0, 0));
+        sim.map(at(4), P as usize, s).unwrap();
+        // SAFETY: still a mapping in the reservation → error expected, nothing released.
         assert!(unsafe { sim.release(base, 64 << 20) }.is_err());
+        assert_eq!(sim.counts().map, 4);
+    }
+
+    /// `cuMemUnmap` takes whole mappings only; the simulator refuses the same calls, with a
+    /// typed error naming the mapping that would be split, and changes nothing.
+    #[test]
+    fn unmap_that_splits_a_mapping_is_refused() {
+        const P: u64 = 2 << 20;
+        let s = StreamId(0);
+        let sim = SimBackend::new(1 << 30);
+        let base = sim.reserve(64 << 20).unwrap();
+        let at = |k: u64| DevicePtr(base.0 + k * P);
+        sim.map(at(0), 4 * P as usize, s).unwrap();
+        sim.map(at(4), P as usize, s).unwrap();
+        let split = |addr: DevicePtr, bytes: u64| BackendError::SplitsMapping {
+            op: "unmap",
+            addr,
+            bytes,
+            mapping: at(0),
+            mapping_bytes: 4 * P,
+        };
+        // SAFETY: every range lies in mapped memory nothing uses; each call is refused.
+        unsafe {
+            // The tail, the head, the middle of the 4-page mapping, and a range ending in it.
+            assert_eq!(
+                sim.unmap(at(2), 2 * P as usize, s),
+                Err(split(at(2), 2 * P))
+            );
+            assert_eq!(
+                sim.unmap(at(0), 2 * P as usize, s),
+                Err(split(at(0), 2 * P))
+            );
+            assert_eq!(sim.unmap(at(1), P as usize, s), Err(split(at(1), P)));
+            assert_eq!(
+                sim.unmap(at(3), 2 * P as usize, s),
+                Err(split(at(3), 2 * P))
+            );
+        }
+        assert_eq!((sim.used_bytes(), sim.live_mappings()), (5 * P, 2));
+        // SAFETY: whole mappings, nothing uses them.
+        unsafe {
+            sim.unmap(at(4), P as usize, s).unwrap();
+            sim.unmap(at(0), 4 * P as usize, s).unwrap();
+        }
+        assert_eq!((sim.used_bytes(), sim.live_mappings()), (0, 0));
     }
 }

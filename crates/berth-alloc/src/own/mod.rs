@@ -13,12 +13,14 @@
 //!    above: `Note [Size classes]`); among the first 16 candidates it prefers the placement
 //!    (start or end of the extent) that needs the fewest unmapped pages. Every step costs the
 //!    same however many blocks are live (`Note [Constant-time arena]`).
-//! 2. The pages a block touches are mapped on demand, consecutive pages in one `map` call.
-//!    Freed blocks stay mapped (cached) so the next request usually needs no backend call.
+//! 2. The pages a block touches are mapped on demand, consecutive pages in one `map` call
+//!    (runs longer than [`MAX_UNIT_BYTES`] in several: `Note [Mapping units]`). Freed blocks
+//!    stay mapped (cached) so the next request usually needs no backend call.
 //! 3. When mapping would raise mapped memory above both its high-water mark and a headroom of
-//!    1/[`HEADROOM_DIV`] over the most bytes ever live, entirely free mapped pages elsewhere
-//!    (any stream, after synchronizing that stream) are unmapped first, biggest runs first, so
-//!    the peak grows past the headroom only when live data needs it. The headroom absorbs the
+//!    1/[`HEADROOM_DIV`] over the most bytes ever live, entirely free mapping units elsewhere
+//!    (any stream, after synchronizing that stream) are unmapped first, biggest runs of them
+//!    first, so the peak grows past the headroom only when live data needs it. Only whole
+//!    units are unmapped, as the backend requires (`Note [Mapping units]`). The headroom absorbs the
 //!    differences in layout between repetitions of a workload (training steps, replay passes):
 //!    without it, each repetition unmapped pages the next one mapped again. On `gpt2_train`
 //!    that was 182 map/unmap calls (8 GiB remapped) in the second pass and 104 in the third,
@@ -35,6 +37,50 @@
 //! requested bytes (PyTorch: 1.001×–1.37× across its three modes) with fewer backend calls
 //! than PyTorch's default makes segments on most traces; `BENCHMARKS.md` has the table.
 //!
+//! # Note [Mapping units]
+//! Each `map` call is one mapping, backed by one physical handle on CUDA, and the driver unmaps
+//! whole mappings only (`cuMemMap` maps a handle from offset 0; `cuMemUnmap` cannot release
+//! part of one): the contract of [`crate::VirtualMemoryBackend::unmap`]. Until 2026-12-01 the
+//! CUDA backend gave every 2 MiB page its own handle so that any page could be unmapped alone,
+//! and a 4 GiB device-to-device copy between `paged` buffers ran at 0.75× the bandwidth of
+//! `cuMemAlloc` buffers on an H200 (PyTorch's expandable segments, 20 MiB handles: 0.95×).
+//! Now each run of pages is mapped in *units*, one handle each, and only whole units go:
+//!
+//! 1. A run of unmapped pages (step 2 above) of up to [`MAX_UNIT_BYTES`] (64 MiB) is one unit,
+//!    one `map` call, as before; a longer run is cut into ⌈length / 64 MiB⌉ units of equal
+//!    size (± one page), so each unit of a long run is 32–64 MiB ([`PagedBestFit::with_max_unit`]
+//!    sets another bound).
+//! 2. The policy remembers its units (`units.rs`). Step 3, `empty_cache` and the
+//!    out-of-memory retry unmap runs of adjacent units that lie entirely inside one free
+//!    extent (every byte of them free), each run in one `unmap` call. The simulator refuses
+//!    an unmap that splits a mapping ([`crate::BackendError::SplitsMapping`]), as CUDA does,
+//!    so every simulated test that unmaps checks this.
+//! 3. Why bounded: a unit stays mapped while any byte of it is live, and placement prefers
+//!    mapped memory, so after a big block is freed, small blocks placed on its memory pin the
+//!    units under them. Unbounded, one 1 MiB block would pin a whole freed 4 GiB block; at
+//!    64 MiB it pins at most 64 MiB (128 MiB straddling two units), as a live block pins a
+//!    20 MiB page of PyTorch's expandable segments.
+//! 4. Why 64 MiB: on the five traces (one pass, streams as recorded) peak reserved stays
+//!    within 6 MiB (0.11%) of the page-granular policy's for every bound from 2 MiB to
+//!    unbounded, because the headroom of step 3 makes unmapping rare and what it unmaps is
+//!    mostly whole free runs anyway. The bound sets the number of calls; per trace
+//!    (`bert_varlen_train` / `gpt2_generate` / `gpt2_train` / `resnet50_train` /
+//!    `two_stream_pipeline`), page-granular before: 213 / 82 / 244 / 123 / 21; units of at
+//!    most 2 MiB: 7731 / 350 / 4391 / 2846 / 139; 20 MiB: 910 / 87 / 564 / 346 / 23;
+//!    32 MiB: 607 / 84 / 424 / 249 / 21; **64 MiB: 342 / 84 / 304 / 165 / 21**; 256 MiB:
+//!    230 / 82 / 258 / 117 / 21; unbounded: 209 / 82 / 244 / 117 / 21. 64 MiB handles are
+//!    3.2× PyTorch's 20 MiB ones, keep calls within 1.6× of before (`bert_varlen_train`) and
+//!    bound what one live block pins. Whether 64 MiB copies as fast as `cuMemAlloc` memory
+//!    is to be measured on the H200: berth-cuda's test
+//!    `large_handles_copy_at_cumemalloc_bandwidth` prints the d2d bandwidth for units of
+//!    2 MiB to 4 GiB.
+//! 5. Cut evenly, not at multiples of 64 MiB in address: aligned cutting made 25% more calls
+//!    (`bert_varlen_train` 430, `gpt2_train` 375, `resnet50_train` 201) for the same peaks,
+//!    since short runs crossing a boundary split in two and long ones get head and tail units
+//!    of a few pages.
+//!
+//! The CUDA backend pools unmapped handles by size (`Note [VMM page pool]` in `berth-cuda`).
+//!
 //! # Note [`record_stream` and deferred free]
 //! A block used on other streams (`record_stream`) is not returned to its extent on free:
 //! one event is recorded per such stream and the block waits in a pending list until every
@@ -50,6 +96,7 @@ mod arena;
 mod bins;
 mod pages;
 mod state;
+mod units;
 
 use std::collections::BTreeMap;
 
@@ -66,6 +113,10 @@ use state::State;
 /// Backend calls allowed per 20 MiB of peak mapped memory before unmapping stops (see
 /// `Note [Paged best fit]`, step 4).
 pub const CALLS_PER_20MIB: f64 = 1.5;
+
+/// The longest mapping unit, in bytes: runs of pages longer than this are mapped in several
+/// `map` calls of at most this size each (`Note [Mapping units]`).
+pub const MAX_UNIT_BYTES: u64 = 64 << 20;
 
 /// Mapped memory may exceed the most bytes ever live by this fraction (1/8) before free pages
 /// are unmapped to make room (`Note [Paged best fit]`, step 3).
@@ -100,10 +151,22 @@ struct Shared<B: MemoryBackend> {
 
 impl<B: MemoryBackend> PagedBestFit<B> {
     /// A policy over `backend`. Reserves nothing until the first allocation on each stream.
+    /// Mapping units are at most [`MAX_UNIT_BYTES`] long.
     ///
     /// # Errors
     /// [`AllocError::Unsupported`] when the backend has no virtual-memory capability.
     pub fn new(backend: B) -> Result<Self, AllocError> {
+        Self::with_max_unit(backend, MAX_UNIT_BYTES)
+    }
+
+    /// As [`PagedBestFit::new`], with mapping units of at most `max_unit_bytes` bytes (rounded
+    /// up to whole pages of the backend's granularity; `Note [Mapping units]`): one physical
+    /// handle each on CUDA. Smaller units keep more memory unmappable and cost more backend
+    /// calls; larger ones copy faster on a GPU.
+    ///
+    /// # Errors
+    /// [`AllocError::Unsupported`] when the backend has no virtual-memory capability.
+    pub fn with_max_unit(backend: B, max_unit_bytes: u64) -> Result<Self, AllocError> {
         let Some(vm) = backend.as_virtual() else {
             return Err(AllocError::Unsupported {
                 feature: "the paged best-fit policy",
@@ -114,7 +177,7 @@ impl<B: MemoryBackend> PagedBestFit<B> {
         let total = backend.mem_info().map(|m| m.total_bytes).unwrap_or(0);
         let shared = Shared {
             backend,
-            state: SpinMutex::new(State::new(page, total)),
+            state: SpinMutex::new(State::new(page, total, max_unit_bytes)),
             sticky: StickyError::new(),
             observers: OomObservers::new(),
         };

@@ -107,16 +107,6 @@ impl PageMap {
         runs
     }
 
-    /// The mapped runs inside the page-aligned range `[lo, hi)`.
-    pub(crate) fn mapped_runs(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
-        self.touching(lo, hi)
-            .filter_map(|(s, e)| {
-                let (a, b) = (s.max(lo), e.min(hi));
-                (a < b).then_some((a, b))
-            })
-            .collect()
-    }
-
     /// The first unmapped page at or after `from` up to `limit`: the end of the mapped run that
     /// would follow a mapping ending at `from`.
     pub(crate) fn next_mapped(&self, from: u64, limit: u64) -> u64 {
@@ -194,10 +184,6 @@ mod tests {
         assert_eq!(
             m.unmapped_runs(0, 10 * P),
             vec![(0, 2 * P), (5 * P, 8 * P), (9 * P, 10 * P)]
-        );
-        assert_eq!(
-            m.mapped_runs(3 * P, 9 * P),
-            vec![(3 * P, 5 * P), (8 * P, 9 * P)]
         );
         assert_eq!(m.unmapped_bytes(2 * P + 5, 5 * P), 0);
         assert_eq!(m.unmapped_bytes(2 * P, 5 * P + 1), P);

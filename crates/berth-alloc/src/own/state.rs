@@ -3,6 +3,7 @@
 
 use super::arena::Arena;
 use super::pages::{page_down, page_up, PageMap};
+use super::units::{cut, Units};
 use super::{CALLS_PER_20MIB, HEADROOM_DIV};
 use crate::addr_map::AddrMap;
 use crate::backend::{DevicePtr, MemoryBackend, StreamId, VirtualMemoryBackend};
@@ -47,6 +48,10 @@ struct Pending<E> {
 /// Everything behind the policy's mutex.
 pub(crate) struct State<E> {
     pages: PageMap,
+    /// The mapping units: what each `map` call mapped (`Note [Mapping units]`).
+    units: Units,
+    /// Longest mapping unit in bytes (a multiple of the page size).
+    max_unit: u64,
     arenas: Vec<Arena>,
     live: AddrMap<Live>,
     pending: Vec<Pending<E>>,
@@ -79,8 +84,9 @@ fn vm<B: MemoryBackend>(backend: &B) -> &dyn VirtualMemoryBackend {
 }
 
 impl<E> State<E> {
-    /// Fresh state for pages of `page` bytes on a device of `total` bytes (0 = unknown).
-    pub(crate) fn new(page: u64, total: u64) -> Self {
+    /// Fresh state for pages of `page` bytes on a device of `total` bytes (0 = unknown),
+    /// mapping units of at most `max_unit` bytes (rounded up to whole pages).
+    pub(crate) fn new(page: u64, total: u64, max_unit: u64) -> Self {
         let va_bytes = if total == 0 {
             DEFAULT_VA
         } else {
@@ -88,6 +94,8 @@ impl<E> State<E> {
         };
         State {
             pages: PageMap::new(page),
+            units: Units::default(),
+            max_unit: page_up(max_unit.clamp(page, 1 << 62), page),
             arenas: Vec::new(),
             live: AddrMap::default(),
             pending: Vec::new(),
@@ -253,8 +261,12 @@ impl<E> State<E> {
                 return Err(self.oom(backend, need, requested, Some(cap)));
             }
         }
-        let mut done: Vec<(u64, u64)> = Vec::with_capacity(runs.len());
-        for (a, b) in runs {
+        let units: Vec<(u64, u64)> = runs
+            .iter()
+            .flat_map(|&(a, b)| cut(a, b, page, self.max_unit))
+            .collect();
+        let mut done: Vec<(u64, u64)> = Vec::with_capacity(units.len());
+        for (a, b) in units {
             let mut result = vm(backend).map(DevicePtr(a), (b - a) as usize, stream);
             if matches!(result, Err(BackendError::OutOfMemory { .. })) {
                 // Retry once with every free page returned (PyTorch's release-and-retry step).
@@ -295,9 +307,11 @@ impl<E> State<E> {
         }
     }
 
+    /// Records the unit `[a, b)` that one `map` call just mapped.
     fn note_mapped(&mut self, a: u64, b: u64, stream: StreamId) {
         let before = self.pages.interval_count();
         self.pages.insert(a, b);
+        self.units.insert(a, b);
         self.note_segments(before);
         self.maps += 1;
         self.high_water = self.high_water.max(self.pages.mapped);
@@ -306,6 +320,7 @@ impl<E> State<E> {
         self.trace(TraceAction::SegmentMap, a, b - a, stream);
     }
 
+    /// Unmaps `[a, b)`, a union of whole mapping units (`Note [Mapping units]`), in one call.
     fn unmap_run<B: MemoryBackend<Event = E>>(
         &mut self,
         backend: &B,
@@ -313,14 +328,15 @@ impl<E> State<E> {
         b: u64,
         stream: StreamId,
     ) -> Result<(), AllocError> {
-        // SAFETY: 1. [a, b) is mapped (taken from the page map, which mirrors the backend's
-        // mapped pages). 2. No block is live on it and the owning stream was synchronized by the
-        // caller (`reclaim`), or the pages were mapped for a request that failed and never
+        // SAFETY: 1. [a, b) is mapped: it is made of whole units, each recorded when its `map`
+        // call succeeded. 2. No block is live on it and the owning stream was synchronized by
+        // the caller (`reclaim`), or the units were mapped for a request that failed and never
         // handed out.
         unsafe { vm(backend).unmap(DevicePtr(a), (b - a) as usize, stream) }
             .map_err(backend_err(stream))?;
         let before = self.pages.interval_count();
         self.pages.remove(a, b);
+        self.units.remove(a, b);
         self.note_segments(before);
         self.unmaps += 1;
         self.stats.reserved_bytes.decrease(false, (b - a) as i64);
@@ -329,9 +345,10 @@ impl<E> State<E> {
         Ok(())
     }
 
-    /// Unmaps entirely free mapped pages, biggest runs first, until `need` bytes are unmapped
-    /// (or all of them), never touching `[exclude.0, exclude.1)`. Each stream whose pages go is
-    /// synchronized first (see the note on `record_stream` and deferred free in [`super`]).
+    /// Unmaps entirely free mapping units (`Note [Mapping units]`), biggest runs of adjacent
+    /// ones first, until `need` bytes are unmapped (or all of them), never touching a unit that
+    /// overlaps `[exclude.0, exclude.1)`. Each stream whose units go is synchronized first (see
+    /// the note on `record_stream` and deferred free in [`super`]).
     fn reclaim<B: MemoryBackend<Event = E>>(
         &mut self,
         backend: &B,
@@ -346,12 +363,9 @@ impl<E> State<E> {
                 if lo >= hi {
                     continue;
                 }
-                for (a, b) in self.pages.mapped_runs(lo, hi) {
-                    for (p, q) in [(a, b.min(exclude.0)), (a.max(exclude.1), b)] {
-                        if p < q {
-                            cands.push((q - p, p, q, i));
-                        }
-                    }
+                // A unit is unmappable when every byte of it is free: inside one free extent.
+                for (p, q) in self.units.runs_within(lo, hi, exclude) {
+                    cands.push((q - p, p, q, i));
                 }
             }
         }

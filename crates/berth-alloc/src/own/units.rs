@@ -1,0 +1,138 @@
+//! [`Units`]: the mapping units of [`super::PagedBestFit`], one per backend `map` call and the
+//! only ranges it ever unmaps, and [`cut`], which splits a run of pages into units
+//! (`Note [Mapping units]` in [`super`]). Never calls the backend.
+
+use std::collections::BTreeMap;
+
+/// Splits the page-aligned run `[a, b)` into mapping units of at most `max` bytes (a multiple
+/// of `page`; `Note [Mapping units]`): runs up to `max` stay whole, longer ones are cut into
+/// `⌈len / max⌉` units of equal size in pages (the first ones one page longer when the pages
+/// do not divide evenly). Returns `(start, end)` pairs in address order, in bytes.
+pub(crate) fn cut(a: u64, b: u64, page: u64, max: u64) -> impl Iterator<Item = (u64, u64)> {
+    let pages = (b - a) / page;
+    let per = (max / page).max(1);
+    let n = pages.div_ceil(per).max(1);
+    let (q, r) = (pages / n, pages % n);
+    (0..n).scan(a, move |at, i| {
+        let len = (q + u64::from(i < r)) * page;
+        let unit = (*at, *at + len);
+        *at += len;
+        Some(unit)
+    })
+}
+
+/// The live mapping units: `start → end`, in bytes, disjoint, each made by one `map` call.
+/// Coalesced mapped memory is [`super::pages::PageMap`]'s business; this only remembers where
+/// one mapping ends and the next begins, because the backend unmaps whole mappings only.
+#[derive(Debug, Default)]
+pub(crate) struct Units {
+    units: BTreeMap<u64, u64>,
+}
+
+impl Units {
+    /// Records the unit `[start, end)` (not overlapping any live unit).
+    pub(crate) fn insert(&mut self, start: u64, end: u64) {
+        debug_assert!(
+            self.units
+                .range(..end)
+                .next_back()
+                .is_none_or(|(_, &e)| e <= start),
+            "unit {start:#x}..{end:#x} overlaps a live unit"
+        );
+        self.units.insert(start, end);
+    }
+
+    /// Forgets the units making up `[start, end)`, which must be a union of whole units.
+    pub(crate) fn remove(&mut self, start: u64, end: u64) {
+        let mut at = start;
+        while at < end {
+            let e = self
+                .units
+                .remove(&at)
+                .expect("unmapped range starts at a unit");
+            debug_assert!(e <= end, "unmapped range splits the unit at {at:#x}");
+            at = e;
+        }
+    }
+
+    /// Whether `[start, end)` is a union of whole live units.
+    #[cfg(test)]
+    pub(crate) fn is_whole(&self, start: u64, end: u64) -> bool {
+        let mut at = start;
+        while at < end {
+            match self.units.get(&at) {
+                Some(&e) if e <= end => at = e,
+                _ => return false,
+            }
+        }
+        at == end
+    }
+
+    /// The maximal runs of adjacent units lying entirely inside `[lo, hi)`, skipping every
+    /// unit that overlaps `[exclude.0, exclude.1)`, in address order. Each run is a union of
+    /// whole units, so one `unmap` call can take it.
+    pub(crate) fn runs_within(&self, lo: u64, hi: u64, exclude: (u64, u64)) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut last_end = None;
+        for (&a, &b) in self.units.range(lo..hi) {
+            if b > hi {
+                break;
+            }
+            if a < exclude.1 && b > exclude.0 {
+                last_end = None;
+                continue;
+            }
+            match runs.last_mut() {
+                Some(run) if last_end == Some(a) => run.1 = b,
+                _ => runs.push((a, b)),
+            }
+            last_end = Some(b);
+        }
+        runs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = 2 << 20;
+
+    #[test]
+    fn short_runs_stay_whole_long_ones_are_cut_evenly() {
+        let all = |a, b, max| cut(a, b, P, max).collect::<Vec<_>>();
+        assert_eq!(all(0, 3 * P, 32 * P), vec![(0, 3 * P)]);
+        assert_eq!(all(0, 32 * P, 32 * P), vec![(0, 32 * P)]);
+        // 33 pages, at most 32 per unit: 17 + 16.
+        assert_eq!(all(0, 33 * P, 32 * P), vec![(0, 17 * P), (17 * P, 33 * P)]);
+        // 2048 pages (4 GiB) at most 32 per unit: 64 units of 32 pages.
+        let units = all(10 * P, 2058 * P, 32 * P);
+        assert_eq!(units.len(), 64);
+        assert!(units.iter().all(|&(a, b)| b - a == 32 * P));
+        assert_eq!((units[0].0, units[63].1), (10 * P, 2058 * P));
+        assert!(units.windows(2).all(|w| w[0].1 == w[1].0));
+    }
+
+    #[test]
+    fn runs_within_are_unions_of_whole_units() {
+        let mut u = Units::default();
+        for (a, b) in [(0, 2), (2, 3), (3, 7), (9, 10), (10, 12)] {
+            u.insert(a * P, b * P);
+        }
+        // [1, 11) holds (2,3), (3,7) whole and (9,10) whole; (0,2) and (10,12) stick out.
+        assert_eq!(
+            u.runs_within(P, 11 * P, (0, 0)),
+            vec![(2 * P, 7 * P), (9 * P, 10 * P)]
+        );
+        // Excluding page 4 drops the unit (3,7) and breaks the run.
+        assert_eq!(
+            u.runs_within(0, 12 * P, (4 * P, 5 * P)),
+            vec![(0, 3 * P), (9 * P, 12 * P)]
+        );
+        assert!(u.is_whole(2 * P, 7 * P));
+        assert!(!u.is_whole(2 * P, 5 * P));
+        u.remove(2 * P, 7 * P);
+        assert_eq!(u.units.len(), 3);
+        assert!(!u.is_whole(2 * P, 3 * P));
+    }
+}

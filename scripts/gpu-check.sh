@@ -98,8 +98,10 @@ print(json.dumps({"conf": tag, "policy": g.get("allocator_policy"), "test_accura
   "meta_reserved_error": m["peak_reserved"] / max(1, g["peak_reserved"]) - 1}))
 PY
 done
-timeout 240 .gpu/berth bench dataloader --json > "$OUT/bench-dataloader.jsonl" 2>"$OUT/bench-dataloader.err" || status=1
-cat "$OUT/bench-dataloader.jsonl"
+if [ "${SKIP_DATALOADER:-0}" != 1 ]; then
+  timeout 240 .gpu/berth bench dataloader --json > "$OUT/bench-dataloader.jsonl" 2>"$OUT/bench-dataloader.err" || status=1
+  cat "$OUT/bench-dataloader.jsonl"
+fi
 fi
 # Accuracy on the GPU against the CPU over several seeds (the two differ in summation order
 # only, so single runs differ by a few tenths of a point either way).

@@ -4,6 +4,18 @@ import json, sys
 from collections import defaultdict
 
 rows = defaultdict(dict)
+
+
+def values_vs(v, ref):
+    """'yes' when identical; else how far apart (losses: max |difference|, steps differing)."""
+    if v == ref:
+        return "yes"
+    try:
+        diff = [abs(x - y) for x, y in zip(v, ref)]
+        return f"max Δ {max(diff):.1e} ({sum(d > 0 for d in diff)} of {len(diff)} steps)"
+    except TypeError:  # checksums
+        return "**no**"
+
 for line in open(sys.argv[1]):
     line = line.strip()
     if line.startswith("{"):
@@ -16,7 +28,7 @@ verdicts = []
 for w, by in rows.items():
     d = by.get("default")
     for a, r in by.items():
-        same = "—" if a == "default" or not d else ("yes" if r["values"] == d["values"] else "**no**")
+        same = "—" if a == "default" or not d else values_vs(r["values"], d["values"])
         ratio = f'{r["median_step_ms"] / d["median_step_ms"]:.3f}' if d else "—"
         print(f'| {w} | {a} | {same} | {r["median_step_ms"]:.2f} | {ratio} | {r["peak_reserved"]:,} | '
               f'{r["num_device_alloc"]} | {r["driver_peak_used_bytes"]:,} |')

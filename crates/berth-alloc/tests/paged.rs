@@ -345,3 +345,23 @@ fn paged_unmaps_whole_free_units_only() {
         );
     }
 }
+
+/// A request larger than the device fails after some of its units were mapped: the policy
+/// unmaps them and asks the backend to give back any memory it keeps for reuse (`trim`), so the
+/// device is not left full of pooled handles (on the H200 through berth_torch, a 4 TiB request
+/// left the CUDA backend's pool holding the card, and the next kernel launch failed).
+#[test]
+fn paged_out_of_memory_unmaps_its_units_and_trims_the_backend() {
+    let alloc = PagedBestFit::new(SimBackend::new(1 << 30)).unwrap();
+    let e = alloc.raw_alloc(4 << 30, StreamId::DEFAULT).unwrap_err();
+    assert!(matches!(e, AllocError::OutOfMemory { .. }), "{e}");
+    let sim = alloc.backend();
+    assert!(
+        sim.counts().map > 1,
+        "some units were mapped before the refusal"
+    );
+    assert_eq!((sim.live_mappings(), sim.used_bytes()), (0, 0));
+    assert!(sim.counts().trim >= 1, "the backend's cache was given back");
+    let p = alloc.raw_alloc(1 << 20, StreamId::DEFAULT).unwrap();
+    alloc.raw_delete(p).unwrap();
+}

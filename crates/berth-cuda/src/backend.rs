@@ -696,8 +696,10 @@ mod tests {
         let mut at_64 = 0.0;
         for unit in [2usize << 20, 20 << 20, 64 << 20, 256 << 20, 1 << 30, BIG] {
             let unit = unit.max(v.granularity());
-            let base = v.reserve(2 * BIG).unwrap();
-            for k in 0..2 * BIG / unit {
+            // Whole units covering both buffers (20 MiB does not divide 8 GiB).
+            let total = (2 * BIG).div_ceil(unit) * unit;
+            let base = v.reserve(total).unwrap();
+            for k in 0..total / unit {
                 v.map(DevicePtr(base.0 + (k * unit) as u64), unit, s)
                     .unwrap();
             }
@@ -712,9 +714,9 @@ mod tests {
             }
             // SAFETY: the range is the whole mappings made above; the copies completed.
             unsafe {
-                v.unmap(base, 2 * BIG, s).unwrap();
+                v.unmap(base, total, s).unwrap();
                 v.trim().unwrap();
-                v.release(base, 2 * BIG).unwrap();
+                v.release(base, total).unwrap();
             }
         }
         assert!(at_64 >= 0.9, "64 MiB units copy at {at_64:.3}x cuMemAlloc");

@@ -284,6 +284,14 @@ impl<E> State<E> {
                     for (x, y) in done {
                         self.unmap_run(backend, x, y, stream)?;
                     }
+                    // A backend may keep unmapped physical memory for reuse (the CUDA backend
+                    // pools handles, `Note [VMM page pool]`): after a refusal give it all back,
+                    // or a request larger than the device leaves the device full of pooled
+                    // units and the next kernel launch fails (found on the H200 with a 4 TiB
+                    // request through berth_torch).
+                    if matches!(e, BackendError::OutOfMemory { .. }) {
+                        vm(backend).trim().map_err(backend_err(stream))?;
+                    }
                     return Err(match e {
                         BackendError::OutOfMemory { .. } => {
                             self.oom(backend, need, requested, self.cap)

@@ -133,6 +133,24 @@ fn oom_message_carries_pytorchs_content() {
     );
 }
 
+/// An expandable segment that cannot grow to a request larger than the device unmaps the pages
+/// it mapped for it and asks the backend to give pooled memory back (`trim`): on the H200 the
+/// CUDA backend's pool otherwise held the whole card after a 4 TiB request, and the next kernel
+/// launch failed with "CUDA error: out of memory".
+#[test]
+fn expandable_out_of_memory_gives_the_pages_back() {
+    let cfg = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    let exp = CachingAllocator::with_config(SimBackend::new(100 * MIB), cfg).unwrap();
+    let e = exp.allocate(400 * MIB as usize, S0).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let sim = exp.backend();
+    assert!(sim.counts().map > 1, "pages were mapped before the refusal");
+    assert_eq!((sim.live_mappings(), sim.used_bytes()), (0, 0));
+    assert!(sim.counts().trim >= 1, "the backend's cache was given back");
+    let ok = exp.allocate(50 * MIB as usize, S0).unwrap();
+    assert_eq!(ok.size(), 50 * MIB as usize);
+}
+
 #[test]
 fn malformed_config_names_the_key() {
     let cases: [(&str, &str); 6] = [

@@ -148,7 +148,11 @@ fn expandable_out_of_memory_gives_the_pages_back() {
     assert_eq!((sim.live_mappings(), sim.used_bytes()), (0, 0));
     // One trim after each failed growth (the first try and the retry), besides the one of the
     // retry's cache release in between: the last backend call before the error gives back.
-    assert_eq!(sim.counts().trim, 3, "the backend's cache was given back after each failure");
+    assert_eq!(
+        sim.counts().trim,
+        3,
+        "the backend's cache was given back after each failure"
+    );
     let ok = exp.allocate(50 * MIB as usize, S0).unwrap();
     assert_eq!(ok.size(), 50 * MIB as usize);
 }

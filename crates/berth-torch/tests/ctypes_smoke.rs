@@ -3,14 +3,16 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-/// `target/<profile>/libberth_torch.so`, built beside this test executable (in `deps/`).
+/// The crate's shared library: cargo builds it beside this test executable
+/// (`target/<profile>/deps/libberth_torch.so`); `cargo build` also copies it one level up.
 fn library() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("libberth_torch.so")
+    let deps = exe.parent().unwrap();
+    [deps, deps.parent().unwrap()]
+        .iter()
+        .map(|d| d.join("libberth_torch.so"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| deps.join("libberth_torch.so"))
 }
 
 #[test]

@@ -155,6 +155,14 @@ fn invalid(key: &str, value: &str, expected: &'static str) -> ConfigError {
     }
 }
 
+/// The most divisions `roundup_power2_divisions` takes per interval (2^32). Rounding with `d`
+/// divisions applies only to requests above `512 × d` bytes, so more would never change a size
+/// below 2 TiB; and from 2^55 on, `512 × d` no longer fits in 64 bits (found by fuzzing: every
+/// size then rounded to a power of two). PyTorch sets no bound.
+pub const MAX_ROUNDUP_DIVISIONS: u64 = 1 << 32;
+
+const DIVISIONS_EXPECTED: &str = "0 or a power of two up to 4294967296 (2^32)";
+
 fn parse_bool(key: &str, value: &str) -> Result<bool, ConfigError> {
     match value {
         "True" => Ok(true),
@@ -307,9 +315,18 @@ impl AllocatorConfig {
     /// # Errors
     /// As [`AllocatorConfig::parse`].
     pub fn from_env() -> Result<Self, ConfigError> {
-        match std::env::var("BERTH_ALLOC_CONF") {
+        Self::from_env_value(std::env::var("BERTH_ALLOC_CONF"))
+    }
+
+    /// [`AllocatorConfig::from_env`] for a value as `std::env::var` returns it: unset is the
+    /// default, set but not UTF-8 is [`ConfigError::NotUnicode`].
+    fn from_env_value(v: Result<String, std::env::VarError>) -> Result<Self, ConfigError> {
+        match v {
             Ok(s) => AllocatorConfig::parse(&s),
-            Err(_) => Ok(AllocatorConfig::default()),
+            Err(std::env::VarError::NotPresent) => Ok(AllocatorConfig::default()),
+            Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode {
+                var: "BERTH_ALLOC_CONF",
+            }),
         }
     }
 
@@ -349,8 +366,8 @@ impl AllocatorConfig {
                     value,
                     "0 or a power of two, or a list like [256:1,>:8]",
                 )?;
-                if v != 0 && !v.is_power_of_two() {
-                    return Err(invalid(key, value, "0 or a power of two"));
+                if v != 0 && !v.is_power_of_two() || v > MAX_ROUNDUP_DIVISIONS {
+                    return Err(invalid(key, value, DIVISIONS_EXPECTED));
                 }
                 self.roundup_power2_divisions = [v; ROUNDUP_INTERVALS];
             }
@@ -415,9 +432,9 @@ impl AllocatorConfig {
             }
             match (tokens.get(i + 1), tokens.get(i + 2)) {
                 (Some(colon), Some(val)) if colon.text == ":" => {
-                    let v = parse_u64(KEY, val.text, "0 or a power of two")?;
-                    if v != 0 && !v.is_power_of_two() {
-                        return Err(invalid(KEY, val.text, "0 or a power of two"));
+                    let v = parse_u64(KEY, val.text, DIVISIONS_EXPECTED)?;
+                    if v != 0 && !v.is_power_of_two() || v > MAX_ROUNDUP_DIVISIONS {
+                        return Err(invalid(KEY, val.text, DIVISIONS_EXPECTED));
                     }
                     if bound.text == ">" {
                         let from = if first { 0 } else { last_index + 1 };
@@ -496,6 +513,46 @@ impl std::str::FromStr for AllocatorConfig {
 
 #[cfg(test)]
 mod tests {
+
+    /// Found by fuzzing: a variable that is not UTF-8 was read as unset.
+    #[cfg(unix)]
+    #[test]
+    fn non_utf8_env_value_is_refused_not_ignored() {
+        use std::ffi::OsString;
+        use std::os::unix::ffi::OsStringExt;
+        let bad = std::env::VarError::NotUnicode(OsString::from_vec(vec![0x62, 0xff, 0x3a]));
+        let e = AllocatorConfig::from_env_value(Err(bad)).unwrap_err();
+        assert_eq!(
+            e,
+            ConfigError::NotUnicode {
+                var: "BERTH_ALLOC_CONF"
+            }
+        );
+        assert!(e.to_string().contains("not valid UTF-8"), "{e}");
+        let unset = AllocatorConfig::from_env_value(Err(std::env::VarError::NotPresent));
+        assert_eq!(unset, Ok(AllocatorConfig::default()));
+    }
+
+    /// Found by fuzzing: 2^55 divisions overflowed `512 × divisions`, and every size
+    /// then rounded to a power of two. Refused at parse, in both spellings.
+    #[test]
+    fn huge_roundup_divisions_are_refused() {
+        for s in [
+            "roundup_power2_divisions:36028797018963968",
+            "roundup_power2_divisions:[256:1,>:36028797018963968]",
+            "roundup_power2_divisions:8589934592",
+        ] {
+            let e = AllocatorConfig::parse(s).unwrap_err();
+            assert!(e.to_string().contains("up to 4294967296"), "{s}: {e}");
+        }
+        let c = AllocatorConfig::parse("roundup_power2_divisions:4294967296").unwrap();
+        assert_eq!(c.roundup_power2_divisions[0], MAX_ROUNDUP_DIVISIONS);
+        // The largest accepted value leaves sizes below 2 TiB rounded to 512 bytes only.
+        assert_eq!(
+            crate::caching::policy::round_size(3 << 30 | 1, &c),
+            (3 << 30) + 512
+        );
+    }
     use super::*;
 
     #[test]

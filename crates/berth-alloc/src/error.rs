@@ -243,6 +243,13 @@ pub enum ConfigError {
         /// The backend that was chosen.
         backend: &'static str,
     },
+    /// The environment variable is set but is not valid UTF-8, so it cannot be read as options
+    /// (it used to be treated as unset, silently running the default policy).
+    #[error("the environment variable {var} is set but is not valid UTF-8: write it as ASCII key:value pairs, e.g. {var}=backend:native")]
+    NotUnicode {
+        /// The variable's name.
+        var: &'static str,
+    },
     /// A malformed entry (no `key:value` shape, unbalanced brackets).
     #[error("malformed allocator config at byte {position}: {message} (expected comma-separated key:value pairs)")]
     Syntax {

@@ -45,7 +45,11 @@ pub fn round_size(size: u64, cfg: &AllocatorConfig) -> u64 {
         return MIN_BLOCK_SIZE;
     }
     let divisions = cfg.divisions_for(size);
-    if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
+    if divisions > 1
+        && MIN_BLOCK_SIZE
+            .checked_mul(divisions)
+            .is_some_and(|m| size > m)
+    {
         roundup_power2_next_division(size, divisions)
     } else {
         size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE

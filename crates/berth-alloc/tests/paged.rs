@@ -348,7 +348,7 @@ fn paged_unmaps_whole_free_units_only() {
 
 /// A request larger than the device fails after some of its units were mapped: the policy
 /// unmaps them and asks the backend to give back any memory it keeps for reuse (`trim`), so the
-/// device is not left full of pooled handles (on the H200 through berth_torch, a 4 TiB request
+/// device is not left full of pooled handles (on the H200 through `berth_torch`, a 4 TiB request
 /// left the CUDA backend's pool holding the card, and the next kernel launch failed).
 #[test]
 fn paged_out_of_memory_unmaps_its_units_and_trims_the_backend() {

@@ -60,12 +60,23 @@ pub enum IdxError {
         kind: &'static str,
     },
     /// The file holds more bytes than its header declares.
-    #[error("IDX file {path} has {extra_bytes} bytes after the data its header declares; the file is corrupt")]
+    #[error("IDX file {path} has {}{extra_bytes} bytes after the data its header declares; the file is corrupt", if *.at_least { "at least " } else { "" })]
     TrailingBytes {
         /// The file.
         path: PathBuf,
-        /// Bytes past the end of the data.
+        /// Bytes past the end of the data (counted up to [`MAX_TRAILING_COUNT`]).
         extra_bytes: usize,
+        /// Whether counting stopped at [`MAX_TRAILING_COUNT`] (a gzip stream is not inflated
+        /// further than that past its declared size).
+        at_least: bool,
+    },
+    /// The header declares more data than this machine can address.
+    #[error("IDX file {path} declares dimensions {dims:?}, whose product overflows a {}-bit size; the header is corrupt", usize::BITS)]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The dimensions read from the header.
+        dims: Vec<usize>,
     },
     /// The image and label files disagree on the number of items.
     #[error("{images_path} holds {images} images but {labels_path} holds {labels} labels; they must be equal")]
@@ -104,35 +115,35 @@ pub struct IdxArray {
     pub data: Vec<u8>,
 }
 
-/// Reads the file whole, gunzipping it when it starts with the gzip magic.
-fn read_bytes(path: &Path) -> Result<Vec<u8>, IdxError> {
+/// How many bytes past the declared data are counted before a [`IdxError::TrailingBytes`] is
+/// reported (1 MiB): a gzip stream is never inflated further than that.
+pub const MAX_TRAILING_COUNT: usize = 1 << 20;
+
+/// Reads an IDX file of u8 data whose magic must be `expected_magic`, gunzipping it when it
+/// starts with the gzip magic. The file is parsed as a stream: no more than the header declares
+/// is ever held in memory, so a gzip bomb (a small file that inflates to gigabytes) fails after
+/// inflating at most [`MAX_TRAILING_COUNT`] bytes past its declared size.
+///
+/// # Errors
+/// [`IdxError::Io`], [`IdxError::CorruptGzip`], [`IdxError::Truncated`],
+/// [`IdxError::WrongMagic`], [`IdxError::TooLarge`] or [`IdxError::TrailingBytes`], each naming
+/// the file.
+pub fn read_idx(path: impl AsRef<Path>, expected_magic: u32) -> Result<IdxArray, IdxError> {
+    let path = path.as_ref();
     let raw = std::fs::read(path).map_err(|source| IdxError::Io {
         path: path.into(),
         source,
     })?;
     if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::with_capacity(raw.len() * 4);
-        flate2::read::GzDecoder::new(&raw[..])
-            .read_to_end(&mut out)
-            .map_err(|source| IdxError::CorruptGzip {
-                path: path.into(),
-                source,
-            })?;
-        Ok(out)
+        parse_stream(
+            path,
+            flate2::read::GzDecoder::new(&raw[..]),
+            expected_magic,
+            true,
+        )
     } else {
-        Ok(raw)
+        parse_idx(path, &raw, expected_magic)
     }
-}
-
-/// Reads an IDX file of u8 data whose magic must be `expected_magic`.
-///
-/// # Errors
-/// [`IdxError::Io`], [`IdxError::CorruptGzip`], [`IdxError::Truncated`],
-/// [`IdxError::WrongMagic`] or [`IdxError::TrailingBytes`], each naming the file.
-pub fn read_idx(path: impl AsRef<Path>, expected_magic: u32) -> Result<IdxArray, IdxError> {
-    let path = path.as_ref();
-    let bytes = read_bytes(path)?;
-    parse_idx(path, &bytes, expected_magic)
 }
 
 fn kind_of(magic: u32) -> &'static str {
@@ -144,16 +155,46 @@ fn kind_of(magic: u32) -> &'static str {
 }
 
 fn parse_idx(path: &Path, bytes: &[u8], expected_magic: u32) -> Result<IdxArray, IdxError> {
-    let truncated = |what, expected_bytes| IdxError::Truncated {
+    parse_stream(path, bytes, expected_magic, false)
+}
+
+/// Appends up to `n` more bytes of `r` to `buf` (fewer at the end of the stream).
+fn read_up_to(r: &mut impl Read, n: usize, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    r.take(n as u64).read_to_end(buf).map(|_| ())
+}
+
+/// Parses an IDX stream; `gzip` says whether read errors are a damaged gzip stream.
+fn parse_stream(
+    path: &Path,
+    mut r: impl Read,
+    expected_magic: u32,
+    gzip: bool,
+) -> Result<IdxArray, IdxError> {
+    let io_err = |source| {
+        if gzip {
+            IdxError::CorruptGzip {
+                path: path.into(),
+                source,
+            }
+        } else {
+            IdxError::Io {
+                path: path.into(),
+                source,
+            }
+        }
+    };
+    let truncated = |what, expected_bytes, actual_bytes| IdxError::Truncated {
         path: path.into(),
         what,
         expected_bytes,
-        actual_bytes: bytes.len(),
+        actual_bytes,
     };
-    if bytes.len() < 4 {
-        return Err(truncated("header", 4));
+    let mut head = Vec::with_capacity(4);
+    read_up_to(&mut r, 4, &mut head).map_err(io_err)?;
+    if head.len() < 4 {
+        return Err(truncated("header", 4, head.len()));
     }
-    let magic = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    let magic = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
     if magic != expected_magic {
         return Err(IdxError::WrongMagic {
             path: path.into(),
@@ -164,29 +205,48 @@ fn parse_idx(path: &Path, bytes: &[u8], expected_magic: u32) -> Result<IdxArray,
     }
     let ndims = (magic & 0xff) as usize;
     let header = 4 + 4 * ndims;
-    if bytes.len() < header {
-        return Err(truncated("header", header));
+    read_up_to(&mut r, header - 4, &mut head).map_err(io_err)?;
+    if head.len() < header {
+        return Err(truncated("header", header, head.len()));
     }
-    let dims: Vec<usize> = bytes[4..header]
+    let dims: Vec<usize> = head[4..header]
         .chunks_exact(4)
         .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize)
         .collect();
-    let len = dims.iter().product::<usize>();
-    let end = header + len;
-    if bytes.len() < end {
-        return Err(truncated("data", end));
+    let Some((len, end)) = dims
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .and_then(|len| Some((len, header.checked_add(len)?)))
+    else {
+        return Err(IdxError::TooLarge {
+            path: path.into(),
+            dims,
+        });
+    };
+    // Grown as bytes arrive, never reserved from the header: a short file declaring terabytes
+    // fails as truncated without allocating them.
+    let mut data = Vec::new();
+    read_up_to(&mut r, len, &mut data).map_err(io_err)?;
+    if data.len() < len {
+        return Err(truncated("data", end, header + data.len()));
     }
-    if bytes.len() > end {
+    let extra = std::io::copy(
+        &mut r.by_ref().take(MAX_TRAILING_COUNT as u64),
+        &mut std::io::sink(),
+    )
+    .map_err(io_err)? as usize;
+    if extra > 0 {
+        let more = {
+            let mut one = [0u8; 1];
+            extra == MAX_TRAILING_COUNT && r.read(&mut one).map_err(io_err)? > 0
+        };
         return Err(IdxError::TrailingBytes {
             path: path.into(),
-            extra_bytes: bytes.len() - end,
+            extra_bytes: extra,
+            at_least: more,
         });
     }
-    Ok(IdxArray {
-        magic,
-        dims,
-        data: bytes[header..].to_vec(),
-    })
+    Ok(IdxArray { magic, dims, data })
 }
 
 /// Images and labels read from a pair of IDX files.
@@ -287,6 +347,71 @@ mod tests {
                 what: "data",
                 expected_bytes: 24,
                 actual_bytes: 23,
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Found by fuzzing: the element count overflowed `usize` (in release a 16-byte file with
+    /// huge dims parsed `Ok` with no data).
+    #[test]
+    fn overflowing_dims_are_refused() {
+        let b = header(IMAGES_MAGIC, &[u32::MAX, u32::MAX, u32::MAX]);
+        match parse_idx(Path::new("x"), &b, IMAGES_MAGIC) {
+            Err(IdxError::TooLarge { dims, .. }) => assert_eq!(dims.len(), 3),
+            other => panic!("{other:?}"),
+        }
+        // Large but representable: truncated, without allocating what the header declares.
+        let b = header(IMAGES_MAGIC, &[60_000, 100_000, 100_000]);
+        assert!(matches!(
+            parse_idx(Path::new("x"), &b, IMAGES_MAGIC),
+            Err(IdxError::Truncated { what: "data", .. })
+        ));
+    }
+
+    /// Found by fuzzing: a gzip bomb was inflated whole before the size check. Now inflation
+    /// stops at the declared size plus [`MAX_TRAILING_COUNT`].
+    #[test]
+    fn a_gzip_bomb_is_not_inflated_past_its_declared_size() {
+        use flate2::write::GzEncoder;
+        use std::io::Write;
+        let mut raw = header(LABELS_MAGIC, &[4]);
+        raw.extend([1, 2, 3, 4]);
+        let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&raw).unwrap();
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..64 {
+            gz.write_all(&zeros).unwrap(); // 64 MiB of zeros after the declared data
+        }
+        let file = std::env::temp_dir().join(format!("berth-idx-bomb-{}.gz", std::process::id()));
+        std::fs::write(&file, gz.finish().unwrap()).unwrap();
+        let r = read_idx(&file, LABELS_MAGIC);
+        std::fs::remove_file(&file).ok();
+        match r {
+            Err(e @ IdxError::TrailingBytes { at_least: true, .. }) => {
+                assert!(e.to_string().contains("at least 1048576 bytes"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // The same data without the bomb reads fine through gzip.
+        let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&raw).unwrap();
+        let file = std::env::temp_dir().join(format!("berth-idx-ok-{}.gz", std::process::id()));
+        std::fs::write(&file, gz.finish().unwrap()).unwrap();
+        let a = read_idx(&file, LABELS_MAGIC);
+        std::fs::remove_file(&file).ok();
+        assert_eq!(a.unwrap().data, vec![1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn trailing_bytes_are_counted_exactly_when_few() {
+        let mut b = header(LABELS_MAGIC, &[2]);
+        b.extend([1, 2, 9, 9, 9]);
+        match parse_idx(Path::new("x"), &b, LABELS_MAGIC) {
+            Err(IdxError::TrailingBytes {
+                extra_bytes: 3,
+                at_least: false,
                 ..
             }) => {}
             other => panic!("{other:?}"),

@@ -194,6 +194,42 @@ impl Sgd {
     }
 }
 
+/// The hidden width of the MLP a state dict holds, checked before anything is built: the four
+/// tensors `fc1.weight` `[hidden, 784]`, `fc1.bias` `[hidden]`, `fc2.weight` `[10, hidden]` and
+/// `fc2.bias` `[10]`, with `hidden ≥ 1`. (Found by fuzzing: a scalar `fc1.weight` panicked, and
+/// one of shape `[1048576, 0]` built a 3.3 GB model before the shape error.)
+///
+/// # Errors
+/// A message naming the first tensor that is missing or has the wrong shape, and the shape
+/// that would be right.
+pub fn hidden_of(state: &berth::nn::StateDict) -> Result<usize, String> {
+    let shape = |name: &str| -> Result<&[usize], String> {
+        state.get(name).map(|t| t.shape()).ok_or_else(|| {
+            format!("no `{name}` in the file; it was not written by `berth train --save`")
+        })
+    };
+    let w1 = shape("fc1.weight")?;
+    let hidden = match w1 {
+        [h, i] if *h >= 1 && *i == INPUTS => *h,
+        _ => {
+            return Err(format!(
+                "`fc1.weight` has shape {w1:?}; expected [hidden, {INPUTS}] with hidden ≥ 1"
+            ))
+        }
+    };
+    for (name, want) in [
+        ("fc1.bias", vec![hidden]),
+        ("fc2.weight", vec![CLASSES, hidden]),
+        ("fc2.bias", vec![CLASSES]),
+    ] {
+        let got = shape(name)?;
+        if got != want.as_slice() {
+            return Err(format!("`{name}` has shape {got:?}; expected {want:?}"));
+        }
+    }
+    Ok(hidden)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,5 +317,38 @@ mod tests {
                 ("fc2.weight".to_string(), vec![10, 16]),
             ]
         );
+    }
+
+    /// `berth eval --load` checks a file's shapes before building the model (fuzzing found a
+    /// panic on a scalar `fc1.weight` and a 3.3 GB model built for `[1048576, 0]`).
+    #[test]
+    fn state_dict_shapes_are_checked_before_building() {
+        let z = |shape: &[usize]| Tensor::zeros(shape, DType::F32, Device::Cpu).unwrap();
+        let good = |h: usize| {
+            berth::nn::StateDict::from([
+                ("fc1.weight".to_owned(), z(&[h, INPUTS])),
+                ("fc1.bias".to_owned(), z(&[h])),
+                ("fc2.weight".to_owned(), z(&[CLASSES, h])),
+                ("fc2.bias".to_owned(), z(&[CLASSES])),
+            ])
+        };
+        assert_eq!(hidden_of(&good(3)), Ok(3));
+        let mut scalar = good(3);
+        scalar.insert("fc1.weight".into(), Tensor::scalar(1.0f32));
+        let e = hidden_of(&scalar).unwrap_err();
+        assert!(e.contains("`fc1.weight` has shape []"), "{e}");
+        let mut empty = good(3);
+        empty.insert("fc1.weight".into(), z(&[1 << 20, 0]));
+        assert!(hidden_of(&empty)
+            .unwrap_err()
+            .contains("expected [hidden, 784]"));
+        let mut bad_fc2 = good(3);
+        bad_fc2.insert("fc2.weight".into(), z(&[CLASSES, 4]));
+        assert!(hidden_of(&bad_fc2)
+            .unwrap_err()
+            .contains("expected [10, 3]"));
+        let mut missing = good(3);
+        missing.remove("fc2.bias");
+        assert!(hidden_of(&missing).unwrap_err().contains("no `fc2.bias`"));
     }
 }

@@ -384,10 +384,8 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
             args.load.display()
         ))
     })?;
-    let hidden = state
-        .get("fc1.weight")
-        .map(|w| w.shape()[0])
-        .ok_or_else(|| UsageError(format!("--load {}: no `fc1.weight` in the file; it was not written by `berth train --save`", args.load.display())))?;
+    let hidden = mlp::hidden_of(&state)
+        .map_err(|e| UsageError(format!("--load {}: {e}", args.load.display())))?;
     let mut g = Generator::new(0);
     let mut model = Mlp::new(hidden, Device::Cpu, &mut g)?;
     model

@@ -133,7 +133,9 @@ impl CompiledTrace {
         let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
         let mut free_slots: Vec<u32> = Vec::new();
         let mut t = CompiledTrace::default();
-        let mut requested = 0u64;
+        // u128: a crafted trace can have more than 2^64 bytes live (fuzzing found two
+        // allocations of 2^63 overflowing a u64); the peak saturates at u64::MAX.
+        let mut requested = 0u128;
         for (row, e) in events.iter().enumerate() {
             let row = row as u32;
             match e.action {
@@ -150,10 +152,11 @@ impl CompiledTrace {
                         kind: Kind::Alloc,
                     });
                     t.counted += 1;
-                    requested += e.size;
-                    t.peak_requested = t.peak_requested.max(requested);
+                    requested += u128::from(e.size);
+                    let live_now = u64::try_from(requested).unwrap_or(u64::MAX);
+                    t.peak_requested = t.peak_requested.max(live_now);
                     if let Some((old, size)) = live.insert(e.addr, (slot, e.size)) {
-                        requested -= size;
+                        requested -= u128::from(size);
                         t.ops.push(Op {
                             size,
                             stream: e.stream,
@@ -166,7 +169,7 @@ impl CompiledTrace {
                 }
                 TraceAction::FreeCompleted => {
                     if let Some((slot, size)) = live.remove(&e.addr) {
-                        requested -= size;
+                        requested -= u128::from(size);
                         t.ops.push(Op {
                             size,
                             stream: e.stream,
@@ -348,6 +351,23 @@ mod tests {
         assert_eq!(t.ops[1].stream, StreamId(7));
         let one = t.clone().on_stream(StreamId::DEFAULT);
         assert!(one.ops.iter().all(|o| o.stream == StreamId::DEFAULT));
+    }
+
+    /// Found by fuzzing: two live allocations of 2^63 bytes overflowed the requested-bytes sum.
+    /// The peak saturates, the replay runs (and the policy refuses the requests, typed).
+    #[test]
+    fn requested_bytes_beyond_u64_saturate() {
+        let events = [
+            row(TraceAction::Alloc, 0x1000, 1 << 63, 0),
+            row(TraceAction::Alloc, 0x2000, 1 << 63, 0),
+            row(TraceAction::FreeCompleted, 0x1000, 1 << 63, 0),
+            row(TraceAction::FreeCompleted, 0x2000, 1 << 63, 0),
+        ];
+        let t = CompiledTrace::new(&events);
+        assert_eq!(t.peak_requested(), u64::MAX);
+        let alloc =
+            crate::caching::CachingAllocator::new(crate::backend::sim::SimBackend::new(1 << 30));
+        assert!(t.replay(&alloc).is_err(), "the policy refuses 2^63 bytes");
     }
 
     #[test]

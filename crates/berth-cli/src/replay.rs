@@ -258,9 +258,11 @@ fn parse_capacity(s: &str) -> Result<u64, UsageError> {
         .parse::<u64>()
         .ok()
         .filter(|&v| v > 0 && shift != u32::MAX);
+    let max = berth_alloc::backend::sim::MAX_SIM_CAPACITY;
     value
         .and_then(|v| v.checked_mul(1u64 << shift.min(63)))
-        .ok_or_else(|| UsageError(format!("invalid --capacity '{s}': expected a positive number of bytes such as 80000000000 or 80GiB")))
+        .filter(|&v| v <= max)
+        .ok_or_else(|| UsageError(format!("invalid --capacity '{s}': expected a positive number of bytes up to {max} (64 PiB), such as 80000000000 or 80GiB")))
 }
 
 /// Reads a JSON trace or a snapshot pickle (recognized by its leading protocol byte 0x80).
@@ -540,6 +542,12 @@ mod tests {
         assert!(parse_capacity("80GB").unwrap_err().0.contains("80GiB"));
         assert!(parse_capacity("0").is_err());
         assert!(parse_capacity("lots").is_err());
+        // Found by fuzzing: huge capacities overflowed the simulator's address sums.
+        assert!(parse_capacity("131072TiB")
+            .unwrap_err()
+            .0
+            .contains("64 PiB"));
+        assert_eq!(parse_capacity("65536TiB").unwrap(), 1 << 56);
     }
 
     #[test]

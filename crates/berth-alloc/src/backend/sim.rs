@@ -21,6 +21,15 @@ const BASE_ADDR: u64 = 1 << 40;
 /// Gap left between consecutive segments, so that neighbours are never contiguous by accident.
 const GAP: u64 = 2 << 20;
 
+/// The simulated address space ends here (2^62): every range handed out lies in
+/// `[BASE_ADDR, ADDR_LIMIT)`, so no address sum of the simulator can overflow a `u64` (fuzzing
+/// found `--real-addrs` near 2^64 giving a block address 0, and huge capacities wrapping).
+const ADDR_LIMIT: u64 = 1 << 62;
+
+/// The largest capacity a [`SimBackend`] simulates (2^56 bytes, 64 PiB); larger capacities are
+/// clamped to it. Reservations of twice the capacity still fit under the address limit.
+pub const MAX_SIM_CAPACITY: u64 = 1 << 56;
+
 /// Counts of every backend call made on a [`SimBackend`] (failed calls included).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SimCounts {
@@ -124,15 +133,18 @@ impl std::fmt::Debug for SimBackend {
     }
 }
 
+/// `v` rounded up to a multiple of `a`, saturating at `u64::MAX` (then refused by the range
+/// checks as outside the address space).
 fn align_up(v: u64, a: u64) -> u64 {
-    v.div_ceil(a) * a
+    v.div_ceil(a).saturating_mul(a)
 }
 
 impl SimBackend {
-    /// A device with `capacity` bytes, 512-byte alignment and 2 MiB mapping granularity.
+    /// A device with `capacity` bytes (at most [`MAX_SIM_CAPACITY`]; more is clamped), 512-byte
+    /// alignment and 2 MiB mapping granularity.
     pub fn new(capacity: u64) -> Self {
         SimBackend {
-            capacity,
+            capacity: capacity.min(MAX_SIM_CAPACITY),
             context_bytes: 0,
             alignment: 512,
             granularity: 2 << 20,
@@ -251,24 +263,33 @@ impl SimBackend {
         self.capacity.saturating_sub(st.used + context)
     }
 
-    fn fresh_range(&self, st: &mut SimState, bytes: u64) -> u64 {
-        let addr = align_up(st.next_addr, self.granularity as u64);
-        st.next_addr = addr + align_up(bytes.max(1), self.granularity as u64) + GAP;
-        addr
+    /// A fresh range of `bytes`, or `None` when the simulated address space is exhausted.
+    fn fresh_range(&self, st: &mut SimState, bytes: u64) -> Option<u64> {
+        let g = self.granularity as u64;
+        let addr = align_up(st.next_addr, g);
+        let next = bytes
+            .max(1)
+            .div_ceil(g)
+            .checked_mul(g)
+            .and_then(|b| addr.checked_add(b))
+            .and_then(|e| e.checked_add(GAP))
+            .filter(|&e| e <= ADDR_LIMIT)?;
+        st.next_addr = next;
+        Some(addr)
     }
 
     fn overlaps(st: &SimState, addr: u64, bytes: u64) -> bool {
-        let end = addr + bytes;
+        let end = addr.saturating_add(bytes);
         let seg = st
             .segments
             .range(..end)
             .next_back()
-            .is_some_and(|(&a, &b)| a + b > addr);
+            .is_some_and(|(&a, &b)| a.saturating_add(b) > addr);
         let res = st
             .reservations
             .range(..end)
             .next_back()
-            .is_some_and(|(&a, &b)| a + b > addr);
+            .is_some_and(|(&a, &b)| a.saturating_add(b) > addr);
         seg || res
     }
 }
@@ -291,16 +312,28 @@ impl MemoryBackend for SimBackend {
         }
         let addr = loop {
             match st.planned.pop_front() {
+                // A planned address is used only if its whole range stays inside the simulated
+                // address space.
                 Some(a)
-                    if a != 0
+                    if a >= BASE_ADDR
                         && a.is_multiple_of(self.alignment as u64)
+                        && a.checked_add(bytes).is_some_and(|e| e <= ADDR_LIMIT - GAP)
                         && !Self::overlaps(&st, a, bytes) =>
                 {
                     st.next_addr = st.next_addr.max(a + bytes + GAP);
                     break a;
                 }
                 Some(_) => continue,
-                None => break self.fresh_range(&mut st, bytes),
+                None => match self.fresh_range(&mut st, bytes) {
+                    Some(a) => break a,
+                    None => {
+                        st.counts.malloc_failed += 1;
+                        return Err(BackendError::OutOfMemory {
+                            op: "malloc",
+                            bytes,
+                        });
+                    }
+                },
             }
         };
         st.segments.insert(addr, bytes);
@@ -401,7 +434,10 @@ impl SimBackend {
             .reservations
             .range(..=addr)
             .next_back()
-            .is_some_and(|(&a, &b)| addr + bytes <= a + b);
+            .is_some_and(|(&a, &b)| {
+                addr.checked_add(bytes)
+                    .is_some_and(|end| end <= a.saturating_add(b))
+            });
         if !inside {
             return Err(BackendError::Other {
                 op,
@@ -427,7 +463,12 @@ impl VirtualMemoryBackend for SimBackend {
         st.initialized = true;
         st.counts.reserve += 1;
         let bytes = align_up(bytes as u64, self.granularity as u64);
-        let addr = self.fresh_range(&mut st, bytes);
+        let addr = self
+            .fresh_range(&mut st, bytes)
+            .ok_or(BackendError::OutOfMemory {
+                op: "reserve",
+                bytes,
+            })?;
         st.reservations.insert(addr, bytes);
         Ok(DevicePtr(addr))
     }
@@ -439,9 +480,9 @@ impl VirtualMemoryBackend for SimBackend {
         self.check_range(&st, addr, bytes, "map")?;
         let overlaps = st
             .mappings
-            .range(..addr + bytes)
+            .range(..addr.saturating_add(bytes))
             .next_back()
-            .is_some_and(|(&a, &n)| a + n > addr);
+            .is_some_and(|(&a, &n)| a.saturating_add(n) > addr);
         if overlaps {
             return Err(BackendError::Other {
                 op: "map",
@@ -645,5 +686,32 @@ mod tests {
             sim.unmap(at(0), 4 * P as usize, s).unwrap();
         }
         assert_eq!((sim.used_bytes(), sim.live_mappings()), (0, 0));
+    }
+
+    /// Found by fuzzing: address arithmetic near 2^64 wrapped (`--real-addrs` with a planned
+    /// address near the top gave a block at address 0), and huge capacities or reservations
+    /// overflowed. Every range now stays inside the simulated address space.
+    #[test]
+    fn address_arithmetic_never_wraps() {
+        let sim = SimBackend::new(u64::MAX).with_addresses([u64::MAX - 4095, 0, 512]);
+        assert_eq!(sim.capacity(), MAX_SIM_CAPACITY, "capacity is clamped");
+        let p = sim.malloc(1 << 20, StreamId::DEFAULT).unwrap();
+        assert!(p.0 >= BASE_ADDR && p.0 + (1 << 20) <= ADDR_LIMIT, "{p}");
+        assert!(matches!(
+            sim.reserve(usize::MAX),
+            Err(BackendError::OutOfMemory { op: "reserve", .. })
+        ));
+        let r = sim.reserve(1 << 30).unwrap();
+        assert!(matches!(
+            sim.map(
+                DevicePtr(u64::MAX - (2 << 20) + 1),
+                2 << 20,
+                StreamId::DEFAULT
+            ),
+            Err(BackendError::Other { .. })
+        ));
+        sim.map(r, 2 << 20, StreamId::DEFAULT).unwrap();
+        // SAFETY: mapped just above, nothing uses it.
+        unsafe { sim.unmap(r, 2 << 20, StreamId::DEFAULT).unwrap() };
     }
 }

@@ -83,6 +83,20 @@ fn filled(shape: &[usize], dtype: DType) -> anyhow::Result<Tensor> {
     Ok(t)
 }
 
+/// `bytes` bytes of host memory set to 1, or [`berth::Error::HostOutOfMemory`] when the system
+/// allocator refuses them (`vec!` would abort the process: found with `--samples` large enough
+/// for the dataset but not for this second buffer).
+fn host_buffer(bytes: usize) -> anyhow::Result<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(bytes)
+        .map_err(|_| berth::Error::HostOutOfMemory {
+            device: Device::Cpu,
+            requested_bytes: bytes,
+        })?;
+    v.resize(bytes, 1);
+    Ok(v)
+}
+
 /// Seconds of one single-threaded copy of `src` into `dst` (both fully touched beforehand).
 fn memcpy_secs(src: &[u8], dst: &mut [u8]) -> f64 {
     let t0 = Instant::now();
@@ -129,7 +143,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let memcpy_bps = {
         let src = x.storage().read_host("bench")?;
         let src = &src.bytes()[..n * f * 4];
-        let mut dst = vec![1u8; src.len() + n * 8];
+        let mut dst = host_buffer(src.len() + n * 8).context("allocating the memcpy buffer")?;
         let (dx, _) = dst.split_at_mut(src.len());
         memcpy_secs(src, dx); // warm-up
         let secs = median((0..args.epochs).map(|_| memcpy_secs(src, dx)).collect());
@@ -233,4 +247,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A buffer the system cannot provide is a typed out-of-memory error, not an abort.
+    #[test]
+    fn an_impossible_buffer_is_a_typed_error() {
+        let e = host_buffer(usize::MAX / 2).unwrap_err();
+        let be = e.downcast_ref::<berth::Error>().expect("a berth::Error");
+        assert!(be.is_out_of_memory(), "{be}");
+        assert!(e.to_string().contains("not enough memory"), "{e}");
+        assert_eq!(host_buffer(3).unwrap(), vec![1, 1, 1]);
+    }
 }

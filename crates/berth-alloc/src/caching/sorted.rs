@@ -385,7 +385,12 @@ impl SizeIndex {
     /// Position of `stream` in `streams`, or where it would go.
     #[inline]
     fn find(&self, stream: u64) -> Result<usize, usize> {
-        // Almost always one or two streams: a linear scan beats a binary search.
+        // Almost always one or two streams: a linear scan beats a binary search there. Past a
+        // few, binary search, so that thousands of streams do not make every lookup linear
+        // (found by fuzzing: 40,000 streams took 292 µs per operation).
+        if self.streams.len() > 8 {
+            return self.streams.binary_search_by_key(&stream, |&(s, _)| s);
+        }
         for (i, &(s, _)) in self.streams.iter().enumerate() {
             if s >= stream {
                 return if s == stream { Ok(i) } else { Err(i) };

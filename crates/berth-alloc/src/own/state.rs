@@ -53,6 +53,9 @@ pub(crate) struct State<E> {
     /// Longest mapping unit in bytes (a multiple of the page size).
     max_unit: u64,
     arenas: Vec<Arena>,
+    /// The index in `arenas` of each stream's arena: found in O(1), however many streams (a
+    /// linear scan made 40,000 streams quadratic).
+    arena_of: std::collections::HashMap<StreamId, usize>,
     live: AddrMap<Live>,
     pending: Vec<Pending<E>>,
     /// PyTorch-named statistics.
@@ -97,6 +100,7 @@ impl<E> State<E> {
             units: Units::default(),
             max_unit: page_up(max_unit.clamp(page, 1 << 62), page),
             arenas: Vec::new(),
+            arena_of: std::collections::HashMap::new(),
             live: AddrMap::default(),
             pending: Vec::new(),
             stats: MemoryStats::new(None),
@@ -140,7 +144,7 @@ impl<E> State<E> {
         backend: &B,
         stream: StreamId,
     ) -> Result<usize, AllocError> {
-        if let Some(i) = self.arenas.iter().position(|a| a.stream == stream) {
+        if let Some(&i) = self.arena_of.get(&stream) {
             return Ok(i);
         }
         let base = vm(backend)
@@ -149,6 +153,7 @@ impl<E> State<E> {
         let mut arena = Arena::new(stream);
         arena.add_reservation(base.0, self.va_bytes);
         self.arenas.push(arena);
+        self.arena_of.insert(stream, self.arenas.len() - 1);
         Ok(self.arenas.len() - 1)
     }
 

@@ -259,7 +259,9 @@ pub fn train_on(
         // steps for the progress bar): a read per step would be a host sync per step (BUG-19).
         let loss_sum = Tensor::zeros(&[], DType::F32, device)?;
         let mut seen = 0usize;
-        let mut shown_loss = f64::NAN;
+        // None until the first read: the bar says "loss …" then, not "loss NaN" (a new user
+        // took the NaN of the first LOG_EVERY - 1 steps for a diverged model).
+        let mut shown_loss: Option<f64> = None;
         for (i, batch) in data::device_batches(&loader, device)?.enumerate() {
             let (x, y) = data::to_device(
                 batch.with_context(|| format!("epoch {epoch}, batch {i}"))?,
@@ -269,10 +271,11 @@ pub fn train_on(
             seen += y.numel();
             steps += 1;
             if i % report::LOG_EVERY == report::LOG_EVERY - 1 {
-                shown_loss = loss_sum.item::<f32>()? as f64 / seen as f64;
+                shown_loss = Some(loss_sum.item::<f32>()? as f64 / seen as f64);
             }
             bar.set_message(format!(
-                "loss {shown_loss:.4}  {:.0} samples/s",
+                "loss {}  {:.0} samples/s",
+                loss_label(shown_loss),
                 seen as f64 / started.elapsed().as_secs_f64()
             ));
             bar.inc(1);
@@ -412,9 +415,21 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The progress bar's loss: four decimals once read, "…" before the first read.
+fn loss_label(loss: Option<f64>) -> String {
+    loss.map_or_else(|| "…".to_owned(), |l| format!("{l:.4}"))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::short_float;
+    use super::{loss_label, short_float};
+
+    #[test]
+    fn the_progress_loss_is_an_ellipsis_until_first_read() {
+        assert_eq!(loss_label(None), "…");
+        assert_eq!(loss_label(Some(0.51234)), "0.5123");
+        assert_eq!(loss_label(Some(f64::NAN)), "NaN", "a real NaN still shows");
+    }
 
     #[test]
     fn floats_print_short() {

@@ -19,7 +19,6 @@
 //! before it.
 
 use crate::policy::{Policy, PolicyError};
-use crate::sim::SharedSim;
 use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::{
     device_allocator, AllocError, AllocatorConfig, DeviceAllocator, DevicePtr, StreamId,
@@ -242,7 +241,7 @@ impl Installed {
         let built = match self.source {
             Source::Sim(bytes) => {
                 let sim = self.sims[d].get_or_init(|| Arc::new(SimBackend::new(bytes)));
-                device_allocator(SharedSim(Arc::clone(sim)), self.config.clone(), device)
+                device_allocator(Arc::clone(sim), self.config.clone(), device)
             }
             Source::Cuda => device_allocator(
                 CudaBackend::new(d).map_err(cuda_err)?,

@@ -21,7 +21,6 @@
 //!   per process]`);
 //! - `abi.rs` — the exported C functions (the hooks, install, errors, the test switch);
 //! - `oom.cpp` — the alloc hook's failure path (`Note [Raising from the alloc hook]`);
-//! - `sim.rs` — simulated devices for tests without a GPU;
 //! - `python.rs` — the Python extension module (feature `python`).
 
 pub mod abi;
@@ -29,7 +28,6 @@ pub mod install;
 pub mod policy;
 #[cfg(feature = "python")]
 mod python;
-pub mod sim;
 
 pub use install::{install, installed, HookError, Installed, MAX_DEVICES};
 pub use policy::{Policy, PolicyError, POLICY_NAMES};

@@ -168,6 +168,51 @@ pub trait MemoryBackend: Send + Sync + 'static {
     }
 }
 
+/// A shared backend is a backend: a policy can own an `Arc<B>` while the caller keeps another
+/// handle to the same device (a test that completes a simulated device's events, the PyTorch
+/// bridge's test switch). Every call goes to the shared `B`.
+impl<B: MemoryBackend> MemoryBackend for std::sync::Arc<B> {
+    type Event = B::Event;
+
+    fn malloc(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr, BackendError> {
+        (**self).malloc(bytes, stream)
+    }
+
+    unsafe fn free(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        // SAFETY: the caller's contract, passed on unchanged.
+        unsafe { (**self).free(ptr, bytes, stream) }
+    }
+
+    fn mem_info(&self) -> Result<MemInfo, BackendError> {
+        (**self).mem_info()
+    }
+
+    fn record_event(&self, stream: StreamId) -> Result<Self::Event, BackendError> {
+        (**self).record_event(stream)
+    }
+
+    fn query_event(&self, event: &Self::Event) -> Result<bool, BackendError> {
+        (**self).query_event(event)
+    }
+
+    fn sync_event(&self, event: &Self::Event) -> Result<(), BackendError> {
+        (**self).sync_event(event)
+    }
+
+    fn alignment(&self) -> usize {
+        (**self).alignment()
+    }
+
+    fn as_virtual(&self) -> Option<&dyn VirtualMemoryBackend> {
+        (**self).as_virtual()
+    }
+}
+
 /// Virtual-memory capability for expandable segments (`cuMemAddressReserve`, `cuMemCreate` +
 /// `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap` + `cuMemRelease`, `cuMemAddressFree`).
 ///

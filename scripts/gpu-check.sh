@@ -9,7 +9,8 @@
 # Env:   CARGO_TARGET_DIR (default target/gpu-check), SHARED (default ../shared or /work/shared)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target/gpu-check}"
+# Absolute, so that the wheel build (run from crates/berth-torch) shares this target directory.
+export CARGO_TARGET_DIR="$(realpath -m "${CARGO_TARGET_DIR:-target/gpu-check}")"
 SHARED="${SHARED:-$( [ -d ../shared ] && echo ../shared || echo /work/shared )}"
 
 echo "== building release binaries into $CARGO_TARGET_DIR" >&2

@@ -267,11 +267,8 @@ impl SimBackend {
     fn fresh_range(&self, st: &mut SimState, bytes: u64) -> Option<u64> {
         let g = self.granularity as u64;
         let addr = align_up(st.next_addr, g);
-        let next = bytes
-            .max(1)
-            .div_ceil(g)
-            .checked_mul(g)
-            .and_then(|b| addr.checked_add(b))
+        let next = addr
+            .checked_add(align_up(bytes.max(1), g))
             .and_then(|e| e.checked_add(GAP))
             .filter(|&e| e <= ADDR_LIMIT)?;
         st.next_addr = next;

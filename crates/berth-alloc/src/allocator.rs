@@ -10,9 +10,9 @@ use std::sync::Arc;
 use crate::backend::MemoryBackend;
 use crate::backend::{DevicePtr, StreamId};
 use crate::caching::CachingAllocator;
-use crate::config::{AllocatorBackend, AllocatorConfig};
+use crate::config::{AllocatorConfig, AllocatorPolicy};
 use crate::error::AllocError;
-use crate::own::PagedBestFit;
+use crate::paged::PagedBestFit;
 use crate::plumbing::OomObserver;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
@@ -243,8 +243,8 @@ pub fn device_allocator<B: MemoryBackend + 'static>(
     device: i32,
 ) -> Result<Arc<dyn DeviceAllocator>, AllocError> {
     let alloc: Arc<dyn DeviceAllocator> = match config.policy() {
-        AllocatorBackend::Native => Arc::new(CachingAllocator::with_config(backend, config)?),
-        AllocatorBackend::Paged => Arc::new(PagedBestFit::new(backend)?),
+        AllocatorPolicy::Native => Arc::new(CachingAllocator::with_config(backend, config)?),
+        AllocatorPolicy::Paged => Arc::new(PagedBestFit::new(backend)?),
     };
     alloc.set_device_index(device);
     Ok(alloc)

@@ -25,31 +25,31 @@ pinned_num_register_threads, pinned_use_background_threads, graph_capture_record
 /// and is refused rather than silently replaced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub enum AllocatorBackend {
+pub enum AllocatorPolicy {
     /// PyTorch's caching allocator ([`crate::caching::CachingAllocator`]).
     Native,
     /// berth's paged best-fit policy ([`crate::PagedBestFit`]).
     Paged,
 }
 
-impl AllocatorBackend {
+impl AllocatorPolicy {
     /// The policy used when `backend:` is not given and no option of PyTorch's policy is set:
     /// the one that measured best in live use (`BENCHMARKS.md`, "Default policy").
-    pub const DEFAULT: AllocatorBackend = AllocatorBackend::Paged;
+    pub const DEFAULT: AllocatorPolicy = AllocatorPolicy::Paged;
 
     /// Every backend, in the order error messages list them.
-    pub const ALL: [AllocatorBackend; 2] = [AllocatorBackend::Native, AllocatorBackend::Paged];
+    pub const ALL: [AllocatorPolicy; 2] = [AllocatorPolicy::Native, AllocatorPolicy::Paged];
 
     /// The value as written after `backend:`.
     pub fn as_str(self) -> &'static str {
         match self {
-            AllocatorBackend::Native => "native",
-            AllocatorBackend::Paged => "paged",
+            AllocatorPolicy::Native => "native",
+            AllocatorPolicy::Paged => "paged",
         }
     }
 }
 
-impl std::fmt::Display for AllocatorBackend {
+impl std::fmt::Display for AllocatorPolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
@@ -63,7 +63,7 @@ pub struct AllocatorConfig {
     pub conf_string: String,
     /// `backend` as written (`None` when the key is absent); [`AllocatorConfig::policy`] says
     /// which policy that selects.
-    pub backend: Option<AllocatorBackend>,
+    pub backend: Option<AllocatorPolicy>,
     /// `max_split_size_mb` in bytes; blocks of at least this size are never split. `None` =
     /// unlimited (the default).
     pub max_split_size: Option<u64>,
@@ -253,11 +253,11 @@ impl AllocatorConfig {
                 }
             }
         }
-        if cfg.backend == Some(AllocatorBackend::Paged) {
+        if cfg.backend == Some(AllocatorPolicy::Paged) {
             if let Some(key) = cfg.native_option_set() {
                 return Err(ConfigError::NotForBackend {
                     key,
-                    backend: AllocatorBackend::Paged.as_str(),
+                    backend: AllocatorPolicy::Paged.as_str(),
                 });
             }
         }
@@ -289,14 +289,14 @@ impl AllocatorConfig {
     }
 
     /// The policy this configuration selects for device memory: `backend:` when given; else
-    /// [`AllocatorBackend::Native`] when any option of PyTorch's policy is set (so
+    /// [`AllocatorPolicy::Native`] when any option of PyTorch's policy is set (so
     /// `expandable_segments:True` alone means PyTorch's expandable segments, as in PyTorch);
-    /// else [`AllocatorBackend::DEFAULT`].
-    pub fn policy(&self) -> AllocatorBackend {
+    /// else [`AllocatorPolicy::DEFAULT`].
+    pub fn policy(&self) -> AllocatorPolicy {
         match self.backend {
             Some(b) => b,
-            None if self.native_option_set().is_some() => AllocatorBackend::Native,
-            None => AllocatorBackend::DEFAULT,
+            None if self.native_option_set().is_some() => AllocatorPolicy::Native,
+            None => AllocatorPolicy::DEFAULT,
         }
     }
 
@@ -304,9 +304,9 @@ impl AllocatorConfig {
     /// `"expandable"` (PyTorch's policy with expandable segments) or `"paged"`.
     pub fn policy_name(&self) -> &'static str {
         match (self.policy(), self.expandable_segments) {
-            (AllocatorBackend::Paged, _) => "paged",
-            (AllocatorBackend::Native, true) => "expandable",
-            (AllocatorBackend::Native, false) => "pytorch",
+            (AllocatorPolicy::Paged, _) => "paged",
+            (AllocatorPolicy::Native, true) => "expandable",
+            (AllocatorPolicy::Native, false) => "pytorch",
         }
     }
 
@@ -334,8 +334,8 @@ impl AllocatorConfig {
         match key {
             "backend" => {
                 self.backend = Some(match value {
-                    "native" => AllocatorBackend::Native,
-                    "paged" => AllocatorBackend::Paged,
+                    "native" => AllocatorPolicy::Native,
+                    "paged" => AllocatorPolicy::Paged,
                     _ => {
                         return Err(invalid(
                             key,
@@ -600,7 +600,7 @@ mod tests {
     #[test]
     fn backend_key_selects_the_policy() {
         let pick = |s: &str| AllocatorConfig::parse(s).map(|c| (c.policy(), c.policy_name()));
-        use AllocatorBackend::{Native, Paged};
+        use AllocatorPolicy::{Native, Paged};
         assert_eq!(pick("backend:native"), Ok((Native, "pytorch")));
         assert_eq!(pick("backend:paged"), Ok((Paged, "paged")));
         assert_eq!(
@@ -611,14 +611,14 @@ mod tests {
         assert_eq!(pick("expandable_segments:True"), Ok((Native, "expandable")));
         assert_eq!(pick("max_split_size_mb:128"), Ok((Native, "pytorch")));
         // Nothing set: berth's default; host-only options leave it alone.
-        assert_eq!(pick("").map(|p| p.0), Ok(AllocatorBackend::DEFAULT));
+        assert_eq!(pick("").map(|p| p.0), Ok(AllocatorPolicy::DEFAULT));
         assert_eq!(
             pick("pinned_use_cuda_host_register:True").map(|p| p.0),
-            Ok(AllocatorBackend::DEFAULT)
+            Ok(AllocatorPolicy::DEFAULT)
         );
         assert_eq!(
             AllocatorConfig::default().policy(),
-            AllocatorBackend::DEFAULT
+            AllocatorPolicy::DEFAULT
         );
     }
 

@@ -57,7 +57,7 @@ pub enum BackendError {
     /// Any other failure, with the driver's message.
     #[error("{op} failed: {message}")]
     Other {
-        /// The backend call that failed (`"cuMemAlloc"`, `"record_event"`, ...).
+        /// The backend call that failed (`"cuMemAlloc"`, `"record_fence"`, ...).
         op: &'static str,
         /// What went wrong, in the driver's words.
         message: String,

@@ -29,7 +29,7 @@ pub mod caching;
 pub mod config;
 pub mod error;
 pub mod host;
-pub mod own;
+pub mod paged;
 pub mod pickle;
 mod plumbing;
 #[cfg(feature = "trace")]
@@ -48,10 +48,10 @@ pub use allocator::{device_allocator, Allocation, AllocationOwner, DeviceAllocat
 pub use backend::{
     DevicePtr, DeviceStream, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend,
 };
-pub use config::{AllocatorBackend, AllocatorConfig};
+pub use config::{AllocatorConfig, AllocatorPolicy};
 pub use error::{AllocError, BackendError, ConfigError};
 pub use host::{HostAllocation, HostAllocator, HostBackend, HostCachingAllocator};
-pub use own::PagedBestFit;
+pub use paged::PagedBestFit;
 pub use plumbing::OomObserver;
 pub use snapshot::{BlockInfo, BlockState, MemorySnapshot, SegmentInfo, TraceAction, TraceEntry};
 pub use stats::{MemoryStats, Stat, StatKind};

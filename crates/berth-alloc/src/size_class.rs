@@ -1,5 +1,5 @@
 //! Size classes of free blocks and a bitmap of the non-empty ones: the constant-time part of
-//! finding a best fit, shared by `paged`'s arena (`own::bins`) and the PyTorch policy's pools
+//! finding a best fit, shared by `paged`'s arena (`paged::bins`) and the PyTorch policy's pools
 //! (`caching::sorted`).
 //!
 //! # Note [Size classes]

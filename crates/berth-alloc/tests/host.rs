@@ -446,7 +446,7 @@ fn host_drop_waits_for_pending_events_and_frees_everything() {
         assert_eq!(sim.live_regions(), 2);
     }
     assert_eq!((sim.used_bytes(), sim.live_regions()), (0, 0));
-    assert_eq!(sim.event_source().counts().sync_event, 1);
+    assert_eq!(sim.event_source().counts().sync_fence, 1);
 }
 
 #[test]
@@ -487,7 +487,7 @@ fn host_register_mode_unsupported_backend_is_a_typed_error() {
     /// A backend with only the required methods: `register` keeps its default.
     struct Plain(SimHostBackend);
     impl HostBackend for Plain {
-        type Event = <SimHostBackend as HostBackend>::Event;
+        type Fence = <SimHostBackend as HostBackend>::Fence;
         fn alloc_pinned(&self, bytes: usize) -> Result<std::ptr::NonNull<u8>, BackendError> {
             self.0.alloc_pinned(bytes)
         }
@@ -499,14 +499,14 @@ fn host_register_mode_unsupported_backend_is_a_typed_error() {
             // SAFETY: forwarded contract.
             unsafe { self.0.free_pinned(ptr, bytes) }
         }
-        fn record_event(&self, stream: DeviceStream) -> Result<Self::Event, BackendError> {
-            self.0.record_event(stream)
+        fn record_fence(&self, stream: DeviceStream) -> Result<Self::Fence, BackendError> {
+            self.0.record_fence(stream)
         }
-        fn query_event(&self, event: &Self::Event) -> Result<bool, BackendError> {
-            self.0.query_event(event)
+        fn query_fence(&self, event: &Self::Fence) -> Result<bool, BackendError> {
+            self.0.query_fence(event)
         }
-        fn sync_event(&self, event: &Self::Event) -> Result<(), BackendError> {
-            self.0.sync_event(event)
+        fn sync_fence(&self, event: &Self::Fence) -> Result<(), BackendError> {
+            self.0.sync_fence(event)
         }
     }
     let config = HostAllocatorConfig {

@@ -1,7 +1,7 @@
 //! [`CudaBackend`]: berth-alloc's [`MemoryBackend`] on `cuMemAlloc` / `cuMemFree`, with the
 //! [`VirtualMemoryBackend`] capability on `cuMemAddressReserve` / `cuMemCreate` / `cuMemMap` /
 //! `cuMemSetAccess` / `cuMemUnmap` / `cuMemRelease` for expandable segments; and
-//! [`CudaEvent`], the event type it shares with the pinned host backend.
+//! [`CudaFence`], the event type it shares with the pinned host backend.
 //!
 //! This is the FFI-to-backend layer of house style 1.1: no policy here. Driver failures become
 //! [`BackendError`] through one conversion (`From<CudaError>`), so `CUDA_ERROR_OUT_OF_MEMORY`
@@ -49,33 +49,34 @@ impl From<CudaError> for BackendError {
     }
 }
 
-/// A recorded CUDA event (timing disabled); destroyed on drop.
+/// An allocator fence on CUDA (`Note [Fences and events]` in `berth_alloc::backend`): a recorded
+/// `CUevent` (timing disabled), destroyed on drop. Not the user-facing [`crate::Event`].
 ///
 /// Recorded on a stream with no pending work (`cuStreamQuery` says so), it is complete from the
 /// start and no driver event is made: a policy that records an event only to wait for a stream
 /// before unmapping (berth's `paged`) then pays one `cuStreamQuery` instead of
 /// `cuEventCreate` + `cuEventRecord` + `cuEventSynchronize` + `cuEventDestroy`.
 #[derive(Debug)]
-pub struct CudaEvent {
+pub struct CudaFence {
     device: usize,
     /// The `CUevent`, or 0 for an event complete when recorded.
     raw: u64,
 }
 
-impl CudaEvent {
+impl CudaFence {
     /// Records a new event on `stream` of `device`: complete once the work queued on `stream`
     /// so far is.
     ///
     /// # Errors
     /// [`CudaError::Driver`] / [`CudaError::Unavailable`].
-    pub fn record(device: usize, stream: StreamId) -> Result<CudaEvent, CudaError> {
+    pub fn record(device: usize, stream: StreamId) -> Result<CudaFence, CudaError> {
         // SAFETY: the `StreamId`s berth hands to its allocators name live streams of `device`
         // (`Stream::id`) or the default stream, 0.
         if unsafe { ffi::stream_query(device, stream.0)? } {
-            return Ok(CudaEvent { device, raw: 0 });
+            return Ok(CudaFence { device, raw: 0 });
         }
         let raw = ffi::event_create(device, false)?;
-        let ev = CudaEvent { device, raw };
+        let ev = CudaFence { device, raw };
         // SAFETY: `raw` was just created on `device`; `stream` as above.
         unsafe { ffi::event_record(device, raw, stream.0)? };
         Ok(ev)
@@ -106,7 +107,7 @@ impl CudaEvent {
     }
 }
 
-impl Drop for CudaEvent {
+impl Drop for CudaFence {
     fn drop(&mut self) {
         if self.raw != 0 {
             // SAFETY: `self` owns the event and destroys it once, here.
@@ -409,7 +410,7 @@ impl CudaBackend {
 }
 
 impl MemoryBackend for CudaBackend {
-    type Event = CudaEvent;
+    type Fence = CudaFence;
 
     fn malloc(&self, bytes: usize, _stream: StreamId) -> Result<DevicePtr, BackendError> {
         let ptr = match ffi::mem_alloc(self.device, bytes) {
@@ -442,15 +443,15 @@ impl MemoryBackend for CudaBackend {
         })
     }
 
-    fn record_event(&self, stream: StreamId) -> Result<CudaEvent, BackendError> {
-        Ok(CudaEvent::record(self.device, stream)?)
+    fn record_fence(&self, stream: StreamId) -> Result<CudaFence, BackendError> {
+        Ok(CudaFence::record(self.device, stream)?)
     }
 
-    fn query_event(&self, event: &CudaEvent) -> Result<bool, BackendError> {
+    fn query_fence(&self, event: &CudaFence) -> Result<bool, BackendError> {
         Ok(event.query()?)
     }
 
-    fn sync_event(&self, event: &CudaEvent) -> Result<(), BackendError> {
+    fn sync_fence(&self, event: &CudaFence) -> Result<(), BackendError> {
         Ok(event.synchronize()?)
     }
 

@@ -50,7 +50,7 @@ mod stream;
 mod sync_debug;
 pub mod testing;
 
-pub use backend::{CudaBackend, CudaEvent};
+pub use backend::{CudaBackend, CudaFence};
 pub use context::{
     bind_context, contexts_created, foreign_context_scope, initialized_devices, is_initialized,
     synchronize, ForeignContextScope,

@@ -5,7 +5,7 @@
 //! `BERTH_ALLOC_CONF` (PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax): `backend:paged` (berth's
 //! [`PagedBestFit`](berth_alloc::PagedBestFit)) or `backend:native` (PyTorch's caching
 //! allocator, `expandable_segments:True` for its expandable segments); without `backend:` the
-//! policy is [`AllocatorBackend::DEFAULT`] unless an option of PyTorch's policy is set
+//! policy is [`AllocatorPolicy::DEFAULT`] unless an option of PyTorch's policy is set
 //! ([`AllocatorConfig::policy`]). Every function below works the same for each policy.
 //!
 //! The functions take the device the way PyTorch's do (`memory_allocated(device=None)`): an
@@ -22,7 +22,7 @@ use crate::pinned::CudaHostBackend;
 use crate::registry::PerDevice;
 use crate::{check_device, current_device, CudaError};
 use berth_alloc::{
-    device_allocator, AllocatorBackend, AllocatorConfig, DeviceAllocator, HostCachingAllocator,
+    device_allocator, AllocatorConfig, AllocatorPolicy, DeviceAllocator, HostCachingAllocator,
     MemoryBackend, MemorySnapshot, MemoryStats,
 };
 use std::collections::BTreeMap;
@@ -106,10 +106,10 @@ fn build(device: usize) -> Result<CudaAllocator, CudaError> {
     let mut cfg = config()?;
     let backend = CudaBackend::new(device)?;
     if cfg.backend.is_none()
-        && cfg.policy() == AllocatorBackend::Paged
+        && cfg.policy() == AllocatorPolicy::Paged
         && backend.as_virtual().is_none()
     {
-        cfg.backend = Some(AllocatorBackend::Native);
+        cfg.backend = Some(AllocatorPolicy::Native);
     }
     device_allocator(backend, cfg, device as i32)
         .map_err(|source| CudaError::Alloc { device, source })

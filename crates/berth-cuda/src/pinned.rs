@@ -15,7 +15,7 @@
 //! one `cuMemHostRegister`. Freeing it unregisters and unmaps. The block is cached and reused
 //! like any other.
 
-use crate::backend::CudaEvent;
+use crate::backend::CudaFence;
 use crate::hostmem::{Mapping, Pages};
 use crate::{ffi, CudaError};
 use berth_alloc::{BackendError, DeviceStream, HostBackend};
@@ -113,7 +113,7 @@ impl CudaHostBackend {
 }
 
 impl HostBackend for CudaHostBackend {
-    type Event = CudaEvent;
+    type Fence = CudaFence;
 
     fn alloc_pinned(&self, bytes: usize) -> Result<NonNull<u8>, BackendError> {
         if bytes >= FILLED_PIN_MIN_BYTES {
@@ -169,17 +169,17 @@ impl HostBackend for CudaHostBackend {
         unsafe { ffi::host_unregister(self.device, ptr.as_ptr()) }.map_err(BackendError::from)
     }
 
-    fn record_event(&self, stream: DeviceStream) -> Result<CudaEvent, BackendError> {
+    fn record_fence(&self, stream: DeviceStream) -> Result<CudaFence, BackendError> {
         // On the stream's own device: every device's default stream is handle 0, so the
         // thread's current device would be the wrong one for a copy queued on another device.
-        Ok(CudaEvent::record(stream.device as usize, stream.stream)?)
+        Ok(CudaFence::record(stream.device as usize, stream.stream)?)
     }
 
-    fn query_event(&self, event: &CudaEvent) -> Result<bool, BackendError> {
+    fn query_fence(&self, event: &CudaFence) -> Result<bool, BackendError> {
         Ok(event.query()?)
     }
 
-    fn sync_event(&self, event: &CudaEvent) -> Result<(), BackendError> {
+    fn sync_fence(&self, event: &CudaFence) -> Result<(), BackendError> {
         Ok(event.synchronize()?)
     }
 

@@ -9,16 +9,16 @@
 //! - [`Storage`]: the memory (host, device, or meta with no memory), shared by views.
 //! - [`Tensor`]: storage + layout + dtype; views, the `.to()` contract, math front-ends.
 //! - [`ops`]: op enums and the shape/dtype inference every device shares (so meta and CPU
-//!   agree); [`backend::DeviceKernels`]: what a device implements (CPU here, CUDA in
+//!   agree); [`device_kernels::DeviceKernels`]: what a device implements (CPU here, CUDA in
 //!   [`cuda`]).
 //! - [`nn`]: `Module`, `Linear`, state dicts in safetensors files.
 
 pub use berth_alloc as alloc;
 
-pub mod backend;
 mod cpu;
 pub mod cuda;
 pub mod device;
+pub mod device_kernels;
 pub mod dtype;
 mod error;
 pub mod layout;

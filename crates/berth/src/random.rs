@@ -8,7 +8,7 @@
 
 use std::sync::Mutex;
 
-use crate::backend::RandomDist;
+use crate::device_kernels::RandomDist;
 
 /// PyTorch's default CPU seed (`torch.initial_seed()` in a fresh process).
 pub const DEFAULT_SEED: u64 = 67_280_421_310_721;

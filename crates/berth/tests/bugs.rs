@@ -167,7 +167,7 @@ fn bug_10_meta_shape_inference() {
     );
     assert!(storage::host_memory_allocated().saturating_sub(before) < 1 << 20);
     // An op without a meta rule: the kernel table refuses meta explicitly.
-    let e = berth::backend::kernels_for(Device::Meta, "conv2d")
+    let e = berth::device_kernels::kernels_for(Device::Meta, "conv2d")
         .err()
         .unwrap();
     assert!(matches!(e, Error::NoMetaImpl { op: "conv2d" }), "{e:?}");

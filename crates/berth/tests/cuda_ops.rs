@@ -637,7 +637,7 @@ fn cuda_ops_philox_rand_matches_cpu_reference_bit_for_bit() {
     }
     let n = 100_003;
     let d = zeros::<f32>(n);
-    let dist = berth::backend::RandomDist::Uniform {
+    let dist = berth::device_kernels::RandomDist::Uniform {
         low: -1.0,
         high: 3.0,
     };
@@ -647,7 +647,7 @@ fn cuda_ops_philox_rand_matches_cpu_reference_bit_for_bit() {
     assert_eq!(got, crand::uniform_f32_reference(1234, 7, n, -1.0, 3.0));
     // Normal: moments of 100k draws, and the generator advances between calls.
     crand::manual_seed(0, 42);
-    let normal = berth::backend::RandomDist::Normal {
+    let normal = berth::device_kernels::RandomDist::Normal {
         mean: 1.0,
         std: 2.0,
     };

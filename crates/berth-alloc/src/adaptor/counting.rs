@@ -16,8 +16,8 @@ pub struct CallCounts {
     pub map: u64,
     /// `unmap` calls.
     pub unmap: u64,
-    /// `record_event` calls.
-    pub record_event: u64,
+    /// `record_fence` calls.
+    pub record_fence: u64,
     /// Bytes currently allocated or mapped through the adaptor.
     pub live_bytes: u64,
 }
@@ -35,11 +35,11 @@ struct Counters {
     free: AtomicU64,
     map: AtomicU64,
     unmap: AtomicU64,
-    record_event: AtomicU64,
+    record_fence: AtomicU64,
     live_bytes: AtomicU64,
 }
 
-/// Counts `malloc`, `free`, `map`, `unmap` and `record_event` calls, and live bytes.
+/// Counts `malloc`, `free`, `map`, `unmap` and `record_fence` calls, and live bytes.
 #[derive(Debug)]
 pub struct Counting<B> {
     inner: B,
@@ -63,7 +63,7 @@ impl<B: MemoryBackend> Counting<B> {
             free: l(&self.c.free),
             map: l(&self.c.map),
             unmap: l(&self.c.unmap),
-            record_event: l(&self.c.record_event),
+            record_fence: l(&self.c.record_fence),
             live_bytes: l(&self.c.live_bytes),
         }
     }
@@ -75,7 +75,7 @@ impl<B: MemoryBackend> Counting<B> {
 }
 
 impl<B: MemoryBackend> MemoryBackend for Counting<B> {
-    type Event = B::Event;
+    type Fence = B::Fence;
 
     fn malloc(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr, BackendError> {
         self.c.malloc.fetch_add(1, Ordering::Relaxed);
@@ -101,9 +101,9 @@ impl<B: MemoryBackend> MemoryBackend for Counting<B> {
         self.inner.mem_info()
     }
 
-    fn record_event(&self, stream: StreamId) -> Result<Self::Event, BackendError> {
-        self.c.record_event.fetch_add(1, Ordering::Relaxed);
-        self.inner.record_event(stream)
+    fn record_fence(&self, stream: StreamId) -> Result<Self::Fence, BackendError> {
+        self.c.record_fence.fetch_add(1, Ordering::Relaxed);
+        self.inner.record_fence(stream)
     }
 
     forward_events_to_inner!();

@@ -68,7 +68,7 @@ impl<B: MemoryBackend> FaultInject<B> {
 }
 
 impl<B: MemoryBackend> MemoryBackend for FaultInject<B> {
-    type Event = B::Event;
+    type Fence = B::Fence;
 
     fn malloc(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr, BackendError> {
         self.check("malloc", bytes)?;
@@ -89,8 +89,8 @@ impl<B: MemoryBackend> MemoryBackend for FaultInject<B> {
         self.inner.mem_info()
     }
 
-    fn record_event(&self, stream: StreamId) -> Result<Self::Event, BackendError> {
-        self.inner.record_event(stream)
+    fn record_fence(&self, stream: StreamId) -> Result<Self::Fence, BackendError> {
+        self.inner.record_fence(stream)
     }
 
     forward_events_to_inner!();

@@ -50,7 +50,7 @@ impl<B: MemoryBackend> Limit<B> {
 }
 
 impl<B: MemoryBackend> MemoryBackend for Limit<B> {
-    type Event = B::Event;
+    type Fence = B::Fence;
 
     fn malloc(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr, BackendError> {
         self.charge(bytes as u64, "malloc")?;
@@ -83,8 +83,8 @@ impl<B: MemoryBackend> MemoryBackend for Limit<B> {
         })
     }
 
-    fn record_event(&self, stream: StreamId) -> Result<Self::Event, BackendError> {
-        self.inner.record_event(stream)
+    fn record_fence(&self, stream: StreamId) -> Result<Self::Fence, BackendError> {
+        self.inner.record_fence(stream)
     }
 
     forward_events_to_inner!();

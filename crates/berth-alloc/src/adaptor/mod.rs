@@ -5,16 +5,16 @@
 //! it wraps, applying its own rule to `map` as to `malloc`.
 
 /// The `MemoryBackend` methods every adaptor passes straight to its `inner` backend
-/// (`query_event`, `sync_event`, `alignment`), and `as_virtual`, which exposes the adaptor
+/// (`query_fence`, `sync_fence`, `alignment`), and `as_virtual`, which exposes the adaptor
 /// itself as the virtual-memory backend when `inner` has one.
 macro_rules! forward_events_to_inner {
     () => {
-        fn query_event(&self, event: &Self::Event) -> Result<bool, BackendError> {
-            self.inner.query_event(event)
+        fn query_fence(&self, event: &Self::Fence) -> Result<bool, BackendError> {
+            self.inner.query_fence(event)
         }
 
-        fn sync_event(&self, event: &Self::Event) -> Result<(), BackendError> {
-            self.inner.sync_event(event)
+        fn sync_fence(&self, event: &Self::Fence) -> Result<(), BackendError> {
+            self.inner.sync_fence(event)
         }
 
         fn alignment(&self) -> usize {

@@ -95,14 +95,28 @@ pub struct MemInfo {
     pub total_bytes: u64,
 }
 
-/// Raw device memory: segments, memory info and stream events.
+// Note [Fences and events]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// An allocator needs one thing from a stream: a marker that says "the work queued on this stream
+// so far has finished", so a block freed while other streams still use it is reused only after
+// them (PyTorch's allocator keeps `cudaEvent_t`s for this:
+// https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.cpp, `insert_events`).
+// berth calls that marker a *fence* (`MemoryBackend::Fence`, `record_fence` / `query_fence` /
+// `sync_fence`; `CudaFence` on CUDA, `SimFence` in the simulator) and keeps the word *event*
+// for what users create and time, `torch.cuda.Event`'s counterpart `berth_cuda::Event`. A CUDA
+// fence is a `CUevent` underneath (timing disabled, created and destroyed by the backend); the
+// two never cross: users never see a fence, and policies never see an `Event`.
+
+/// Raw device memory: segments, memory info and stream fences.
 ///
 /// All methods take `&self`; implementations are `Send + Sync` and do their own locking.
 /// Policies call [`MemoryBackend::malloc`] without holding their own state lock where they can
 /// (house style, after PyTorch's `Note [HostAllocator design]`).
 pub trait MemoryBackend: Send + Sync + 'static {
-    /// A recorded stream event (a `CUevent`, or the simulator's ticket). Dropping it releases it.
-    type Event: Send + Sync + 'static;
+    /// A fence: a point recorded on a stream, complete once the work queued before it is (a
+    /// `CUevent` on CUDA, the simulator's ticket). Dropping it releases it. See
+    /// `Note [Fences and events]`.
+    type Fence: Send + Sync + 'static;
 
     /// Allocates a segment of `bytes` bytes, ordered on `stream` (`cudaMalloc` ignores the
     /// stream; a stream-ordered backend may use it).
@@ -137,23 +151,24 @@ pub trait MemoryBackend: Send + Sync + 'static {
     /// [`BackendError::Other`] when the driver call fails.
     fn mem_info(&self) -> Result<MemInfo, BackendError>;
 
-    /// Records an event on `stream` that completes when the work queued so far completes.
+    /// Records a fence on `stream` that completes when the work queued so far completes
+    /// (`cudaEventRecord` on an event with timing disabled).
     ///
     /// # Errors
     /// [`BackendError::Other`] when the driver call fails.
-    fn record_event(&self, stream: StreamId) -> Result<Self::Event, BackendError>;
+    fn record_fence(&self, stream: StreamId) -> Result<Self::Fence, BackendError>;
 
-    /// Whether `event` has completed (`cudaEventQuery`; "not ready" is `Ok(false)`).
+    /// Whether the fence `event` has completed (`cudaEventQuery`; "not ready" is `Ok(false)`).
     ///
     /// # Errors
     /// [`BackendError::Other`] when the query fails for another reason.
-    fn query_event(&self, event: &Self::Event) -> Result<bool, BackendError>;
+    fn query_fence(&self, event: &Self::Fence) -> Result<bool, BackendError>;
 
-    /// Blocks until `event` has completed (`cudaEventSynchronize`).
+    /// Blocks until the fence `event` has completed (`cudaEventSynchronize`).
     ///
     /// # Errors
     /// [`BackendError::Other`] when the driver call fails.
-    fn sync_event(&self, event: &Self::Event) -> Result<(), BackendError>;
+    fn sync_fence(&self, event: &Self::Fence) -> Result<(), BackendError>;
 
     /// The alignment in bytes of every pointer [`MemoryBackend::malloc`] returns (`cudaMalloc`
     /// guarantees 256).
@@ -172,7 +187,7 @@ pub trait MemoryBackend: Send + Sync + 'static {
 /// handle to the same device (a test that completes a simulated device's events, the PyTorch
 /// bridge's test switch). Every call goes to the shared `B`.
 impl<B: MemoryBackend> MemoryBackend for std::sync::Arc<B> {
-    type Event = B::Event;
+    type Fence = B::Fence;
 
     fn malloc(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr, BackendError> {
         (**self).malloc(bytes, stream)
@@ -192,16 +207,16 @@ impl<B: MemoryBackend> MemoryBackend for std::sync::Arc<B> {
         (**self).mem_info()
     }
 
-    fn record_event(&self, stream: StreamId) -> Result<Self::Event, BackendError> {
-        (**self).record_event(stream)
+    fn record_fence(&self, stream: StreamId) -> Result<Self::Fence, BackendError> {
+        (**self).record_fence(stream)
     }
 
-    fn query_event(&self, event: &Self::Event) -> Result<bool, BackendError> {
-        (**self).query_event(event)
+    fn query_fence(&self, event: &Self::Fence) -> Result<bool, BackendError> {
+        (**self).query_fence(event)
     }
 
-    fn sync_event(&self, event: &Self::Event) -> Result<(), BackendError> {
-        (**self).sync_event(event)
+    fn sync_fence(&self, event: &Self::Fence) -> Result<(), BackendError> {
+        (**self).sync_fence(event)
     }
 
     fn alignment(&self) -> usize {

@@ -41,12 +41,12 @@ pub struct SimCounts {
     pub free: u64,
     /// `mem_info` calls.
     pub mem_info: u64,
-    /// `record_event` calls.
-    pub record_event: u64,
-    /// `query_event` calls.
-    pub query_event: u64,
-    /// `sync_event` calls.
-    pub sync_event: u64,
+    /// `record_fence` calls.
+    pub record_fence: u64,
+    /// `query_fence` calls.
+    pub query_fence: u64,
+    /// `sync_fence` calls.
+    pub sync_fence: u64,
     /// `reserve` calls (virtual address space).
     pub reserve: u64,
     /// `map` calls.
@@ -67,14 +67,14 @@ impl SimCounts {
     }
 }
 
-/// An event of the simulator: a ticket on a stream's clock.
+/// A fence of the simulator: a ticket on a stream's clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SimEvent {
+pub struct SimFence {
     stream: StreamId,
     seq: u64,
 }
 
-impl SimEvent {
+impl SimFence {
     /// The stream it was recorded on.
     pub fn stream(&self) -> StreamId {
         self.stream
@@ -292,7 +292,7 @@ impl SimBackend {
 }
 
 impl MemoryBackend for SimBackend {
-    type Event = SimEvent;
+    type Fence = SimFence;
 
     fn malloc(&self, bytes: usize, _stream: StreamId) -> Result<DevicePtr, BackendError> {
         let mut st = self.lock();
@@ -370,34 +370,34 @@ impl MemoryBackend for SimBackend {
         })
     }
 
-    fn record_event(&self, stream: StreamId) -> Result<SimEvent, BackendError> {
+    fn record_fence(&self, stream: StreamId) -> Result<SimFence, BackendError> {
         let mut st = self.lock();
         st.initialized = true;
-        st.counts.record_event += 1;
+        st.counts.record_fence += 1;
         let auto = st.auto_complete;
         let clock = st.clocks.entry(stream).or_default();
         clock.recorded += 1;
         if auto {
             clock.completed = clock.recorded;
         }
-        Ok(SimEvent {
+        Ok(SimFence {
             stream,
             seq: clock.recorded,
         })
     }
 
-    fn query_event(&self, event: &SimEvent) -> Result<bool, BackendError> {
+    fn query_fence(&self, event: &SimFence) -> Result<bool, BackendError> {
         let mut st = self.lock();
-        st.counts.query_event += 1;
+        st.counts.query_fence += 1;
         Ok(st
             .clocks
             .get(&event.stream)
             .is_some_and(|c| c.completed >= event.seq))
     }
 
-    fn sync_event(&self, event: &SimEvent) -> Result<(), BackendError> {
+    fn sync_fence(&self, event: &SimFence) -> Result<(), BackendError> {
         let mut st = self.lock();
-        st.counts.sync_event += 1;
+        st.counts.sync_fence += 1;
         let clock = st.clocks.entry(event.stream).or_default();
         clock.completed = clock.completed.max(event.seq);
         Ok(())
@@ -600,10 +600,10 @@ mod tests {
     #[test]
     fn events_complete_only_when_told() {
         let sim = SimBackend::new(1 << 30);
-        let e = sim.record_event(StreamId(7)).unwrap();
-        assert!(!sim.query_event(&e).unwrap());
+        let e = sim.record_fence(StreamId(7)).unwrap();
+        assert!(!sim.query_fence(&e).unwrap());
         sim.complete_events_on(StreamId(7));
-        assert!(sim.query_event(&e).unwrap());
+        assert!(sim.query_fence(&e).unwrap());
     }
 
     #[test]

@@ -218,8 +218,8 @@ impl<E> State<E> {
         let un_ptr = es.base + begin * es.page;
         let un_bytes = (end - begin) * es.page;
         // `cuMemUnmap` does not synchronize: wait for the segment's stream first.
-        let event = backend.record_event(stream).map_err(backend_err(stream))?;
-        backend.sync_event(&event).map_err(backend_err(stream))?;
+        let event = backend.record_fence(stream).map_err(backend_err(stream))?;
+        backend.sync_fence(&event).map_err(backend_err(stream))?;
         // SAFETY: the pages lie inside a free block with no pending events, were mapped by
         // `map_block`, and the stream's work has completed.
         unsafe { vm_of(backend)?.unmap(DevicePtr(un_ptr), un_bytes as usize, stream) }

@@ -29,9 +29,9 @@ impl<B: MemoryBackend> Shared<B> {
     /// Steps after a failed pool search. Returns the block to hand out, or the OOM error.
     pub(crate) fn malloc_fallback<'a>(
         &'a self,
-        mut st: Guard<'a, B::Event>,
+        mut st: Guard<'a, B::Fence>,
         r: Request,
-    ) -> Result<(Guard<'a, B::Event>, u32), AllocError> {
+    ) -> Result<(Guard<'a, B::Fence>, u32), AllocError> {
         // Step 1: garbage collection, only with a memory fraction and a threshold set.
         if st.gc_enabled() {
             st.garbage_collect(&self.backend)?;
@@ -69,10 +69,10 @@ impl<B: MemoryBackend> Shared<B> {
     /// in flight meanwhile so the memory-fraction check stays exact.
     fn alloc_block<'a>(
         &'a self,
-        mut st: Guard<'a, B::Event>,
+        mut st: Guard<'a, B::Fence>,
         r: Request,
         is_retry: bool,
-    ) -> Result<(Guard<'a, B::Event>, Option<u32>), AllocError> {
+    ) -> Result<(Guard<'a, B::Fence>, Option<u32>), AllocError> {
         if is_retry {
             st.stats.num_alloc_retries += 1;
         }
@@ -102,7 +102,7 @@ impl<B: MemoryBackend> Shared<B> {
     }
 
     /// Builds the OOM error (PyTorch's message content), counts it and traces it.
-    fn out_of_memory(&self, st: &mut State<B::Event>, r: Request) -> AllocError {
+    fn out_of_memory(&self, st: &mut State<B::Fence>, r: Request) -> AllocError {
         let info = self.backend.mem_info().unwrap_or_default();
         st.stats.num_ooms += 1;
         st.trace(TraceAction::Oom, info.free_bytes, r.size, r.stream);

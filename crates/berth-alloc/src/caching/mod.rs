@@ -38,7 +38,7 @@ use crate::stats::MemoryStats;
 pub(crate) struct Shared<B: MemoryBackend> {
     backend: B,
     /// The policy's state (`Note [Spin lock]` in `crate::sync`).
-    state: SpinMutex<State<B::Event>>,
+    state: SpinMutex<State<B::Fence>>,
     name: &'static str,
     /// Called after an OOM with the state lock released (`attach_out_of_memory_observer`).
     observers: OomObservers,
@@ -50,7 +50,7 @@ pub use crate::plumbing::OomObserver;
 
 impl<B: MemoryBackend> Shared<B> {
     #[inline]
-    fn lock(&self) -> SpinGuard<'_, State<B::Event>> {
+    fn lock(&self) -> SpinGuard<'_, State<B::Fence>> {
         // The state is updated so that a panic mid-operation cannot occur on user input; if one
         // did (a bug), the lock does not poison: later calls keep being served.
         self.state.lock()

@@ -455,7 +455,7 @@ impl<E> State<E> {
 
     /// Frees the request of an allocated block: PyTorch's `free` (stats, then either
     /// free-complete now or wait for the events of the streams it was used on).
-    pub fn free_requested<B: MemoryBackend<Event = E>>(
+    pub fn free_requested<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
         i: u32,

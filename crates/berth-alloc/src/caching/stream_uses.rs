@@ -23,7 +23,7 @@ impl<E> State<E> {
 
     /// `insert_events`: records one event per stream the block was used on and queues
     /// (event, block); the block becomes reusable when all of them complete.
-    pub fn insert_events<B: MemoryBackend<Event = E>>(
+    pub fn insert_events<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
         i: u32,
@@ -31,7 +31,7 @@ impl<E> State<E> {
         let mut uses = std::mem::take(&mut self.blocks[i].stream_uses);
         uses.sort_unstable();
         for stream in uses {
-            let event = backend.record_event(stream).map_err(backend_err(stream))?;
+            let event = backend.record_fence(stream).map_err(backend_err(stream))?;
             self.blocks[i].event_count += 1;
             self.events.entry(stream).or_default().push_back((event, i));
         }
@@ -40,7 +40,7 @@ impl<E> State<E> {
 
     /// `process_events`: per stream, completes queued frees in order up to the first event not
     /// yet reached.
-    pub fn process_events<B: MemoryBackend<Event = E>>(
+    pub fn process_events<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
     ) -> Result<(), AllocError> {
@@ -55,7 +55,7 @@ impl<E> State<E> {
                     break;
                 };
                 let i = *i;
-                if !backend.query_event(event).map_err(backend_err(stream))? {
+                if !backend.query_fence(event).map_err(backend_err(stream))? {
                     break;
                 }
                 queue.pop_front();
@@ -75,7 +75,7 @@ impl<E> State<E> {
 
     /// `synchronize_and_free_events`: waits for every pending event and completes those frees
     /// (counts `num_sync_all_streams`).
-    pub fn synchronize_and_free_events<B: MemoryBackend<Event = E>>(
+    pub fn synchronize_and_free_events<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
     ) -> Result<(), AllocError> {
@@ -83,7 +83,7 @@ impl<E> State<E> {
         let mut all = std::mem::take(&mut self.events).into_iter();
         while let Some((stream, mut queue)) = all.next() {
             while let Some((event, i)) = queue.pop_front() {
-                if let Err(e) = backend.sync_event(&event) {
+                if let Err(e) = backend.sync_fence(&event) {
                     queue.push_front((event, i));
                     self.events.insert(stream, queue);
                     self.events.extend(all);
@@ -99,7 +99,7 @@ impl<E> State<E> {
     /// (`release_cached_blocks`, the full flush of `empty_cache` and step 4 of the fallback),
     /// then lets a virtual-memory backend give back the pages it keeps after unmapping
     /// ([`crate::VirtualMemoryBackend::trim`]).
-    pub fn release_cached_blocks<B: MemoryBackend<Event = E>>(
+    pub fn release_cached_blocks<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
     ) -> Result<(), AllocError> {

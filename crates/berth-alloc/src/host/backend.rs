@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
-use crate::backend::sim::{SimBackend, SimEvent};
+use crate::backend::sim::{SimBackend, SimFence};
 use crate::backend::{DeviceStream, MemoryBackend, StreamId};
 use crate::error::BackendError;
 use crate::sync::{Arc, Mutex, MutexGuard};
@@ -12,7 +12,8 @@ use crate::sync::{Arc, Mutex, MutexGuard};
 /// PyTorch's `CachingHostAllocatorImpl` (`allocate_host_memory`, `free_block`, `record_stream`,
 /// `query_event`), plus `cudaHostRegister` for `pinned_use_cuda_host_register`.
 ///
-/// The event type is that of [`MemoryBackend`], so the CUDA backend can share one event pool
+/// The fence type is that of [`MemoryBackend`] (`Note [Fences and events]` there), so the CUDA
+/// backend can share one event pool
 /// between its device and host allocators. Events are recorded on a [`DeviceStream`], a stream
 /// *and its device*: pinned memory serves every device, and every device's default stream is
 /// [`StreamId::DEFAULT`].
@@ -20,8 +21,9 @@ use crate::sync::{Arc, Mutex, MutexGuard};
 /// All methods take `&self`; implementations are `Send + Sync` and do their own locking. The
 /// caching policy ([`super::HostCachingAllocator`]) never calls them while holding its locks.
 pub trait HostBackend: Send + Sync + 'static {
-    /// A recorded stream event (a `CUevent`, or the simulator's [`SimHostEvent`]).
-    type Event: Send + Sync + 'static;
+    /// A fence: a point recorded on a stream (a `CUevent` on CUDA, the simulator's
+    /// [`SimHostFence`]); see `Note [Fences and events]` in [`crate::backend`].
+    type Fence: Send + Sync + 'static;
 
     /// Allocates `bytes` bytes of page-locked host memory (`cudaHostAlloc(.., cudaHostAllocDefault)`).
     /// The contents are unspecified (not necessarily zero).
@@ -80,20 +82,20 @@ pub trait HostBackend: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`BackendError::Other`] when the driver call fails.
-    fn record_event(&self, stream: DeviceStream) -> Result<Self::Event, BackendError>;
+    fn record_fence(&self, stream: DeviceStream) -> Result<Self::Fence, BackendError>;
 
     /// Whether `event` has completed (`cudaEventQuery`; "not ready" is `Ok(false)`).
     ///
     /// # Errors
     /// [`BackendError::Other`] when the query fails.
-    fn query_event(&self, event: &Self::Event) -> Result<bool, BackendError>;
+    fn query_fence(&self, event: &Self::Fence) -> Result<bool, BackendError>;
 
     /// Blocks until `event` has completed (`cudaEventSynchronize`); used only when the allocator
     /// itself is dropped with blocks still waiting on events.
     ///
     /// # Errors
     /// [`BackendError::Other`] when the driver call fails.
-    fn sync_event(&self, event: &Self::Event) -> Result<(), BackendError>;
+    fn sync_fence(&self, event: &Self::Fence) -> Result<(), BackendError>;
 
     /// Whether the driver considers `ptr` page-locked host memory (`cudaPointerGetAttributes`,
     /// type == host), for memory pinned outside the caching allocator. Default: `false`.
@@ -161,13 +163,13 @@ pub struct SimHostBackend {
     state: Mutex<SimHostState>,
 }
 
-/// An event of a [`SimHostBackend`]: the device it was recorded on and the simulator's event.
+/// A fence of a [`SimHostBackend`]: the device it was recorded on and the simulator's fence.
 #[derive(Debug)]
-pub struct SimHostEvent {
+pub struct SimHostFence {
     /// The device index of the stream the event was recorded on.
     pub device: u32,
     /// The event in that device's simulator.
-    pub event: SimEvent,
+    pub event: SimFence,
 }
 
 impl std::fmt::Debug for SimHostBackend {
@@ -204,7 +206,7 @@ impl SimHostBackend {
         self.devices
             .get(device as usize)
             .ok_or_else(|| BackendError::Other {
-                op: "record_event",
+                op: "record_fence",
                 message: format!(
                     "invalid device ordinal {device}: this simulated host serves {} device(s)",
                     self.devices.len()
@@ -296,7 +298,7 @@ fn contains(map: &BTreeMap<usize, usize>, addr: usize) -> bool {
 }
 
 impl HostBackend for SimHostBackend {
-    type Event = SimHostEvent;
+    type Fence = SimHostFence;
 
     fn alloc_pinned(&self, bytes: usize) -> Result<NonNull<u8>, BackendError> {
         let layout = Self::layout(bytes)?;
@@ -411,20 +413,20 @@ impl HostBackend for SimHostBackend {
         }
     }
 
-    fn record_event(&self, stream: DeviceStream) -> Result<SimHostEvent, BackendError> {
-        let event = self.device(stream.device)?.record_event(stream.stream)?;
-        Ok(SimHostEvent {
+    fn record_fence(&self, stream: DeviceStream) -> Result<SimHostFence, BackendError> {
+        let event = self.device(stream.device)?.record_fence(stream.stream)?;
+        Ok(SimHostFence {
             device: stream.device,
             event,
         })
     }
 
-    fn query_event(&self, event: &SimHostEvent) -> Result<bool, BackendError> {
-        self.device(event.device)?.query_event(&event.event)
+    fn query_fence(&self, event: &SimHostFence) -> Result<bool, BackendError> {
+        self.device(event.device)?.query_fence(&event.event)
     }
 
-    fn sync_event(&self, event: &SimHostEvent) -> Result<(), BackendError> {
-        self.device(event.device)?.sync_event(&event.event)
+    fn sync_fence(&self, event: &SimHostFence) -> Result<(), BackendError> {
+        self.device(event.device)?.sync_fence(&event.event)
     }
 
     fn is_pinned(&self, ptr: *const u8) -> bool {
@@ -454,7 +456,7 @@ impl Drop for SimHostBackend {
 /// the allocator owns (for counts, fault injection, or event completion after the allocator is
 /// gone).
 impl<B: HostBackend> HostBackend for Arc<B> {
-    type Event = B::Event;
+    type Fence = B::Fence;
 
     fn alloc_pinned(&self, bytes: usize) -> Result<NonNull<u8>, BackendError> {
         (**self).alloc_pinned(bytes)
@@ -474,16 +476,16 @@ impl<B: HostBackend> HostBackend for Arc<B> {
         unsafe { (**self).unregister(ptr, bytes) }
     }
 
-    fn record_event(&self, stream: DeviceStream) -> Result<Self::Event, BackendError> {
-        (**self).record_event(stream)
+    fn record_fence(&self, stream: DeviceStream) -> Result<Self::Fence, BackendError> {
+        (**self).record_fence(stream)
     }
 
-    fn query_event(&self, event: &Self::Event) -> Result<bool, BackendError> {
-        (**self).query_event(event)
+    fn query_fence(&self, event: &Self::Fence) -> Result<bool, BackendError> {
+        (**self).query_fence(event)
     }
 
-    fn sync_event(&self, event: &Self::Event) -> Result<(), BackendError> {
-        (**self).sync_event(event)
+    fn sync_fence(&self, event: &Self::Fence) -> Result<(), BackendError> {
+        (**self).sync_fence(event)
     }
 
     fn is_pinned(&self, ptr: *const u8) -> bool {

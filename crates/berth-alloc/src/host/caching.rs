@@ -67,7 +67,7 @@ struct Inner<B: HostBackend> {
     config: HostAllocatorConfig,
     state: Mutex<State>,
     /// Pending (event, block address) pairs, oldest first.
-    events: Mutex<VecDeque<(B::Event, usize)>>,
+    events: Mutex<VecDeque<(B::Fence, usize)>>,
     /// First error met in a drop-time free (cudarc's `record_err`).
     sticky: Mutex<Option<HostAllocError>>,
 }
@@ -375,7 +375,7 @@ impl<B: HostBackend> Inner<B> {
             let Some((event, addr)) = lock(&self.events).pop_front() else {
                 return Ok(());
             };
-            match self.backend.query_event(&event) {
+            match self.backend.query_fence(&event) {
                 Ok(true) => {}
                 Ok(false) => {
                     lock(&self.events).push_front((event, addr));
@@ -383,7 +383,7 @@ impl<B: HostBackend> Inner<B> {
                 }
                 Err(e) => {
                     lock(&self.events).push_front((event, addr));
-                    return Err(backend_err("query_event", e));
+                    return Err(backend_err("query_fence", e));
                 }
             }
             self.event_completed(addr);
@@ -481,10 +481,10 @@ impl<B: HostBackend> HostAllocationOwner for Inner<B> {
         };
         // One event per stream, recorded outside the lock (Note [Host block reuse]).
         for stream in streams {
-            match self.backend.record_event(stream) {
+            match self.backend.record_fence(stream) {
                 Ok(event) => lock(&self.events).push_back((event, addr)),
                 // The count stays raised: the block is never reused.
-                Err(e) => self.record_err(backend_err("record_event", e)),
+                Err(e) => self.record_err(backend_err("record_fence", e)),
             }
         }
     }
@@ -497,11 +497,11 @@ impl<B: HostBackend> HostAllocationOwner for Inner<B> {
 impl<B: HostBackend> Drop for Inner<B> {
     /// Runs when the allocator and every allocation are gone: waits for pending events and
     /// frees every block that can be proven idle. Errors are ignored (nothing can report them);
-    /// blocks stranded by a failed `record_event` are leaked on purpose.
+    /// blocks stranded by a failed `record_fence` are leaked on purpose.
     fn drop(&mut self) {
         let events: Vec<_> = lock(&self.events).drain(..).collect();
         for (event, addr) in events {
-            if self.backend.sync_event(&event).is_ok() {
+            if self.backend.sync_fence(&event).is_ok() {
                 self.event_completed(addr);
             }
         }

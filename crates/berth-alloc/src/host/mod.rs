@@ -33,7 +33,7 @@ mod stats;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
-pub use backend::{HostBackend, SimHostBackend, SimHostCounts, SimHostEvent};
+pub use backend::{HostBackend, SimHostBackend, SimHostCounts, SimHostFence};
 pub use caching::HostCachingAllocator;
 pub use stats::{DurationStat, HostStats};
 
@@ -88,7 +88,7 @@ pub enum HostAllocError {
     #[error("pinned host backend call {op} failed: {source}")]
     Backend {
         /// The allocator step that made the call (`"alloc_pinned"`, `"free_pinned"`,
-        /// `"record_event"`, `"query_event"`, ...).
+        /// `"record_fence"`, `"query_fence"`, ...).
         op: &'static str,
         /// The backend's error.
         #[source]

@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use super::{with_repr, In, Num, Scalar, PAR_MIN};
-use crate::backend::View;
+use crate::device_kernels::View;
 use crate::ops::{BinaryOp, CmpOp, UnaryOp};
 use crate::storage::Pod;
 use crate::{DType, Layout, Result};

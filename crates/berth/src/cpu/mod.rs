@@ -11,7 +11,7 @@ mod reduce;
 
 use half::{bf16, f16};
 
-use crate::backend::{DeviceKernels, RandomDist, View};
+use crate::device_kernels::{DeviceKernels, RandomDist, View};
 use crate::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::storage::{HostRead, Pod};
 use crate::{Device, Result, Storage};

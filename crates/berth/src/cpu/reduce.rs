@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 
 use super::{with_repr, In, Num, Scalar, PAR_MIN};
-use crate::backend::View;
+use crate::device_kernels::View;
 use crate::ops::ReduceOp;
 use crate::{Layout, Result};
 

@@ -1,5 +1,5 @@
 //! The CUDA implementation of the tensor layer's kernel interface
-//! ([`DeviceKernels`](crate::backend::DeviceKernels)): every op of [`crate::ops`] on berth's
+//! ([`DeviceKernels`](crate::device_kernels::DeviceKernels)): every op of [`crate::ops`] on berth's
 //! own NVRTC kernels ([`kernels`](super::kernels)), cuBLAS ([`blas`](super::blas)) and the
 //! device Philox generator ([`rand`](super::rand)).
 //!
@@ -11,11 +11,11 @@
 use super::blas::{self, MatrixView};
 use super::kernels::{self, ArgReduce, DeviceView, RawStream};
 use super::rand::fill_random_with;
-use crate::backend::{DeviceKernels, RandomDist, View};
+use crate::device_kernels::{DeviceKernels, RandomDist, View};
 use crate::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Result};
 
-/// berth's CUDA kernels, as one value for [`crate::backend`].
+/// berth's CUDA kernels, as one value for [`crate::device_kernels`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CudaKernels;
 

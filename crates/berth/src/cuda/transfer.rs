@@ -145,7 +145,7 @@ fn contiguous_bytes(src: &Tensor) -> Result<(Tensor, usize, usize)> {
 }
 
 /// Copies `src` to `device` (one side CUDA), returning a contiguous tensor of the same dtype.
-/// What the CUDA [`DeviceKernels::transfer`](crate::backend::DeviceKernels) calls.
+/// What the CUDA [`DeviceKernels::transfer`](crate::device_kernels::DeviceKernels) calls.
 ///
 /// # Errors
 /// Invalid device, out of memory, driver errors; [`CudaError::SyncDebug`] for a blocking

@@ -3,7 +3,7 @@
 //! output without memory, else (3) runs the device's kernel.
 
 use super::Tensor;
-use crate::backend::{alloc_tensor, kernels_for, DeviceKernels, View};
+use crate::device_kernels::{alloc_tensor, kernels_for, DeviceKernels, View};
 use crate::ops::{infer, BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{DType, Error, Layout, Result};
 

@@ -10,7 +10,7 @@
 //!    out of meta tensor; no data!"); use [`Tensor::to_empty`].
 
 use super::Tensor;
-use crate::backend::{alloc_tensor, kernels_for, View};
+use crate::device_kernels::{alloc_tensor, kernels_for, View};
 use crate::{DType, Device, Element, Error, Result};
 
 /// Options of [`Tensor::to_with`].

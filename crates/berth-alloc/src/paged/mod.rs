@@ -144,7 +144,7 @@ impl<B: MemoryBackend> Clone for PagedBestFit<B> {
 struct Shared<B: MemoryBackend> {
     backend: B,
     /// The policy's state (`Note [Spin lock]` in `crate::sync`).
-    state: SpinMutex<State<B::Event>>,
+    state: SpinMutex<State<B::Fence>>,
     sticky: StickyError<AllocError>,
     observers: OomObservers,
 }
@@ -207,7 +207,7 @@ impl<B: MemoryBackend> PagedBestFit<B> {
 }
 
 impl<B: MemoryBackend> Shared<B> {
-    fn lock(&self) -> SpinGuard<'_, State<B::Event>> {
+    fn lock(&self) -> SpinGuard<'_, State<B::Fence>> {
         // The state is consistent between calls; a panic elsewhere does not corrupt it.
         self.state.lock()
     }

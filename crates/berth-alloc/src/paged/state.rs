@@ -139,7 +139,7 @@ impl<E> State<E> {
         }
     }
 
-    fn arena_for<B: MemoryBackend<Event = E>>(
+    fn arena_for<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
         stream: StreamId,
@@ -158,7 +158,7 @@ impl<E> State<E> {
     }
 
     /// Allocates `bytes` (> 0) on `stream`.
-    pub(crate) fn malloc<B: MemoryBackend<Event = E>>(
+    pub(crate) fn malloc<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
         bytes: u64,
@@ -215,7 +215,7 @@ impl<E> State<E> {
 
     /// Maps every page of `[addr, addr + size)` not mapped yet, unmapping free pages first when
     /// the high-water mark would rise and the call budget allows (`Note [Paged best fit]`).
-    fn ensure_mapped<B: MemoryBackend<Event = E>>(
+    fn ensure_mapped<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
         addr: u64,
@@ -334,7 +334,7 @@ impl<E> State<E> {
     }
 
     /// Unmaps `[a, b)`, a union of whole mapping units (`Note [Mapping units]`), in one call.
-    fn unmap_run<B: MemoryBackend<Event = E>>(
+    fn unmap_run<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
         a: u64,
@@ -362,7 +362,7 @@ impl<E> State<E> {
     /// ones first, until `need` bytes are unmapped (or all of them), never touching a unit that
     /// overlaps `[exclude.0, exclude.1)`. Each stream whose units go is synchronized first (see
     /// the note on `record_stream` and deferred free in [`super`]).
-    fn reclaim<B: MemoryBackend<Event = E>>(
+    fn reclaim<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
         need: u64,
@@ -391,8 +391,8 @@ impl<E> State<E> {
             }
             let stream = self.arenas[i].stream;
             if !synced[i] {
-                let ev = backend.record_event(stream).map_err(backend_err(stream))?;
-                backend.sync_event(&ev).map_err(backend_err(stream))?;
+                let ev = backend.record_fence(stream).map_err(backend_err(stream))?;
+                backend.sync_fence(&ev).map_err(backend_err(stream))?;
                 synced[i] = true;
             }
             self.unmap_run(backend, a, b, stream)?;
@@ -401,7 +401,7 @@ impl<E> State<E> {
         Ok(freed)
     }
 
-    fn oom<B: MemoryBackend<Event = E>>(
+    fn oom<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
         need: u64,
@@ -426,7 +426,7 @@ impl<E> State<E> {
     }
 
     /// Frees the block at `ptr`: now, or once its other streams' events complete.
-    pub(crate) fn free<B: MemoryBackend<Event = E>>(
+    pub(crate) fn free<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
         ptr: DevicePtr,
@@ -448,7 +448,7 @@ impl<E> State<E> {
         if !block.uses.is_empty() {
             let mut events = Vec::with_capacity(block.uses.len());
             for &s in &block.uses {
-                match backend.record_event(s) {
+                match backend.record_fence(s) {
                     Ok(ev) => events.push(ev),
                     Err(e) => {
                         // Without an event the block cannot be reused safely: keep it pending
@@ -500,7 +500,7 @@ impl<E> State<E> {
     }
 
     /// Completes every pending free whose events have all completed.
-    pub(crate) fn process_events<B: MemoryBackend<Event = E>>(
+    pub(crate) fn process_events<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
     ) -> Result<(), AllocError> {
@@ -510,7 +510,7 @@ impl<E> State<E> {
             let mut done = true;
             for ev in &p.events {
                 let stream = self.arenas[p.arena].stream;
-                if !backend.query_event(ev).map_err(backend_err(stream))? {
+                if !backend.query_fence(ev).map_err(backend_err(stream))? {
                     done = false;
                     break;
                 }
@@ -526,14 +526,14 @@ impl<E> State<E> {
     }
 
     /// Waits for every pending free, then unmaps every entirely free page.
-    pub(crate) fn empty_cache<B: MemoryBackend<Event = E>>(
+    pub(crate) fn empty_cache<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
     ) -> Result<(), AllocError> {
         for p in std::mem::take(&mut self.pending) {
             let stream = self.arenas[p.arena].stream;
             for ev in &p.events {
-                backend.sync_event(ev).map_err(backend_err(stream))?;
+                backend.sync_fence(ev).map_err(backend_err(stream))?;
             }
             self.complete_free(p.addr, p.size, p.arena);
         }

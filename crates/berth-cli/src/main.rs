@@ -160,6 +160,43 @@ pub fn check_at_least_one(
     )))
 }
 
+/// A clap value parser for a whole-number flag that also reads negative numbers, so that
+/// `--epochs -1` is answered like `--epochs 0` ("--epochs -1: the number of epochs must be at
+/// least 1 (e.g. --epochs 5)") instead of with clap's "unexpected argument '-1'". Use it with
+/// `allow_negative_numbers = true` on the argument. Values from 0 up pass, so the command's own
+/// check (the one `--epochs 0` meets) still words the lower bound; `what` names the quantity
+/// ("the number of epochs"), `min` is its smallest accepted value, `example` a good one.
+pub fn whole_number(
+    flag: &'static str,
+    what: &'static str,
+    min: u64,
+    example: u64,
+) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let t = s.trim();
+        let hint = format!("{what} must be at least {min} (e.g. {flag} {example})");
+        match t.parse::<i128>() {
+            Ok(v) if v < 0 => Err(format!("{flag} {t}: {hint}")),
+            Ok(v) => u64::try_from(v).map_err(|_| format!("{flag} {t}: too large; {hint}")),
+            Err(_) => Err(format!("{flag} {t}: not a whole number; {hint}")),
+        }
+    }
+}
+
+/// [`whole_number`] for `usize` flags.
+pub fn whole_usize(
+    flag: &'static str,
+    what: &'static str,
+    min: u64,
+    example: u64,
+) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    let parse = whole_number(flag, what, min, example);
+    move |s: &str| {
+        let v = parse(s)?;
+        usize::try_from(v).map_err(|_| format!("{s} is too large for this machine's usize"))
+    }
+}
+
 /// Exit status for an error: 2 for bad user input (the error chain holds a [`UsageError`]), 1 otherwise.
 fn exit_code(err: &anyhow::Error) -> i32 {
     if err.chain().any(|e| e.is::<UsageError>()) {

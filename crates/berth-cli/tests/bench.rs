@@ -86,7 +86,7 @@ fn dataloader_zero_and_huge_counts_name_the_flag() {
     };
     assert_usage_error(
         &bench(&["--features", "0"]),
-        "--features 0: must be at least 1 (e.g. --features 784)",
+        "--features 0: must be at least 1 (e.g. --features 3072)",
     );
     assert_usage_error(
         &bench(&["--features", "4", "--batch-size", "0"]),
@@ -94,7 +94,7 @@ fn dataloader_zero_and_huge_counts_name_the_flag() {
     );
     assert_usage_error(
         &bench(&["--features", "4", "--epochs", "18446744073709551615"]),
-        "--epochs 18446744073709551615: at most 10000 timed epochs per figure (e.g. --epochs 5)",
+        "--epochs 18446744073709551615: at most 10000 timed epochs per figure (e.g. --epochs 3)",
     );
 }
 
@@ -118,4 +118,30 @@ fn a_failed_write_to_stdout_is_an_error_not_a_panic() {
         err,
         "berth: error: cannot write to standard output: No space left on device (os error 28)\n"
     );
+}
+
+/// Negative counts are answered like zero ones (the flag, the bound, the default as example),
+/// not with clap's "unexpected argument '-1'".
+#[test]
+fn dataloader_negative_counts_name_the_flag_and_the_bound() {
+    for (args, needle) in [
+        (
+            &["bench", "dataloader", "--samples", "-5"][..],
+            "--samples -5: the number of samples must be at least 1 (e.g. --samples 100000)",
+        ),
+        (
+            &["bench", "dataloader", "--workers", "0,-1"][..],
+            "--workers -1: the number of worker threads must be at least 0 (e.g. --workers 4)",
+        ),
+        (
+            &["bench", "alloc", "--reps", "-1"][..],
+            "--reps -1: the number of repetitions must be at least 1 (e.g. --reps 10)",
+        ),
+    ] {
+        let out = berth(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
+        assert!(!err.contains("unexpected argument"), "{args:?}: {err}");
+    }
 }

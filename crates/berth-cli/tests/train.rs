@@ -63,8 +63,14 @@ fn one_epoch_on_cpu_reaches_75_percent_and_eval_reproduces_it() {
 fn meta_predicts_without_data_or_memory() {
     let v = json_of(&berth(&["train", "--device", "meta", "--json"]));
     assert_eq!(v["device"], "meta");
-    let alloc = v["predicted_peak_allocated"].as_u64().unwrap();
-    let reserved = v["predicted_peak_reserved"].as_u64().unwrap();
+    assert_eq!(v["prediction"], true);
+    assert_eq!(v["policy"], "paged", "the default policy");
+    assert!(
+        v.get("predicted_peak_allocated").is_none(),
+        "one key per figure: {v}"
+    );
+    let alloc = v["peak_allocated"].as_u64().unwrap();
+    let reserved = v["peak_reserved"].as_u64().unwrap();
     assert!(alloc >= 2 * 814_120 && alloc.is_multiple_of(512), "{alloc}");
     assert!(
         reserved >= alloc && reserved.is_multiple_of(2 << 20),
@@ -228,4 +234,56 @@ fn training_into_a_closed_pipe_ends_quietly() {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(out.status.signal(), Some(13), "ended by SIGPIPE: {err}");
     }
+}
+
+/// `--lr -1` and `--epochs -1` get the messages `--lr 0` and `--epochs 0` get, not clap's
+/// "unexpected argument '-1'" (found trying the CLI as a new user).
+#[test]
+fn negative_values_get_the_zero_values_messages() {
+    for (args, needle) in [
+        (
+            &["train", "--device", "meta", "--epochs", "-1"][..],
+            "--epochs -1: the number of epochs must be at least 1 (e.g. --epochs 5)",
+        ),
+        (
+            &["train", "--device", "meta", "--lr", "-1"][..],
+            "--lr -1: the learning rate must be a positive number (e.g. --lr 0.05)",
+        ),
+        (
+            &["train", "--device", "meta", "--momentum", "-0.5"][..],
+            "--momentum -0.5: momentum must be in [0, 1) (e.g. --momentum 0.9)",
+        ),
+        (
+            &["train", "--device", "meta", "--batch-size", "-64"][..],
+            "--batch-size -64: the batch size must be at least 1 (e.g. --batch-size 64)",
+        ),
+        (
+            &["train", "--device", "meta", "--workers", "-2"][..],
+            "--workers -2: the number of worker threads must be at least 0 (e.g. --workers 2)",
+        ),
+        (
+            &["eval", "--load", "x.safetensors", "--batch-size", "-1"][..],
+            "--batch-size -1: the batch size must be at least 1 (e.g. --batch-size 1000)",
+        ),
+    ] {
+        let out = berth(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
+        assert!(!err.contains("unexpected argument"), "{args:?}: {err}");
+    }
+}
+
+/// The meta prediction says first that it is one, for which policy and device size.
+#[test]
+fn meta_summary_opens_with_what_it_predicts() {
+    let out = berth(&["train", "--device", "meta"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = text.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("Prediction (nothing was allocated)")
+            && first.contains("`paged` allocator policy"),
+        "{first}"
+    );
 }

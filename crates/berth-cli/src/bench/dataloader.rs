@@ -19,19 +19,24 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Samples in the dataset (PyTorch's workload: 100000).
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 100_000, allow_negative_numbers = true,
+          value_parser = crate::whole_usize("--samples", "the number of samples", 1, 100_000))]
     pub samples: usize,
     /// f32 features per sample (PyTorch's workload: 3072).
-    #[arg(long, default_value_t = 3072)]
+    #[arg(long, default_value_t = 3072, allow_negative_numbers = true,
+          value_parser = crate::whole_usize("--features", "the number of features", 1, 3072))]
     pub features: usize,
     /// Batch size.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true,
+          value_parser = crate::whole_usize("--batch-size", "the batch size", 1, 256))]
     pub batch_size: usize,
     /// Worker counts to measure, comma-separated (each at most 1024).
-    #[arg(long, value_delimiter = ',', default_value = "0,1,2,4")]
+    #[arg(long, value_delimiter = ',', default_value = "0,1,2,4", allow_negative_numbers = true,
+          value_parser = crate::whole_usize("--workers", "the number of worker threads", 0, 4))]
     pub workers: Vec<usize>,
     /// Timed epochs per figure (the median is reported; at most 10000), after one warm-up epoch.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true,
+          value_parser = crate::whole_usize("--epochs", "the number of timed epochs", 1, 3))]
     pub epochs: usize,
 }
 
@@ -42,7 +47,7 @@ struct Figure {
     target: &'static str,
     workers: Option<usize>,
     pin_memory: bool,
-    samples_per_s: f64,
+    samples_per_second: f64,
     gb_per_s: f64,
     /// This figure's bytes/s over the memcpy's bytes/s of the same run.
     vs_memcpy: f64,
@@ -60,7 +65,7 @@ fn emit(json: bool, f: &Figure) {
         let w = f.workers.map_or("-".to_string(), |w| w.to_string());
         println!(
             "{:<8} workers={:<3} pin_memory={:<5} {:>12.0} samples/s {:>8.2} GB/s  {:>5.2}x memcpy",
-            f.target, w, f.pin_memory, f.samples_per_s, f.gb_per_s, f.vs_memcpy
+            f.target, w, f.pin_memory, f.samples_per_second, f.gb_per_s, f.vs_memcpy
         );
     }
 }
@@ -112,10 +117,11 @@ const MAX_EPOCHS: usize = 10_000;
 /// Runs the DataLoader benchmark.
 pub fn run(args: Args) -> anyhow::Result<()> {
     for (flag, value, example) in [
-        ("--samples", args.samples, 60_000),
-        ("--features", args.features, 784),
+        // The examples are the defaults (PyTorch's workload in `torch_baseline.py`).
+        ("--samples", args.samples, 100_000),
+        ("--features", args.features, 3072),
         ("--batch-size", args.batch_size, 256),
-        ("--epochs", args.epochs, 5),
+        ("--epochs", args.epochs, 3),
     ] {
         if value == 0 {
             return Err(crate::UsageError(format!(
@@ -126,7 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.epochs > MAX_EPOCHS {
         return Err(crate::UsageError(format!(
-            "--epochs {}: at most {MAX_EPOCHS} timed epochs per figure (e.g. --epochs 5)",
+            "--epochs {}: at most {MAX_EPOCHS} timed epochs per figure (e.g. --epochs 3)",
             args.epochs
         ))
         .into());
@@ -156,7 +162,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             target: "memcpy",
             workers: None,
             pin_memory: false,
-            samples_per_s: memcpy_bps / (f * 4) as f64,
+            samples_per_second: memcpy_bps / (f * 4) as f64,
             gb_per_s: memcpy_bps / 1e9,
             vs_memcpy: 1.0,
         },
@@ -192,7 +198,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 target: "host",
                 workers: Some(w),
                 pin_memory: false,
-                samples_per_s: n as f64 / s,
+                samples_per_second: n as f64 / s,
                 gb_per_s: bps / 1e9,
                 vs_memcpy: bps / memcpy_bps,
             },
@@ -240,7 +246,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 target: "cuda:0",
                 workers: Some(w),
                 pin_memory: dl.pin_memory(),
-                samples_per_s: n as f64 / s,
+                samples_per_second: n as f64 / s,
                 gb_per_s: bps / 1e9,
                 vs_memcpy: bps / memcpy_bps,
             },

@@ -20,7 +20,8 @@ macro_rules! bench_args {
             #[arg(long)]
             pub json: bool,
             /// Repetitions per figure (the median is reported); at least 1.
-            #[arg(long, default_value_t = 10)]
+            #[arg(long, default_value_t = 10, allow_negative_numbers = true,
+                  value_parser = crate::whole_usize("--reps", "the number of repetitions", 1, 10))]
             pub reps: usize,
         }
     };
@@ -32,7 +33,8 @@ pub struct TransfersArgs {
     #[arg(long)]
     pub json: bool,
     /// Repetitions per figure (the median is reported); at least 1.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true,
+          value_parser = crate::whole_usize("--reps", "the number of repetitions", 1, 10))]
     pub reps: usize,
     /// Instead of the figures: time one way of making the process's first pinned copy
     /// (`berth::cuda::pin_probe` variant name, or `pin_memory`), then `reps` more.

@@ -26,6 +26,9 @@ pub struct MetaPrediction {
     pub peak_reserved: u64,
     /// Sum of the parameter bytes (what `numel × element_size` gives, no rounding).
     pub parameter_bytes: u64,
+    /// Bytes of the simulated device: device 0's total memory when a GPU is present, else an
+    /// H200's.
+    pub capacity_bytes: u64,
 }
 
 /// Runs the meta steps and returns the prediction.
@@ -34,6 +37,12 @@ pub struct MetaPrediction {
 /// Shape errors (a bug) or a malformed `BERTH_ALLOC_CONF`.
 pub fn predict(args: &TrainArgs) -> anyhow::Result<(MetaPrediction, MetaPlan)> {
     predict_with(args, berth::cuda::memory::config()?)
+}
+
+/// The name of the allocator policy a prediction is for (`BERTH_ALLOC_CONF`'s), as the summary
+/// and the JSON report it: `pytorch`, `expandable` or `paged`.
+fn policy_name() -> anyhow::Result<&'static str> {
+    Ok(berth::cuda::memory::config()?.policy_name())
 }
 
 /// [`predict`] for the allocator `config` selects instead of `BERTH_ALLOC_CONF`'s.
@@ -89,6 +98,7 @@ pub fn predict_with(
         peak_allocated: plan.max_memory_allocated(),
         peak_reserved: plan.max_memory_reserved(),
         parameter_bytes,
+        capacity_bytes: capacity,
     };
     Ok((p, plan))
 }
@@ -106,13 +116,16 @@ fn raw_batch(batch: usize) -> berth::Result<(Tensor, Tensor)> {
 /// As [`predict`].
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let (p, plan) = predict(args)?;
+    let policy = policy_name()?;
     if args.json {
+        // The same keys as a real run's report (`peak_allocated`, `peak_reserved`), marked as
+        // a prediction, with the policy it is for.
         let obj = serde_json::json!({
             "device": "meta",
+            "prediction": true,
+            "policy": policy,
             "batch_size": args.batch_size,
             "hidden": args.hidden,
-            "predicted_peak_allocated": p.peak_allocated,
-            "predicted_peak_reserved": p.peak_reserved,
             "peak_allocated": p.peak_allocated,
             "peak_reserved": p.peak_reserved,
             "parameter_bytes": p.parameter_bytes,
@@ -121,6 +134,12 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&obj)?);
         return Ok(());
     }
+    println!(
+        "Prediction (nothing was allocated): the CUDA memory summary of `berth train --device \
+         cuda` with the `{policy}` allocator policy (BERTH_ALLOC_CONF) on a device of {} B, \
+         computed on meta tensors:",
+        p.capacity_bytes
+    );
     println!("{}", plan.memory_summary());
     println!(
         "meta: one training step (batch {}, hidden {}) and one evaluation batch ({}) on meta tensors",

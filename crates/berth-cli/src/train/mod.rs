@@ -29,25 +29,30 @@ pub struct TrainArgs {
     #[arg(long, default_value = "auto")]
     pub device: String,
     /// Passes over the 60,000 training images.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true,
+          value_parser = crate::whole_usize("--epochs", "the number of epochs", 1, 5))]
     pub epochs: usize,
     /// Images per step.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true,
+          value_parser = crate::whole_usize("--batch-size", "the batch size", 1, 64))]
     pub batch_size: usize,
     /// Width of the hidden layer.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true,
+          value_parser = crate::whole_usize("--hidden", "the hidden layer's width", 1, 256))]
     pub hidden: usize,
     /// SGD learning rate.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     pub lr: f64,
     /// SGD momentum (PyTorch's rule, dampening 0).
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value_t = 0.9, allow_negative_numbers = true)]
     pub momentum: f64,
     /// DataLoader worker threads (at most 1024).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true,
+          value_parser = crate::whole_usize("--workers", "the number of worker threads", 0, 2))]
     pub workers: usize,
     /// Seed of the model's initialisation and of the shuffle.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true,
+          value_parser = crate::whole_number("--seed", "the seed", 0, 0))]
     pub seed: u64,
     /// Write the trained state dict (CPU copies) to this safetensors file.
     #[arg(long)]
@@ -79,7 +84,8 @@ pub struct EvalArgs {
     #[arg(long, default_value = "auto")]
     pub device: String,
     /// Images per evaluation step.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, allow_negative_numbers = true,
+          value_parser = crate::whole_usize("--batch-size", "the batch size", 1, 1000))]
     pub batch_size: usize,
     /// Folder with the Fashion-MNIST IDX files (as for `train`).
     #[arg(long)]

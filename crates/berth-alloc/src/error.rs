@@ -78,7 +78,7 @@ pub enum AllocError {
     /// PyTorch's `torch.OutOfMemoryError`: no cached block fits and the backend could not provide
     /// a new segment even after the retry sequence. The allocator stays usable. The message is
     /// PyTorch's (`CUDACachingAllocator.cpp`, `malloc`), sizes as `format_size` prints them.
-    #[error("{}", oom_message(*.requested, *.device, *.device_total, *.device_free, *.allocated, *.reserved_unallocated, *.allowed, *.expandable_segments))]
+    #[error("{}", oom_message(*.requested, *.device, *.device_total, *.device_free, *.allocated, *.reserved_unallocated, *.allowed, *.hint))]
     OutOfMemory {
         /// The bytes asked of the backend (the segment size, not the tensor size: a 5 MiB
         /// tensor reports 20 MiB, as PyTorch does).
@@ -97,8 +97,8 @@ pub enum AllocError {
         reserved_unallocated: u64,
         /// The memory-fraction cap in bytes, when one is set.
         allowed: Option<u64>,
-        /// Whether expandable segments are already on (the hint then names `max_split_size_mb`).
-        expandable_segments: bool,
+        /// Which advice the message ends with (depends on the policy that failed).
+        hint: OomHint,
     },
     /// The request alone exceeds the memory-fraction cap: it cannot succeed even with an empty
     /// cache. Counted as an OOM (`num_ooms`), like PyTorch, and [`AllocError::is_out_of_memory`]
@@ -186,16 +186,12 @@ fn oom_message(
     allocated: u64,
     reserved_unallocated: u64,
     allowed: Option<u64>,
-    expandable: bool,
+    hint: OomHint,
 ) -> String {
     let allowed = allowed
         .map(|a| format!("{} allowed; ", format_size(a)))
         .unwrap_or_default();
-    let hint = if expandable {
-        "If reserved but unallocated memory is large try setting max_split_size_mb to avoid fragmentation."
-    } else {
-        "If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
-    };
+    let hint = hint.text();
     format!(
         "CUDA out of memory. Tried to allocate {}. GPU {device} has a total capacity of {} of which {} is free. \
          Including non-PyTorch memory, this process has {} memory in use. {allowed}Of the allocated memory {} is allocated by PyTorch, \
@@ -208,6 +204,38 @@ fn oom_message(
         format_size(allocated),
         format_size(reserved_unallocated),
     )
+}
+
+/// The advice an [`AllocError::OutOfMemory`] message ends with: PyTorch's for its two modes
+/// (<https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.cpp>, the
+/// "If reserved but unallocated memory is large" sentence), and berth's own for `paged`, which
+/// has no `max_split_size_mb` or expandable segments to suggest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OomHint {
+    /// PyTorch's caching policy without expandable segments: suggest them.
+    ExpandableSegments,
+    /// PyTorch's caching policy with expandable segments on: suggest `max_split_size_mb`.
+    MaxSplitSize,
+    /// berth's `paged` policy: it already gave its free pages back and retried.
+    Paged,
+}
+
+impl OomHint {
+    /// The sentence the message ends with.
+    pub fn text(self) -> &'static str {
+        match self {
+            OomHint::ExpandableSegments => {
+                "If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
+            }
+            OomHint::MaxSplitSize => {
+                "If reserved but unallocated memory is large try setting max_split_size_mb to avoid fragmentation."
+            }
+            OomHint::Paged => {
+                "berth's paged policy already returned its free pages to the device and retried, so the memory is in use: free tensors you no longer need or make the request smaller."
+            }
+        }
+    }
 }
 
 /// A bad allocator configuration string (`PYTORCH_CUDA_ALLOC_CONF` syntax).

@@ -49,7 +49,7 @@ pub use backend::{
     DevicePtr, DeviceStream, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend,
 };
 pub use config::{AllocatorConfig, AllocatorPolicy};
-pub use error::{AllocError, BackendError, ConfigError};
+pub use error::{AllocError, BackendError, ConfigError, OomHint};
 pub use host::{HostAllocation, HostAllocator, HostBackend, HostCachingAllocator};
 pub use paged::PagedBestFit;
 pub use plumbing::OomObserver;

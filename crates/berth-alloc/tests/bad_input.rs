@@ -3,7 +3,9 @@
 use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::caching::CachingAllocator;
 use berth_alloc::trace::{parse_trace, read_trace, TraceError};
-use berth_alloc::{AllocError, AllocatorConfig, ConfigError, DeviceAllocator, DevicePtr, StreamId};
+use berth_alloc::{
+    AllocError, AllocatorConfig, ConfigError, DeviceAllocator, DevicePtr, PagedBestFit, StreamId,
+};
 
 use crate::util::{trace_path, MIB};
 
@@ -131,6 +133,25 @@ fn oom_message_carries_pytorchs_content() {
         msg.contains("max_split_size_mb") && !msg.contains("expandable_segments:True"),
         "{msg}"
     );
+}
+
+/// `paged` has neither `max_split_size_mb` nor expandable segments (it refuses both options), so
+/// its out-of-memory message must not suggest them.
+#[test]
+fn paged_out_of_memory_suggests_nothing_paged_refuses() {
+    let paged = PagedBestFit::new(SimBackend::new(100 * MIB)).unwrap();
+    let e = paged.allocate(200 * MIB as usize, S0).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("CUDA out of memory. Tried to allocate"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("max_split_size_mb") && !msg.contains("expandable_segments"),
+        "{msg}"
+    );
+    assert!(msg.contains(berth_alloc::OomHint::Paged.text()), "{msg}");
 }
 
 /// An expandable segment that cannot grow to a request larger than the device unmaps the pages

@@ -125,7 +125,11 @@ impl<B: MemoryBackend> Shared<B> {
                 allocated,
                 reserved_unallocated: reserved.saturating_sub(allocated),
                 allowed,
-                expandable_segments: st.cfg.expandable_segments,
+                hint: if st.cfg.expandable_segments {
+                    crate::error::OomHint::MaxSplitSize
+                } else {
+                    crate::error::OomHint::ExpandableSegments
+                },
             },
         }
     }

@@ -421,7 +421,7 @@ impl<E> State<E> {
             allocated,
             reserved_unallocated: self.pages.mapped.saturating_sub(allocated),
             allowed,
-            expandable_segments: true,
+            hint: crate::error::OomHint::Paged,
         }
     }
 

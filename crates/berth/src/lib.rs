@@ -14,6 +14,10 @@
 //! - [`nn`]: `Module`, `Linear`, state dicts in safetensors files.
 
 pub use berth_alloc as alloc;
+/// The `half` crate, whose `f16` and `bf16` are the elements of [`DType::F16`] and [`DType::BF16`]
+/// tensors (`tensor.to_vec::<berth::half::f16>()`), re-exported so that reading them needs no
+/// dependency of your own.
+pub use half;
 
 mod cpu;
 pub mod cuda;

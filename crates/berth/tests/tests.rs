@@ -12,6 +12,7 @@ mod cuda_runtime;
 #[cfg(feature = "cuda")]
 mod cuda_transfer;
 mod device;
+mod display;
 mod meta;
 mod nn;
 mod ops;

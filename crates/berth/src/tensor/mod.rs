@@ -10,6 +10,7 @@
 //! `.to()` contract and host reads), `ops` (math front-ends), `inplace`.
 
 mod create;
+mod display;
 mod inplace;
 mod ops;
 mod to;

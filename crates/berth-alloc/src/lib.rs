@@ -51,7 +51,7 @@ pub use backend::{
 pub use config::{AllocatorConfig, AllocatorPolicy};
 pub use error::{AllocError, BackendError, ConfigError, OomHint};
 pub use host::{HostAllocation, HostAllocator, HostBackend, HostCachingAllocator};
-pub use paged::PagedBestFit;
+pub use paged::{PagedBestFit, PagedTuning};
 pub use plumbing::OomObserver;
 pub use snapshot::{BlockInfo, BlockState, MemorySnapshot, SegmentInfo, TraceAction, TraceEntry};
 pub use stats::{MemoryStats, Stat, StatKind};

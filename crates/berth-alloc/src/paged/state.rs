@@ -4,7 +4,7 @@
 use super::arena::Arena;
 use super::pages::{page_down, page_up, PageMap};
 use super::units::{cut, Units};
-use super::{CALLS_PER_20MIB, HEADROOM_DIV};
+use super::PagedTuning;
 use crate::addr_map::AddrMap;
 use crate::backend::{DevicePtr, MemoryBackend, StreamId, VirtualMemoryBackend};
 use crate::config::AllocatorConfig;
@@ -52,6 +52,9 @@ pub(crate) struct State<E> {
     units: Units,
     /// Longest mapping unit in bytes (a multiple of the page size).
     max_unit: u64,
+    /// Step 3's headroom divisor (0: none) and step 4's call budget (`Note [Paged best fit]`).
+    headroom_div: u64,
+    calls_per_20mib: f64,
     arenas: Vec<Arena>,
     /// The index in `arenas` of each stream's arena: found in O(1), however many streams (a
     /// linear scan made 40,000 streams quadratic).
@@ -88,8 +91,9 @@ fn vm<B: MemoryBackend>(backend: &B) -> &dyn VirtualMemoryBackend {
 
 impl<E> State<E> {
     /// Fresh state for pages of `page` bytes on a device of `total` bytes (0 = unknown),
-    /// mapping units of at most `max_unit` bytes (rounded up to whole pages).
-    pub(crate) fn new(page: u64, total: u64, max_unit: u64) -> Self {
+    /// with `tuning`'s constants (mapping units rounded up to whole pages).
+    pub(crate) fn new(page: u64, total: u64, tuning: PagedTuning) -> Self {
+        let max_unit = tuning.max_unit_bytes;
         let va_bytes = if total == 0 {
             DEFAULT_VA
         } else {
@@ -99,6 +103,8 @@ impl<E> State<E> {
             pages: PageMap::new(page),
             units: Units::default(),
             max_unit: page_up(max_unit.clamp(page, 1 << 62), page),
+            headroom_div: tuning.headroom_div,
+            calls_per_20mib: tuning.calls_per_20mib,
             arenas: Vec::new(),
             arena_of: std::collections::HashMap::new(),
             live: AddrMap::default(),
@@ -231,7 +237,8 @@ impl<E> State<E> {
         let mut runs = self.pages.unmapped_runs(lo, hi);
         let mut need: u64 = runs.iter().map(|(a, b)| b - a).sum();
         let target = self.pages.mapped + need;
-        let budget = CALLS_PER_20MIB * self.high_water.max(target) as f64 / (20u64 << 20) as f64;
+        let budget =
+            self.calls_per_20mib * self.high_water.max(target) as f64 / (20u64 << 20) as f64;
         let in_budget = budget - self.device_calls() as f64 >= 2.0;
         if !in_budget {
             // Out of budget: map one page beyond the block when it is free address space, so
@@ -250,7 +257,8 @@ impl<E> State<E> {
         }
         // `Note [Paged best fit]`, step 3: unmap elsewhere only beyond the high-water mark
         // and the headroom over the live peak.
-        let headroom = page_up(self.live_peak + self.live_peak / HEADROOM_DIV, page);
+        let extra = self.live_peak.checked_div(self.headroom_div).unwrap_or(0);
+        let headroom = page_up(self.live_peak + extra, page);
         let mut limit = self.high_water.max(headroom);
         if let Some(cap) = self.cap {
             limit = limit.min(cap);

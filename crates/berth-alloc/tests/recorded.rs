@@ -167,7 +167,7 @@ const PAGED: [(&str, u64, u64); 10] = [
     ("lstm_varlen_train", 6_958_350_336, 141),
     ("segmentation_varsize_train", 6_641_680_384, 213),
     ("three_stream_overlap", 404_750_336, 28),
-    ("unet_diffusion_train", 2_011_168_768, 144),
+    ("unet_diffusion_train", 2_009_071_616, 66),
     ("vit_bf16_amp_train", 3_969_908_736, 172),
 ];
 

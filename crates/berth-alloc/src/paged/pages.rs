@@ -117,6 +117,16 @@ impl PageMap {
         }
     }
 
+    /// The lowest address `a` in `[start, end)` where `[a, a + bytes)` lies inside one mapped
+    /// interval and inside `[start, end)`: a place for a block in a free extent that needs no
+    /// new page although the extent's two ends would (`Note [Paged best fit]`, step 1).
+    pub(crate) fn mapped_fit(&self, start: u64, end: u64, bytes: u64) -> Option<u64> {
+        self.touching(page_down(start, self.page), end)
+            .map(|(s, e)| (s.max(start), e.min(end)))
+            .find(|&(a, e)| e >= a && e - a >= bytes)
+            .map(|(a, _)| a)
+    }
+
     /// Records `[start, end)` (entirely unmapped) as mapped.
     pub(crate) fn insert(&mut self, start: u64, end: u64) {
         self.mapped += end - start;

@@ -1,13 +1,15 @@
 //! Concurrency stress, bounded in time: 8 threads of random allocate / free (on the thread that
 //! allocated or on another) / `record_stream` / fence completion (the simulator's `complete_*`)
 //! / `empty_cache` / statistics reads on every allocator: PyTorch's caching policy, expandable
-//! segments, `paged`, and the pinned host allocator. What `invariants.rs` and
-//! `host_invariants.rs` check for random sequences on one thread, and `loom.rs` for every
-//! interleaving of two or three tiny threads, this checks for many long interleaved sequences:
+//! segments, `paged`, and the pinned host allocator. The simulated devices hold 1 GiB, so the
+//! out-of-memory retry paths run too (a few percent of the allocations fail, typed). What
+//! `invariants.rs` and `host_invariants.rs` check for random sequences on one thread, and
+//! `loom.rs` for every interleaving of two or three tiny threads, this checks for many long
+//! interleaved sequences:
 //!
-//! * while running, no two live allocations overlap (each is entered in a shared registry
-//!   before it is handed to another thread and checked against its neighbours), host blocks
-//!   keep the tag written into them, and `reserved >= allocated` in every statistics read;
+//! * while running, no two live allocations overlap (each is entered in a shared registry as
+//!   soon as it is handed out, and checked against its neighbours there), host blocks keep the
+//!   tag written into them, and `reserved >= allocated` in every statistics read;
 //! * at the end, with the survivors still live: the allocator's own invariant check (the
 //!   caching policy's `validate`), allocated == the sum of the live blocks' sizes, requested ==
 //!   the sum of the live requests, one active block per live allocation at its address,

@@ -16,3 +16,4 @@ mod pickle;
 mod pickle_bad_input;
 mod policy;
 mod recorded;
+mod stress;

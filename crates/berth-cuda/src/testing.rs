@@ -1,10 +1,25 @@
 //! Test hooks: the one GPU gate for GPU tests, and a fake device count for simulated cases.
 //!
 //! # The GPU gate
-//! Every GPU test starts with `if !berth_cuda::testing::require_gpu("name") { return; }`: on a
-//! machine without a device it prints why it skips, unless `BERTH_REQUIRE_GPU=1` is set, in
-//! which case it fails (so a GPU job that lost its GPU cannot pass silently; tokio's
-//! `_require_full.rs` idea).
+//! Every GPU test is written
+//!
+//! ```text
+//! #[test]
+//! #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
+//! fn name() {
+//!     if !berth_cuda::testing::require_gpu("name") {
+//!         return;
+//!     }
+//!     ...
+//! }
+//! ```
+//!
+//! so a plain `cargo test` counts it as *ignored*, not passed, on any machine. Run with
+//! `--include-ignored` (as `scripts/gpu-check.sh` does on the GPU machine), it reaches the
+//! gate: on a machine without a device the gate prints why it skips, unless
+//! `BERTH_REQUIRE_GPU=1` is set, in which case it fails (so a GPU job that lost its GPU cannot
+//! pass silently; tokio's `_require_full.rs` idea). Tests of the no-GPU error paths need no
+//! device and stay ordinary tests.
 //!
 //! # Faking the device count (BUG-20's SIM part)
 //! [`fake_device_count`] makes [`device_count`](super::device_count),
@@ -101,4 +116,76 @@ pub fn require_gpus(test: &str, n: usize) -> bool {
 pub fn busy_stream(stream: &super::Stream, ms: u64) -> Result<(), super::CudaError> {
     // SAFETY: `stream` (borrowed) keeps its handle alive.
     unsafe { crate::ffi::stream_sleep(stream.device(), stream.as_raw(), ms) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    /// Every `.rs` file under `dir`, recursively.
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                rust_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+
+    /// Honest counts: in every crate of the workspace, a `#[test]` whose body opens at the GPU
+    /// gate is `#[ignore]`d (so a machine without a GPU counts it as ignored, not passed), and
+    /// an `#[ignore]`d test that needs a GPU opens at the gate (so `--include-ignored` without
+    /// a GPU skips it with a message instead of failing).
+    #[test]
+    fn every_gpu_test_is_ignored_and_opens_at_the_gate() {
+        let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = Vec::new();
+        for krate in std::fs::read_dir(&crates).unwrap().flatten() {
+            rust_files(&krate.path().join("src"), &mut files);
+            rust_files(&krate.path().join("tests"), &mut files);
+        }
+        let (mut gated, mut bad) = (0, Vec::new());
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                if line.trim() != "#[test]" {
+                    continue;
+                }
+                let mut j = i + 1;
+                while j < lines.len() && !lines[j].trim_start().starts_with("fn ") {
+                    j += 1;
+                }
+                let attrs = &lines[i..j];
+                let body = lines[j..lines.len().min(j + 8)].join("\n");
+                let opens_at_gate = [
+                    "require_gpu(",
+                    "require_gpus(",
+                    "gpu(\"",
+                    "driver_library_present(",
+                ]
+                .iter()
+                .any(|g| body.contains(g));
+                let ignored_for_gpu = attrs
+                    .iter()
+                    .any(|a| a.contains("#[ignore") && (a.contains("GPU") || a.contains("NVIDIA")));
+                gated += usize::from(opens_at_gate);
+                if opens_at_gate != ignored_for_gpu {
+                    bad.push(format!("{}:{}", file.display(), j + 1));
+                }
+            }
+        }
+        assert!(gated > 0, "no GPU test found under {}", crates.display());
+        assert!(
+            bad.is_empty(),
+            "GPU tests must be #[ignore = \"needs a CUDA GPU: ...\"] and open with \
+             `if !berth_cuda::testing::require_gpu(..) {{ return; }}`; these do one without \
+             the other: {bad:#?}"
+        );
+    }
 }

@@ -128,7 +128,8 @@ mod tuples {
 /// field by field: the batch keeps the struct's type (PyTorch's namedtuple rule, BUG-25), or
 /// becomes a given batch struct with the same field names.
 ///
-/// ```ignore
+/// ```
+/// # use berth::Tensor;
 /// struct Pair { x: Tensor, y: Tensor }
 /// berth_data::impl_collate!(Pair { x, y });            // Batch = Pair (x, y stacked)
 /// struct Sample { x: Tensor, label: i64 }

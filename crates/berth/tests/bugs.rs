@@ -24,6 +24,7 @@ fn bug_03_to_returns_self_when_nothing_changes() {
 /// current device are the same storage; `cpu()` of it is new.
 #[cfg(feature = "cuda")]
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn bug_03_device_to_returns_self_on_the_current_device() {
     if !berth::cuda::testing::require_gpu("bug_03_device_to_returns_self_on_the_current_device") {
         return;
@@ -235,6 +236,7 @@ fn bug_20_out_of_range_device_index_sim() {
 /// BUG-20 on a real GPU: the same error from the driver-reported count.
 #[cfg(feature = "cuda")]
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn bug_20_out_of_range_device_index_gpu() {
     if !berth::cuda::testing::require_gpu("bug_20_out_of_range_device_index_gpu") {
         return;

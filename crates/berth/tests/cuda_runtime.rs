@@ -1,7 +1,8 @@
 //! The CUDA runtime on a real GPU: discovery, contexts, streams, events, the device and pinned
-//! allocators, transfers, sync points. Every test starts at the one GPU gate
-//! (`berth::cuda::testing::require_gpu`): it skips with a message on a machine without a GPU,
-//! and fails there when `BERTH_REQUIRE_GPU=1`. Tests named `bug_xx_*` are the cases of
+//! allocators, transfers, sync points. Every GPU test is `#[ignore]`d (run them with
+//! `--include-ignored`) and starts at the one GPU gate (`berth::cuda::testing::require_gpu`):
+//! it skips with a message on a machine without a GPU, and fails there when
+//! `BERTH_REQUIRE_GPU=1`. Tests named `bug_xx_*` are the cases of
 //! `behaviour-cases.md`; the SIM parts run everywhere.
 
 #![cfg(feature = "cuda")]
@@ -41,6 +42,7 @@ fn random_vec(n: usize, seed: u64) -> Vec<f32> {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn discovery_names_the_device_with_its_memory() {
     if !gpu("discovery_names_the_device_with_its_memory") {
         return;
@@ -90,6 +92,7 @@ fn bug_20_sim_index_past_the_fake_count_is_a_typed_error() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn bug_20_gpu_every_use_of_a_missing_index_fails_and_the_process_stays_usable() {
     if !gpu("bug_20_gpu") {
         return;
@@ -106,6 +109,7 @@ fn bug_20_gpu_every_use_of_a_missing_index_fails_and_the_process_stays_usable() 
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn contexts_are_created_lazily_once_per_device() {
     if !gpu("contexts_are_created_lazily_once_per_device") {
         return;
@@ -124,6 +128,7 @@ fn contexts_are_created_lazily_once_per_device() {
 }
 
 #[test]
+#[ignore = "needs two CUDA GPUs: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without any)"]
 fn bug_22_work_on_cuda1_creates_no_context_on_cuda0() {
     if !testing::require_gpus("bug_22_work_on_cuda1_creates_no_context_on_cuda0", 2) {
         return;
@@ -140,6 +145,7 @@ fn bug_22_work_on_cuda1_creates_no_context_on_cuda0() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn bug_18_elapsed_time_before_completion_is_not_ready_then_positive() {
     if !gpu("bug_18") {
         return;
@@ -167,6 +173,7 @@ fn bug_18_elapsed_time_before_completion_is_not_ready_then_positive() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn bug_17_host_clock_without_sync_measures_only_the_launch() {
     if !gpu("bug_17") {
         return;
@@ -192,6 +199,7 @@ fn bug_17_host_clock_without_sync_measures_only_the_launch() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn streams_wait_for_each_other_and_the_guard_restores_the_current_stream() {
     if !gpu("streams_wait") {
         return;
@@ -224,6 +232,7 @@ fn streams_wait_for_each_other_and_the_guard_restores_the_current_stream() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn cuda_backend_allocates_reports_memory_and_maps_virtual_memory() {
     if !gpu("cuda_backend") {
         return;
@@ -259,6 +268,7 @@ fn cuda_backend_allocates_reports_memory_and_maps_virtual_memory() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn expandable_segments_run_on_the_virtual_memory_backend() {
     if !gpu("expandable_segments") {
         return;
@@ -278,6 +288,7 @@ fn expandable_segments_run_on_the_virtual_memory_backend() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn bug_12_empty_cache_returns_exactly_the_released_segment() {
     if !gpu("bug_12") {
         return;
@@ -309,6 +320,7 @@ fn bug_12_empty_cache_returns_exactly_the_released_segment() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn out_of_memory_is_typed_and_the_next_allocation_succeeds() {
     if !gpu("out_of_memory") {
         return;
@@ -324,6 +336,7 @@ fn out_of_memory_is_typed_and_the_next_allocation_succeeds() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn a_block_freed_while_a_side_stream_uses_it_is_not_reused_until_that_work_is_done() {
     if !gpu("record_stream") {
         return;
@@ -349,6 +362,7 @@ fn a_block_freed_while_a_side_stream_uses_it_is_not_reused_until_that_work_is_do
 /// memory out of reuse until that work is done; a pinned host tensor is accepted (the pinned
 /// allocator defers its block); a pageable one is a typed error.
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn record_stream_from_the_tensor_api() {
     if !gpu("tensor_record_stream") {
         return;
@@ -381,6 +395,7 @@ fn record_stream_from_the_tensor_api() {
 /// stream must not free its `CUstream`: memory used on a dropped stream is reclaimed safely,
 /// and the next stream of that device and priority reuses the handle.
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn a_dropped_stream_stays_valid_for_the_allocator_and_is_reused() {
     if !gpu("dropped_stream") {
         return;
@@ -406,6 +421,7 @@ fn a_dropped_stream_stays_valid_for_the_allocator_and_is_reused() {
 
 /// The memory functions take a device as PyTorch's do: an index, `None` (current), a `Device`.
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn memory_api_by_device() {
     if !gpu("memory_api_by_device") {
         return;
@@ -435,6 +451,7 @@ fn memory_api_by_device() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn bug_05_06_pin_memory_rules() {
     if !gpu("bug_05_06") {
         return;
@@ -456,6 +473,7 @@ fn bug_05_06_pin_memory_rules() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn round_trips_are_exact_in_every_direction() {
     if !gpu("round_trips") {
         return;
@@ -483,6 +501,7 @@ fn round_trips_are_exact_in_every_direction() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn bug_01_non_blocking_dtoh_read_at_once_is_correct_in_100_of_100_trials() {
     if !gpu("bug_01") {
         return;
@@ -508,6 +527,7 @@ fn bug_01_non_blocking_dtoh_read_at_once_is_correct_in_100_of_100_trials() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn bug_02_pinned_source_write_waits_for_the_copy_and_the_call_returns_early() {
     if !gpu("bug_02") {
         return;
@@ -542,6 +562,7 @@ fn bug_02_pinned_source_write_waits_for_the_copy_and_the_call_returns_early() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn bug_19_each_blocking_read_is_one_host_wait_and_sync_debug_flags_only_those() {
     if !gpu("bug_19") {
         return;
@@ -575,6 +596,7 @@ fn bug_19_each_blocking_read_is_one_host_wait_and_sync_debug_flags_only_those() 
 /// `cuMemCreate` / `cuMemMap`, each behind a byte cap (`Limit`) that stands for the device
 /// capacity the suite asks for.
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn conformance_suite_on_cuda_backend() {
     use berth::alloc::adaptor::Limit;
     use berth::alloc::{testing as suite, PagedBestFit};

@@ -262,7 +262,7 @@ mod tests {
 
     /// A free extent whose two ends are unmapped but whose middle is mapped (an extent coalesces
     /// mapped and unmapped free space): the block goes to the mapped middle and maps nothing.
-    /// Found on a diffusion UNet trace, where a 64 MiB request mapped new pages beside a fully
+    /// Found on a diffusion `UNet` trace, where a 64 MiB request mapped new pages beside a fully
     /// mapped free gigabyte.
     #[test]
     fn place_uses_mapped_memory_inside_an_extent() {

@@ -15,3 +15,4 @@ mod paged;
 mod pickle;
 mod pickle_bad_input;
 mod policy;
+mod trace_stream;

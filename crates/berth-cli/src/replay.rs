@@ -437,7 +437,7 @@ fn json_line(row: &Row) -> String {
         "ops": r.ops,
         "peak_requested": r.peak_requested,
         "peak_reserved": r.peak_reserved,
-        "ratio": (r.ratio() * 1e6).round() / 1e6,
+        "ratio": (r.ratio().unwrap_or(1.0) * 1e6).round() / 1e6,
         "device_allocs": r.device_allocs,
         "device_calls": r.device_calls,
         "cold_ns_per_op": (row.cold_ns_per_op * 10.0).round() / 10.0,
@@ -484,7 +484,7 @@ fn table(rows: &[Row]) -> String {
             r.ops,
             r.peak_requested,
             r.peak_reserved,
-            r.ratio(),
+            r.ratio().unwrap_or(1.0),
             r.device_allocs,
             r.device_calls,
             r.ns_per_op

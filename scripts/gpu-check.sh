@@ -39,6 +39,8 @@ for b in "${BENCHES[@]}"; do
   cp "${b#*$'\t'}" .gpu/bench-alloc-replay
 done
 cp -r "$SHARED/bench" "$SHARED/traces" .gpu/shared/
+# Every committed trace (the five of ../shared/traces and the ten recorded since) replays.
+cp crates/berth-alloc/tests/data/*.trace.json.gz .gpu/shared/traces/
 # The berth_torch wheel (PyTorch's allocator from berth), for scripts/torch-live.sh.
 command -v maturin >/dev/null || python3 -m pip install -q maturin >&2
 (cd crates/berth-torch && maturin build --release --out "$OLDPWD/.gpu" >&2)

@@ -1,11 +1,21 @@
 //! Replaying a trace through any [`DeviceAllocator`] (the library half of `berth replay`).
 //!
-//! Rules (`shared/traces/README.md`): walk the rows in order; on `alloc` allocate `size` bytes on
+//! Rules (the traces' README): walk the rows in order; on `alloc` allocate `size` bytes on
 //! `stream` and remember the pointer under the row's `addr`; on `free_completed` free the block
-//! remembered under `addr` (skip an unknown `addr`); ignore every other row. Freeing at
-//! `free_completed` honours the trace's streams: the recording already delayed it until the
-//! other streams' events completed. An `alloc` at an address still live (never seen in real
-//! traces) frees the older block right after the new allocation, uncounted.
+//! remembered under `addr`; ignore every other row. Freeing at `free_completed` honours the
+//! trace's streams: the recording already delayed it until the other streams' events
+//! completed. An `alloc` at an address still live (never seen in real traces) frees the older
+//! block right after the new allocation, uncounted.
+//!
+//! A `free_completed` of an address that is not live (never allocated, or already freed) is
+//! refused with [`UnknownFree`] by [`CompiledTrace::try_new`] and [`TraceCompiler`]: PyTorch's
+//! allocator refuses such a free too (`TORCH_CHECK(false, "invalid device pointer: ", ptr)` in
+//! `NativeCachingAllocator::free`,
+//! <https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.cpp>), and none
+//! of the recorded traces has one, so it means a damaged or cut-off trace. PyTorch's C++ replay
+//! script (`torch_replay.py`) skips them instead; [`CompiledTrace::new`] and
+//! [`TraceCompiler::skip_unknown_frees`] do the same, for traces whose history was cut off at
+//! the start (a ring buffer that wrapped: `_record_memory_history(max_entries=...)`).
 //!
 //! # Note [Compiled replay]
 //! Timing follows PyTorch's own C++ replay (`shared/bench/torch_replay.py`): the rows are first
@@ -44,13 +54,136 @@ pub struct ReplayReport {
 }
 
 impl ReplayReport {
-    /// `peak_reserved / peak_requested` (1.0 is perfect).
-    pub fn ratio(&self) -> f64 {
-        if self.peak_requested == 0 {
-            1.0
-        } else {
-            self.peak_reserved as f64 / self.peak_requested as f64
+    /// `peak_reserved / peak_requested` (1.0 is perfect); `None` when the trace requested no
+    /// bytes at all (an empty trace, or one without `alloc` rows): there is no peak to compare
+    /// with, and 0/0 is not a ratio.
+    pub fn ratio(&self) -> Option<f64> {
+        (self.peak_requested != 0).then(|| self.peak_reserved as f64 / self.peak_requested as f64)
+    }
+}
+
+/// A `free_completed` row whose address is not live: never allocated in the trace, or already
+/// freed (the replay rules of this module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("free_completed of address {addr:#x}, which is not live (no earlier alloc at that address, or it was already freed); PyTorch's allocator refuses such a free (\"invalid device pointer\"), so the trace is damaged or its start was cut off; expected every free_completed to follow an alloc of its address")]
+pub struct UnknownFree {
+    /// 0-based index of the row in the trace.
+    pub index: usize,
+    /// The address it frees.
+    pub addr: u64,
+}
+
+/// Compiles trace rows one at a time into a [`CompiledTrace`] (so a trace can be compiled as
+/// it is read, `Note [Streaming trace reader]` in [`crate::trace`]), checking each `free_completed`
+/// against the live addresses.
+///
+/// ```
+/// use berth_alloc::replay::{TraceCompiler, UnknownFree};
+/// use berth_alloc::trace::TraceEvent;
+/// use berth_alloc::{StreamId, TraceAction};
+/// let row = |action, addr| TraceEvent { action, addr, size: 512, stream: StreamId::DEFAULT, time_us: 0 };
+/// let mut c = TraceCompiler::new();
+/// c.push(0, &row(TraceAction::Alloc, 0x100)).unwrap();
+/// c.push(1, &row(TraceAction::FreeCompleted, 0x100)).unwrap();
+/// assert_eq!(c.push(2, &row(TraceAction::FreeCompleted, 0x100)), Err(UnknownFree { index: 2, addr: 0x100 }));
+/// assert_eq!(c.finish().ops(), 2);
+/// ```
+#[derive(Debug, Default)]
+pub struct TraceCompiler {
+    trace: CompiledTrace,
+    /// Live address → (slot, requested bytes).
+    live: HashMap<u64, (u32, u64)>,
+    free_slots: Vec<u32>,
+    /// Bytes live now; u128 because a crafted trace can have more than 2^64 bytes live (fuzzing
+    /// found two allocations of 2^63 overflowing a u64); the peak saturates at `u64::MAX`.
+    requested: u128,
+    skip_unknown_frees: bool,
+}
+
+impl TraceCompiler {
+    /// A compiler that refuses frees of addresses that are not live ([`UnknownFree`]).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether a free of an address that is not live is skipped (as PyTorch's C++ replay script
+    /// does) instead of refused.
+    pub fn skip_unknown_frees(mut self, skip: bool) -> Self {
+        self.skip_unknown_frees = skip;
+        self
+    }
+
+    /// Compiles row `index` (its position in the trace, for error messages); rows other than
+    /// `alloc` and `free_completed` compile to nothing.
+    ///
+    /// # Errors
+    /// [`UnknownFree`] for a `free_completed` of an address that is not live (unless skipped);
+    /// the row is then not compiled, and the compiler can go on.
+    ///
+    /// # Panics
+    /// Only with 2^32 blocks live at once (slot indices are `u32`), which would take 128 GiB of
+    /// compiled operations first.
+    pub fn push(&mut self, index: usize, e: &TraceEvent) -> Result<(), UnknownFree> {
+        let row = index as u64;
+        let t = &mut self.trace;
+        match e.action {
+            TraceAction::Alloc => {
+                let slot = self.free_slots.pop().unwrap_or_else(|| {
+                    t.slots += 1;
+                    u32::try_from(t.slots - 1).expect("fewer than 2^32 blocks live at once")
+                });
+                t.ops.push(Op {
+                    size: e.size,
+                    stream: e.stream,
+                    slot,
+                    row,
+                    kind: Kind::Alloc,
+                });
+                t.counted += 1;
+                self.requested += u128::from(e.size);
+                let live_now = u64::try_from(self.requested).unwrap_or(u64::MAX);
+                t.peak_requested = t.peak_requested.max(live_now);
+                if let Some((old, size)) = self.live.insert(e.addr, (slot, e.size)) {
+                    self.requested -= u128::from(size);
+                    t.ops.push(Op {
+                        size,
+                        stream: e.stream,
+                        slot: old,
+                        row,
+                        kind: Kind::Replace,
+                    });
+                    self.free_slots.push(old);
+                }
+            }
+            TraceAction::FreeCompleted => match self.live.remove(&e.addr) {
+                Some((slot, size)) => {
+                    self.requested -= u128::from(size);
+                    t.ops.push(Op {
+                        size,
+                        stream: e.stream,
+                        slot,
+                        row,
+                        kind: Kind::Free,
+                    });
+                    t.counted += 1;
+                    self.free_slots.push(slot);
+                }
+                None if self.skip_unknown_frees => {}
+                None => {
+                    return Err(UnknownFree {
+                        index,
+                        addr: e.addr,
+                    })
+                }
+            },
+            _ => {}
         }
+        Ok(())
+    }
+
+    /// The compiled trace.
+    pub fn finish(self) -> CompiledTrace {
+        self.trace
     }
 }
 
@@ -89,7 +222,7 @@ struct Op {
     /// Index into the pointer table.
     slot: u32,
     /// The trace row it came from (for [`ReplayError::index`]).
-    row: u32,
+    row: u64,
     kind: Kind,
 }
 
@@ -117,74 +250,36 @@ pub struct CompiledTrace {
 }
 
 impl CompiledTrace {
-    /// Compiles `events` by the replay rules of this module. Slots freed by an operation are
-    /// reused by later allocations, so the pointer table stays as small as the most blocks live
-    /// at once.
+    /// Compiles `events` by the replay rules of this module, skipping frees of addresses that
+    /// are not live (as PyTorch's C++ replay script does; [`CompiledTrace::try_new`] refuses
+    /// them). Slots freed by an operation are reused by later allocations, so the pointer table
+    /// stays as small as the most blocks live at once.
     ///
     /// # Panics
-    /// Never for traces of fewer than 2^32 rows (slot and row indices are `u32`); a longer
-    /// trace panics with a message saying so.
+    /// As [`TraceCompiler::push`].
     pub fn new(events: &[TraceEvent]) -> Self {
-        assert!(
-            events.len() < u32::MAX as usize,
-            "trace of {} rows: at most 2^32 - 1 rows can be replayed",
-            events.len()
-        );
-        let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
-        let mut free_slots: Vec<u32> = Vec::new();
-        let mut t = CompiledTrace::default();
-        // u128: a crafted trace can have more than 2^64 bytes live (fuzzing found two
-        // allocations of 2^63 overflowing a u64); the peak saturates at u64::MAX.
-        let mut requested = 0u128;
-        for (row, e) in events.iter().enumerate() {
-            let row = row as u32;
-            match e.action {
-                TraceAction::Alloc => {
-                    let slot = free_slots.pop().unwrap_or_else(|| {
-                        t.slots += 1;
-                        (t.slots - 1) as u32
-                    });
-                    t.ops.push(Op {
-                        size: e.size,
-                        stream: e.stream,
-                        slot,
-                        row,
-                        kind: Kind::Alloc,
-                    });
-                    t.counted += 1;
-                    requested += u128::from(e.size);
-                    let live_now = u64::try_from(requested).unwrap_or(u64::MAX);
-                    t.peak_requested = t.peak_requested.max(live_now);
-                    if let Some((old, size)) = live.insert(e.addr, (slot, e.size)) {
-                        requested -= u128::from(size);
-                        t.ops.push(Op {
-                            size,
-                            stream: e.stream,
-                            slot: old,
-                            row,
-                            kind: Kind::Replace,
-                        });
-                        free_slots.push(old);
-                    }
-                }
-                TraceAction::FreeCompleted => {
-                    if let Some((slot, size)) = live.remove(&e.addr) {
-                        requested -= u128::from(size);
-                        t.ops.push(Op {
-                            size,
-                            stream: e.stream,
-                            slot,
-                            row,
-                            kind: Kind::Free,
-                        });
-                        t.counted += 1;
-                        free_slots.push(slot);
-                    }
-                }
-                _ => {}
-            }
+        let mut c = TraceCompiler::new().skip_unknown_frees(true);
+        for (index, e) in events.iter().enumerate() {
+            // Skipping: no row is refused.
+            let _ = c.push(index, e);
         }
-        t
+        c.finish()
+    }
+
+    /// Compiles `events` as [`CompiledTrace::new`] does, but refuses a free of an address that
+    /// is not live, as PyTorch's allocator does (this module's docs).
+    ///
+    /// # Errors
+    /// [`UnknownFree`] naming the first such row and its address.
+    ///
+    /// # Panics
+    /// As [`CompiledTrace::new`].
+    pub fn try_new(events: &[TraceEvent]) -> Result<Self, UnknownFree> {
+        let mut c = TraceCompiler::new();
+        for (index, e) in events.iter().enumerate() {
+            c.push(index, e)?;
+        }
+        Ok(c.finish())
     }
 
     /// The same operations with every allocation on `stream` (PyTorch's C++ replay puts every
@@ -323,12 +418,12 @@ mod tests {
             row(SegmentAlloc, 0xa00, 2 << 20, 0),
             row(Alloc, 0xb00, 3000, 7),
             row(FreeCompleted, 0xa00, 1000, 0),
-            row(FreeCompleted, 0xdead, 5, 0), // unknown: skipped
+            row(FreeCompleted, 0xdead, 5, 0), // unknown: skipped by `new`
             row(Alloc, 0xc00, 500, 0),
             row(Alloc, 0xb00, 200, 7), // replaces the live 0xb00
         ];
         let t = CompiledTrace::new(&events);
-        let got: Vec<(Kind, u32, u32, u64)> = t
+        let got: Vec<(Kind, u32, u64, u64)> = t
             .ops
             .iter()
             .map(|o| (o.kind, o.slot, o.row, o.size))
@@ -351,6 +446,13 @@ mod tests {
         assert_eq!(t.ops[1].stream, StreamId(7));
         let one = t.clone().on_stream(StreamId::DEFAULT);
         assert!(one.ops.iter().all(|o| o.stream == StreamId::DEFAULT));
+        assert_eq!(
+            CompiledTrace::try_new(&events).unwrap_err(),
+            UnknownFree {
+                index: 5,
+                addr: 0xdead
+            }
+        );
     }
 
     /// Found by fuzzing: two live allocations of 2^63 bytes overflowed the requested-bytes sum.
@@ -368,6 +470,15 @@ mod tests {
         let alloc =
             crate::caching::CachingAllocator::new(crate::backend::sim::SimBackend::new(1 << 30));
         assert!(t.replay(&alloc).is_err(), "the policy refuses 2^63 bytes");
+    }
+
+    #[test]
+    fn an_empty_trace_has_no_ratio() {
+        let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+        let r = replay(&[], &alloc).unwrap();
+        assert_eq!((r.ops, r.peak_requested, r.ratio()), (0, 0, None));
+        let r = replay(&[row(TraceAction::Alloc, 0x1, 512, 0)], &alloc).unwrap();
+        assert_eq!(r.ratio(), Some((2 << 20) as f64 / 512.0));
     }
 
     #[test]

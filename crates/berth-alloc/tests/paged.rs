@@ -87,7 +87,7 @@ fn paged_beats_every_pytorch_mode_within_call_budget() {
         eprintln!(
             "{name}: peak reserved {} ({:.5}x), {} device calls (budget {})",
             r.peak_reserved,
-            r.ratio(),
+            r.ratio().unwrap_or(f64::NAN),
             r.device_calls,
             4 * segments
         );

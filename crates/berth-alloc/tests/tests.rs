@@ -17,3 +17,4 @@ mod pickle_bad_input;
 mod policy;
 mod recorded;
 mod stress;
+mod trace_stream;

@@ -12,6 +12,7 @@ mod bench;
 mod info;
 mod replay;
 mod replay_cuda;
+mod replay_torch;
 mod train;
 
 /// berth: where your tensors live, how fast they move, and where your GPU memory went.

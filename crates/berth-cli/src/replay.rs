@@ -3,22 +3,30 @@
 //! Each trace (`*.trace.json.gz`, plain JSON, or a `_dump_snapshot` pickle, whose
 //! `device_traces[0]` is replayed) goes through each chosen policy on a fresh [`SimBackend`],
 //! following `berth_alloc::replay`'s rules (streams honoured: a block is freed at its
-//! `free_completed` row). Timing is PyTorch's C++ replay's (`Note [Compiled replay]` in
-//! `berth_alloc::replay`): [`PASSES`] passes on one allocator, memory figures from the first
-//! (cold) pass, `ns_per_op` the fastest of the others (warm). PyTorch's own figures for the
-//! five traces of `shared/traces` are printed beside berth's, when the trace is that one: its
-//! file name and its replayed peak requested bytes both match (see [`Reference`]).
+//! `free_completed` row; a free of an address that is not live is refused unless
+//! `--skip-unknown-frees`). JSON traces are compiled as they are read (`Note [Streaming trace
+//! reader]` in `berth_alloc::trace`): no event is kept beyond its compiled operation, and a
+//! request larger than the whole simulated device fails the read at that event. Timing is
+//! PyTorch's C++ replay's (`Note [Compiled replay]` in `berth_alloc::replay`): [`PASSES`] passes
+//! on one allocator, memory figures from the first (cold) pass, `ns_per_op` the fastest of the
+//! others (warm). PyTorch's own figures are printed beside berth's wherever the trace carries
+//! them (the `stats` that `torch_trace.py` records, [`Recorded`]), and PyTorch's replay figures
+//! for the five published traces when the trace is one of them: its file name and its peak
+//! requested bytes both match (see [`Reference`]). Bytes print as PyTorch's `format_size` does
+//! (`5.48 GiB`); `--json` keeps exact byte counts.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::caching::CachingAllocator;
-use berth_alloc::replay::{CompiledTrace, ReplayError, ReplayReport};
-use berth_alloc::trace::{read_trace, Trace};
-use berth_alloc::{AllocatorConfig, DeviceAllocator, MemoryBackend, PagedBestFit};
+use berth_alloc::replay::{CompiledTrace, ReplayError, ReplayReport, TraceCompiler};
+use berth_alloc::stats::format_size;
+use berth_alloc::trace::{read_trace_into, TraceError, TraceEvent};
+use berth_alloc::{AllocatorConfig, DeviceAllocator, MemoryBackend, PagedBestFit, TraceAction};
 
+use crate::replay_torch::{Recorded, Reference, TORCH_MODES};
 use crate::UsageError;
 
 /// Arguments of `berth replay`.
@@ -48,6 +56,11 @@ pub struct ReplayArgs {
     /// replay `shared/bench/torch_replay.py` does; `--capacity` and `--real-addrs` do not apply).
     #[arg(long, default_value = "sim")]
     pub device: String,
+    /// Skip a `free_completed` of an address that is not live (never allocated, or already
+    /// freed), as PyTorch's replay script does, instead of refusing the trace: for a trace
+    /// whose start was cut off (a wrapped `_record_memory_history` ring buffer).
+    #[arg(long)]
+    pub skip_unknown_frees: bool,
 }
 
 /// A replay policy of `--policy`.
@@ -118,91 +131,6 @@ pub(crate) fn warm_ns(warm: &[ReplayReport]) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// PyTorch's figures for a trace of `shared/traces` (its README table, H200, torch 2.11).
-struct TorchFigures {
-    name: &'static str,
-    peak_requested: u64,
-    /// Peak reserved bytes: default, `expandable_segments`, `cudaMallocAsync`.
-    reserved: [u64; 3],
-    /// `num_device_alloc` of the live run (default mode).
-    segments: u64,
-    /// C++ `raw_alloc`/`raw_delete` ns per operation: default, expandable, cudaMallocAsync.
-    ns_per_op: [u64; 3],
-}
-
-const TORCH: [TorchFigures; 5] = [
-    TorchFigures {
-        name: "bert_varlen_train",
-        peak_requested: 16_209_102_960,
-        reserved: [18_184_404_992, 16_227_762_176, 16_240_345_088],
-        segments: 181,
-        ns_per_op: [562, 333, 1666],
-    },
-    TorchFigures {
-        name: "gpt2_generate",
-        peak_requested: 692_946_998,
-        reserved: [759_169_024, 738_197_504, 838_860_800],
-        segments: 31,
-        ns_per_op: [395, 226, 1401],
-    },
-    TorchFigures {
-        name: "gpt2_train",
-        peak_requested: 8_668_539_912,
-        reserved: [10_204_741_632, 9_235_857_408, 12_180_258_816],
-        segments: 191,
-        ns_per_op: [491, 321, 1941],
-    },
-    TorchFigures {
-        name: "resnet50_train",
-        peak_requested: 5_879_357_852,
-        reserved: [7_031_750_656, 5_991_563_264, 6_140_461_056],
-        segments: 111,
-        ns_per_op: [535, 291, 1563],
-    },
-    TorchFigures {
-        name: "two_stream_pipeline",
-        peak_requested: 268_738_372,
-        reserved: [354_418_688, 341_835_776, 369_098_752],
-        segments: 12,
-        ns_per_op: [332, 227, 1293],
-    },
-];
-
-const TORCH_MODES: [&str; 3] = ["torch default", "torch expandable", "torch cudaMallocAsync"];
-
-/// How a replayed trace relates to PyTorch's reference figures ([`TORCH`]).
-#[derive(Clone, Copy)]
-enum Reference {
-    /// No reference trace has this file name.
-    None,
-    /// The file name and the replay's peak requested bytes match: the figures are this trace's.
-    Matches(&'static TorchFigures),
-    /// The file name matches but the peak requested bytes do not: another trace under a reference
-    /// trace's name, so its figures would mislead.
-    NameOnly(&'static TorchFigures),
-}
-
-impl Reference {
-    /// The reference for a trace named `stem` whose replay peaked at `peak_requested` bytes.
-    /// Traces are deterministic: the same trace replays to the same peak under every policy.
-    fn of(stem: &str, peak_requested: u64) -> Reference {
-        match TORCH.iter().find(|t| t.name == stem) {
-            None => Reference::None,
-            Some(t) if t.peak_requested == peak_requested => Reference::Matches(t),
-            Some(t) => Reference::NameOnly(t),
-        }
-    }
-
-    /// The note for [`Reference::NameOnly`]: one line, no trailing newline.
-    fn mismatch_note(t: &TorchFigures, peak_requested: u64) -> String {
-        format!(
-            "(the file name matches PyTorch's reference trace {}, but its content does not: peak \
-             requested {peak_requested} bytes, the reference's {}; no PyTorch comparison shown)",
-            t.name, t.peak_requested
-        )
-    }
-}
-
 /// The trace name: the file name up to its first dot (`gpt2_train.trace.json.gz` → `gpt2_train`).
 fn trace_name(path: &Path) -> String {
     let file = path
@@ -265,20 +193,125 @@ fn parse_capacity(s: &str) -> Result<u64, UsageError> {
         .ok_or_else(|| UsageError(format!("invalid --capacity '{s}': expected a positive number of bytes up to {max} (64 PiB), such as 80000000000 or 80GiB")))
 }
 
-/// Reads a JSON trace or a snapshot pickle (recognized by its leading protocol byte 0x80).
-fn load(path: &Path) -> anyhow::Result<Trace> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| UsageError(format!("cannot read trace {}: {e}", path.display())))?;
-    if bytes.first() == Some(&0x80) {
-        return berth_alloc::pickle::load_trace_pickle(&bytes).map_err(|e| {
+/// A trace compiled as it was read: what a replay needs of it.
+pub(crate) struct LoadedTrace {
+    /// The `alloc` and `free_completed` rows as operations.
+    pub(crate) compiled: CompiledTrace,
+    /// Rows in the trace.
+    pub(crate) events: usize,
+    /// The addresses of the `segment_alloc` rows, in order (kept only for `--real-addrs`).
+    segment_addresses: Vec<u64>,
+    /// PyTorch's own figures, if the trace carries them.
+    recorded: Option<Recorded>,
+}
+
+/// How [`load`] checks and keeps the events.
+struct LoadOptions {
+    /// Refuse an `alloc` of more bytes than this (the simulated device's capacity): no policy
+    /// could grant it, so the read stops there instead of after the whole trace.
+    capacity: Option<u64>,
+    /// Keep the `segment_alloc` addresses (`--real-addrs`).
+    keep_segments: bool,
+    /// `--skip-unknown-frees`.
+    skip_unknown_frees: bool,
+}
+
+/// The leading byte of every pickle of protocol 2 or later (`PROTO`), which
+/// `torch.cuda.memory._dump_snapshot` writes.
+const PICKLE_PROTO: u8 = 0x80;
+
+/// Reads and compiles a JSON trace (streaming) or a snapshot pickle (recognized by its leading
+/// protocol byte 0x80, or named `.pickle` / `.pkl`).
+fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedTrace> {
+    let cannot_read =
+        |e: std::io::Error| UsageError(format!("cannot read trace {}: {e}", path.display()));
+    let mut first = [0u8; 1];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut first))
+        .map_err(cannot_read)?;
+    let named_pickle = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("pickle") || e.eq_ignore_ascii_case("pkl"));
+    let mut compiler = TraceCompiler::new().skip_unknown_frees(options.skip_unknown_frees);
+    let mut segment_addresses = Vec::new();
+    let unknown_free = std::cell::Cell::new(false);
+    let mut sink = |index: usize, e: TraceEvent| -> Result<(), String> {
+        if let (TraceAction::Alloc, Some(capacity)) = (e.action, options.capacity) {
+            if e.size > capacity {
+                return Err(format!(
+                    "alloc of {} ({} bytes) is more than the whole simulated device ({}), so no \
+                     policy can replay it; pass a larger --capacity (at most 64 PiB), or check \
+                     the trace",
+                    format_size(e.size),
+                    e.size,
+                    format_size(capacity)
+                ));
+            }
+        }
+        if options.keep_segments && e.action == TraceAction::SegmentAlloc {
+            segment_addresses.push(e.addr);
+        }
+        compiler.push(index, &e).map_err(|err| {
+            unknown_free.set(true);
+            err.to_string()
+        })
+    };
+    let is_pickle = n == 1 && first[0] == PICKLE_PROTO;
+    let (events, stats, alloc_conf) = if is_pickle || named_pickle {
+        if !is_pickle {
+            let found = if n == 0 {
+                "the file is empty".to_string()
+            } else {
+                format!("it starts with byte {:#04x}", first[0])
+            };
+            return Err(UsageError(format!(
+                "{}: not a valid PyTorch snapshot pickle: {found}, not the pickle protocol byte \
+                 0x80; expected a snapshot written by torch.cuda.memory._dump_snapshot, or a \
+                 JSON trace (.json or .json.gz) such as torch_trace.py records",
+                path.display()
+            ))
+            .into());
+        }
+        let bytes = std::fs::read(path).map_err(cannot_read)?;
+        let trace = berth_alloc::pickle::load_trace_pickle(&bytes).map_err(|e| {
             UsageError(format!(
                 "{}: not a valid PyTorch snapshot pickle: {e}",
                 path.display()
             ))
-            .into()
-        });
-    }
-    read_trace(path).map_err(|e| UsageError(format!("{}: {e}", path.display())).into())
+        })?;
+        drop(bytes);
+        for (index, e) in trace.events.iter().enumerate() {
+            sink(index, *e).map_err(|message| {
+                load_error(
+                    path,
+                    TraceError::Rejected { index, message },
+                    unknown_free.get(),
+                )
+            })?;
+        }
+        (trace.events.len(), trace.stats, trace.alloc_conf)
+    } else {
+        let info = read_trace_into(path, &mut sink)
+            .map_err(|e| load_error(path, e, unknown_free.get()))?;
+        (info.events, info.stats, info.alloc_conf)
+    };
+    Ok(LoadedTrace {
+        compiled: compiler.finish(),
+        events,
+        segment_addresses,
+        recorded: Recorded::from_stats(&stats, alloc_conf.as_deref()),
+    })
+}
+
+/// The one-line error of a trace that could not be loaded; a free of an address that is not
+/// live gets the flag that skips such frees.
+fn load_error(path: &Path, e: TraceError, unknown_free: bool) -> anyhow::Error {
+    let hint = if unknown_free {
+        "; or pass --skip-unknown-frees to skip such frees, as PyTorch's replay script does"
+    } else {
+        ""
+    };
+    UsageError(format!("{}: {e}{hint}", path.display())).into()
 }
 
 /// One replay's result.
@@ -289,6 +322,8 @@ struct Row {
     trace: String,
     /// PyTorch's figures for this trace, if any.
     reference: Reference,
+    /// PyTorch's figures carried by the trace itself, if any.
+    recorded: Option<Recorded>,
     policy: Policy,
     /// The cold pass, with `ns_per_op` replaced by the warm figure.
     report: ReplayReport,
@@ -352,37 +387,39 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         Some(c) => parse_capacity(c)?,
         None => SimBackend::H200_BYTES,
     };
-    let traces: Vec<(String, Trace)> = headings(&args.traces)
+    let options = LoadOptions {
+        capacity: cuda.is_none().then_some(capacity),
+        keep_segments: args.real_addrs,
+        skip_unknown_frees: args.skip_unknown_frees,
+    };
+    let traces: Vec<(String, LoadedTrace)> = headings(&args.traces)
         .into_iter()
         .zip(&args.traces)
-        .map(|(label, p)| Ok((label, load(p)?)))
+        .map(|(label, p)| Ok((label, load(p, &options)?)))
         .collect::<anyhow::Result<_>>()?;
     if let Some(index) = cuda {
         return crate::replay_cuda::run(index, &traces, &policies, args.json);
     }
-    let total: u64 = traces
-        .iter()
-        .map(|(_, t)| t.events.len() as u64)
-        .sum::<u64>()
-        * policies.len() as u64;
+    let total: u64 =
+        traces.iter().map(|(_, t)| t.events as u64).sum::<u64>() * policies.len() as u64;
     let bar = progress_bar(total, args.json);
     let mut rows = Vec::new();
     for (group, ((name, trace), path)) in traces.iter().zip(&args.traces).enumerate() {
-        let compiled = CompiledTrace::new(&trace.events);
         for &policy in &policies {
             bar.set_message(format!("{name} / {}", policy.name()));
             let mut sim = SimBackend::new(capacity);
             if args.real_addrs {
-                sim = sim.with_addresses(trace.segment_addresses());
+                sim = sim.with_addresses(trace.segment_addresses.clone());
             }
             let alloc = policy.allocator(sim)?;
-            let (cold, warm) = passes(&compiled, alloc.as_ref())
+            let (cold, warm) = passes(&trace.compiled, alloc.as_ref())
                 .with_context(|| format!("replaying {name} with policy {}", policy.name()))?;
-            bar.inc(trace.events.len() as u64);
+            bar.inc(trace.events as u64);
             rows.push(Row {
                 group,
                 trace: name.clone(),
                 reference: Reference::of(&trace_name(path), cold.peak_requested),
+                recorded: trace.recorded.clone(),
                 policy,
                 report: ReplayReport {
                     ns_per_op: warm_ns(&warm),
@@ -437,12 +474,20 @@ fn json_line(row: &Row) -> String {
         "ops": r.ops,
         "peak_requested": r.peak_requested,
         "peak_reserved": r.peak_reserved,
-        "ratio": (r.ratio() * 1e6).round() / 1e6,
+        "ratio": r.ratio().map(|x| (x * 1e6).round() / 1e6),
         "device_allocs": r.device_allocs,
         "device_calls": r.device_calls,
-        "cold_ns_per_op": (row.cold_ns_per_op * 10.0).round() / 10.0,
-        "ns_per_op": (r.ns_per_op * 10.0).round() / 10.0,
+        "cold_ns_per_op": (r.ops > 0).then(|| (row.cold_ns_per_op * 10.0).round() / 10.0),
+        "ns_per_op": (r.ops > 0).then(|| (r.ns_per_op * 10.0).round() / 10.0),
     });
+    if let Some(rec) = &row.recorded {
+        obj["torch_recorded"] = serde_json::json!({
+            "peak_requested": rec.peak_requested,
+            "peak_reserved": rec.peak_reserved,
+            "segments": rec.segments,
+            "alloc_conf": rec.alloc_conf,
+        });
+    }
     if let Reference::Matches(t) = row.reference {
         obj["torch_peak_reserved"] = serde_json::json!({
             "default": t.reserved[0], "expandable": t.reserved[1], "cuda_malloc_async": t.reserved[2],
@@ -452,7 +497,26 @@ fn json_line(row: &Row) -> String {
     obj.to_string()
 }
 
-/// The human table: one block per trace, one row per policy, PyTorch's rows beneath.
+/// A table cell for a ratio: `1.2345x`, or `n/a` for none (0/0).
+fn ratio_cell(ratio: Option<f64>) -> String {
+    ratio.map_or_else(|| "n/a".to_string(), |x| format!("{x:.4}x"))
+}
+
+/// Explains `n/a` in the ratio and ns/op columns, once.
+const NA_NOTE: &str = "(n/a: the trace requests no bytes, so there is no peak to divide by, and no operation to time)";
+
+/// Explains the PyTorch rows of the published traces, once.
+const REFERENCE_NOTE: &str =
+    "(PyTorch's torch-default row is its live run; its expandable and cudaMallocAsync rows \
+     come from a replay with every stream collapsed to one, so on a multi-stream trace \
+     compare them with `berth replay --device cuda:N`, which also replays on one stream)";
+
+/// Explains the `torch (recorded)` row, once.
+const RECORDED_NOTE: &str = "(torch (recorded): PyTorch's own figures from the trace's `stats`, memory_stats() at \
+     the end of the recorded run: requested_bytes.all.peak, reserved_bytes.all.peak, num_device_alloc)";
+
+/// The human table: one block per trace, one row per policy, PyTorch's rows beneath; the notes
+/// that explain a kind of row come once, at the end.
 fn table(rows: &[Row]) -> String {
     use std::fmt::Write;
     let mut out = String::new();
@@ -467,6 +531,7 @@ fn table(rows: &[Row]) -> String {
         "device calls",
         "ns/op"
     );
+    let (mut any_na, mut any_reference, mut any_recorded) = (false, false, false);
     let mut last = None;
     for row in rows {
         if last != Some(row.group) {
@@ -477,17 +542,23 @@ fn table(rows: &[Row]) -> String {
             last = Some(row.group);
         }
         let r = &row.report;
+        let ns = if r.ops == 0 {
+            "n/a".to_string()
+        } else {
+            format!("{:.0}", r.ns_per_op)
+        };
+        any_na |= r.ratio().is_none() || r.ops == 0;
         let _ = writeln!(
             out,
-            "{:<22} {:>10} {:>16} {:>16} {:>7.4}x {:>9} {:>12} {:>8.0}",
+            "{:<22} {:>10} {:>16} {:>16} {:>8} {:>9} {:>12} {:>8}",
             row.policy.name(),
             r.ops,
-            r.peak_requested,
-            r.peak_reserved,
-            r.ratio(),
+            format_size(r.peak_requested),
+            format_size(r.peak_reserved),
+            ratio_cell(r.ratio()),
             r.device_allocs,
             r.device_calls,
-            r.ns_per_op
+            ns
         );
         let is_last_of_trace = rows
             .iter()
@@ -496,10 +567,8 @@ fn table(rows: &[Row]) -> String {
         if !is_last_of_trace {
             continue;
         }
-        if let Reference::NameOnly(t) = row.reference {
-            let _ = writeln!(out, "{}", Reference::mismatch_note(t, r.peak_requested));
-        }
         if let Reference::Matches(t) = row.reference {
+            any_reference = true;
             for (i, mode) in TORCH_MODES.iter().enumerate() {
                 let segments = if i == 0 {
                     t.segments.to_string()
@@ -508,23 +577,66 @@ fn table(rows: &[Row]) -> String {
                 };
                 let _ = writeln!(
                     out,
-                    "{:<22} {:>10} {:>16} {:>16} {:>7.4}x {:>9} {:>12} {:>8}",
+                    "{:<22} {:>10} {:>16} {:>16} {:>8} {:>9} {:>12} {:>8}",
                     mode,
                     "-",
-                    t.peak_requested,
-                    t.reserved[i],
-                    t.reserved[i] as f64 / t.peak_requested as f64,
+                    format_size(t.peak_requested),
+                    format_size(t.reserved[i]),
+                    ratio_cell(Some(t.reserved[i] as f64 / t.peak_requested as f64)),
                     segments,
                     "-",
                     t.ns_per_op[i]
                 );
             }
+        } else if let Some(rec) = &row.recorded {
+            // The published traces' live run is their torch-default row already.
+            any_recorded = true;
             let _ = writeln!(
                 out,
-                "(PyTorch's torch-default row is its live run; its expandable and cudaMallocAsync rows \
-                 come from a replay with every stream collapsed to one, so on a multi-stream trace \
-                 compare them with `berth replay --device cuda:N`, which also replays on one stream)"
+                "{:<22} {:>10} {:>16} {:>16} {:>8} {:>9} {:>12} {:>8}",
+                "torch (recorded)",
+                "-",
+                rec.peak_requested
+                    .map_or_else(|| "-".to_string(), format_size),
+                format_size(rec.peak_reserved),
+                rec.ratio()
+                    .map_or_else(|| "-".to_string(), |x| format!("{x:.4}x")),
+                rec.segments
+                    .map_or_else(|| "-".to_string(), |s| s.to_string()),
+                "-",
+                "-"
             );
+            if !rec.alloc_conf.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "(recorded with PYTORCH_CUDA_ALLOC_CONF={})",
+                    rec.alloc_conf
+                );
+            }
+            if let Some(recorded) = rec.peak_requested.filter(|&p| p != r.peak_requested) {
+                let _ = writeln!(
+                    out,
+                    "(the recorded run peaked at {} requested, the replay at {}: the trace does not cover the whole run)",
+                    format_size(recorded),
+                    format_size(r.peak_requested)
+                );
+            }
+        }
+        if let Reference::NameOnly(t) = row.reference {
+            let _ = writeln!(out, "{}", Reference::mismatch_note(t, r.peak_requested));
+        }
+    }
+    let notes = [
+        (any_na, NA_NOTE),
+        (any_reference, REFERENCE_NOTE),
+        (any_recorded, RECORDED_NOTE),
+    ];
+    if notes.iter().any(|(shown, _)| *shown) {
+        out.push('\n');
+    }
+    for (shown, note) in notes {
+        if shown {
+            let _ = writeln!(out, "{note}");
         }
     }
     out
@@ -588,19 +700,6 @@ mod tests {
             headings(&paths(&["t.json", "t.json"])),
             ["t.json (trace 1)", "t.json (trace 2)"]
         );
-    }
-
-    #[test]
-    fn reference_figures_need_the_name_and_the_peak() {
-        assert!(matches!(
-            Reference::of("gpt2_train", 8_668_539_912),
-            Reference::Matches(t) if t.name == "gpt2_train"
-        ));
-        assert!(matches!(
-            Reference::of("gpt2_train", 5_879_357_852),
-            Reference::NameOnly(t) if t.name == "gpt2_train"
-        ));
-        assert!(matches!(Reference::of("mine", 5), Reference::None));
     }
 
     #[test]

@@ -13,11 +13,10 @@
 
 use anyhow::Context;
 use berth::cuda::{mem_get_info, CudaBackend};
-use berth_alloc::replay::CompiledTrace;
-use berth_alloc::trace::Trace;
+use berth_alloc::stats::format_size;
 use berth_alloc::StreamId;
 
-use crate::replay::{passes, warm_ns, Policy, PASSES};
+use crate::replay::{passes, warm_ns, LoadedTrace, Policy, PASSES};
 
 /// Replays `traces` with each policy on CUDA device `index`, printing one line (JSON or text)
 /// per trace and policy.
@@ -26,12 +25,12 @@ use crate::replay::{passes, warm_ns, Policy, PASSES};
 /// CUDA unavailable, out of memory, or a replay error naming the event.
 pub fn run(
     index: usize,
-    traces: &[(String, Trace)],
+    traces: &[(String, LoadedTrace)],
     policies: &[Policy],
     json: bool,
 ) -> anyhow::Result<()> {
     for (name, trace) in traces {
-        let compiled = CompiledTrace::new(&trace.events).on_stream(StreamId::DEFAULT);
+        let compiled = trace.compiled.clone().on_stream(StreamId::DEFAULT);
         for &policy in policies {
             let backend = CudaBackend::new(index)?;
             let alloc = policy.allocator(backend.clone())?;
@@ -72,13 +71,19 @@ pub fn run(
                 );
             } else {
                 println!(
-                    "{name:<22} {:<10} cuda:{index}  peak reserved {:>12}  segments {:>4}  cold {:>7.1} ns/op  warm {:>7.1} ns/op ({warm_calls} device calls)  reserved {reserved} + pooled {pooled} vs cuMemGetInfo used +{used_delta} ({}; empty_cache gave back {released})",
+                    "{name:<22} {:<10} cuda:{index}  peak reserved {:>12}  segments {:>4}  cold {:>7.1} ns/op  warm {:>7.1} ns/op ({warm_calls} device calls)  reserved {} + pooled {} vs cuMemGetInfo used {}{} ({}; empty_cache gave back {}{})",
                     policy.name(),
-                    cold.peak_reserved,
+                    format_size(cold.peak_reserved),
                     cold.device_allocs,
                     cold.ns_per_op,
                     warm_ns_per_op,
+                    format_size(reserved),
+                    format_size(pooled),
+                    if used_delta < 0 { "-" } else { "+" },
+                    format_size(used_delta.unsigned_abs()),
                     if agrees { "equal" } else { "DIFFERENT" },
+                    if released < 0 { "-" } else { "" },
+                    format_size(released.unsigned_abs()),
                 );
             }
         }

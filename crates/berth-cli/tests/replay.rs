@@ -1,6 +1,7 @@
 //! `berth replay` end to end: golden `--json` output on a checked-in trace (the first 150 rows
 //! of `shared/traces/two_stream_pipeline`, two streams), one-line errors with status 2, PyTorch's
-//! reference figures only for the reference traces themselves, and a quiet end in a closed pipe.
+//! reference figures only for the reference traces themselves, PyTorch's recorded figures for
+//! any trace that carries them, bytes with units, and a quiet end in a closed pipe.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -264,7 +265,8 @@ fn pytorch_figures_need_the_reference_content_not_just_its_name() {
     ]);
     std::fs::remove_dir_all(&dir).unwrap();
     let note_start = "(the file name matches PyTorch's reference trace gpt2_train, but its content does not: peak requested ";
-    let note_end = " bytes, the reference's 8668539912; no PyTorch comparison shown)";
+    let note_end =
+        " bytes), the reference's 8.07 GiB (8668539912 bytes); its replay figures are not shown)";
 
     assert!(table.status.success());
     let text = String::from_utf8(table.stdout).unwrap();
@@ -333,5 +335,234 @@ fn traces_sharing_a_name_get_distinct_headings() {
         headings(&text),
         [a.to_str().unwrap(), b.to_str().unwrap(), "small_two_stream"],
         "{text}"
+    );
+}
+
+/// A trace file of `events` (JSON rows) in a fresh folder; returns (folder, path).
+fn trace_file(test: &str, name: &str, json: &str) -> (PathBuf, PathBuf) {
+    let dir = temp_dir(test);
+    let path = dir.join(name);
+    std::fs::write(&path, json).unwrap();
+    (dir, path)
+}
+
+/// The `shared/traces` copy checked in under berth-alloc's test data: a published trace with
+/// PyTorch's `stats`.
+fn two_stream_pipeline() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../berth-alloc/tests/data/two_stream_pipeline.trace.json.gz")
+}
+
+#[test]
+fn replay_table_prints_bytes_with_units_and_json_keeps_exact_bytes() {
+    let trace = data("small_two_stream.trace.json");
+    let out = berth(&["replay", "--policy", "pytorch", trace.to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row = text.lines().find(|l| l.starts_with("pytorch ")).unwrap();
+    // 260349764 and 352321536 bytes, as PyTorch's format_size prints them.
+    assert!(
+        row.contains(" 248.29 MiB ") && row.contains(" 336.00 MiB "),
+        "{text}"
+    );
+    assert!(
+        !text.contains("260349764") && !text.contains("352321536"),
+        "{text}"
+    );
+    // The golden test checks the exact counts of --json.
+}
+
+#[test]
+fn the_long_note_about_pytorchs_rows_is_printed_once() {
+    let trace = two_stream_pipeline();
+    let t = trace.to_str().unwrap();
+    let out = berth(&["replay", "--policy", "paged", t, t]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.matches("\ntorch default ").count(), 2, "{text}");
+    assert_eq!(
+        text.matches("PyTorch's torch-default row is its live run")
+            .count(),
+        1,
+        "{text}"
+    );
+    assert!(
+        text.trim_end()
+            .ends_with("which also replays on one stream)"),
+        "the note comes last: {text}"
+    );
+}
+
+#[test]
+fn pytorchs_recorded_figures_are_shown_for_any_trace_that_carries_them() {
+    // The published trace under another name: no reference figures, but its own `stats`.
+    let dir = temp_dir("recorded");
+    let mine = dir.join("my_run.trace.json.gz");
+    std::fs::copy(two_stream_pipeline(), &mine).unwrap();
+    let table = berth(&["replay", "--policy", "pytorch", mine.to_str().unwrap()]);
+    let json = berth(&[
+        "replay",
+        "--json",
+        "--policy",
+        "pytorch",
+        mine.to_str().unwrap(),
+    ]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(table.status.success());
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(!text.contains("torch default"), "{text}");
+    // stats: requested_bytes.all.peak 268738372, reserved_bytes.all.peak 354418688,
+    // num_device_alloc 12.
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("torch (recorded) "))
+        .unwrap_or_else(|| panic!("a recorded row: {text}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        cells,
+        [
+            "torch",
+            "(recorded)",
+            "-",
+            "256.29",
+            "MiB",
+            "338.00",
+            "MiB",
+            "1.3188x",
+            "12",
+            "-",
+            "-"
+        ],
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("torch (recorded): PyTorch's own figures")
+            .count(),
+        1
+    );
+    let v = normalize(String::from_utf8(json.stdout).unwrap().trim_end());
+    assert_eq!(
+        v["torch_recorded"],
+        serde_json::json!({"peak_requested": 268738372u64, "peak_reserved": 354418688u64, "segments": 12, "alloc_conf": ""})
+    );
+    // The pytorch policy reproduces the live run.
+    assert_eq!(v["peak_reserved"], 354418688u64);
+}
+
+#[test]
+fn a_free_of_an_address_that_is_not_live_is_refused_naming_event_and_address() {
+    let (dir, path) = trace_file(
+        "unknown-free",
+        "t.json",
+        r#"{"events": [["alloc", 4096, 512, 0, 0], ["free_completed", 8192, 512, 0, 1], ["free_completed", 4096, 512, 0, 2]]}"#,
+    );
+    let p = path.to_str().unwrap();
+    let refused = berth(&["replay", p]);
+    let skipped = berth(&["replay", "--json", "--skip-unknown-frees", p]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let err = String::from_utf8(refused.stderr).unwrap();
+    assert_eq!(refused.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(": trace event #1: free_completed of address 0x2000, which is not live"),
+        "{err}"
+    );
+    assert!(
+        err.trim_end().ends_with(
+            "or pass --skip-unknown-frees to skip such frees, as PyTorch's replay script does"
+        ),
+        "{err}"
+    );
+    assert!(skipped.status.success());
+    let v = normalize(String::from_utf8(skipped.stdout).unwrap().trim_end());
+    assert_eq!(v["ops"], 2, "the alloc and its free: {v}");
+}
+
+#[test]
+fn an_empty_trace_has_no_ratio_instead_of_one() {
+    let (dir, path) = trace_file("empty", "empty.json", r#"{"events": []}"#);
+    let p = path.to_str().unwrap();
+    let table = berth(&["replay", "--policy", "all", p]);
+    let json = berth(&["replay", "--json", "--policy", "paged", p]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(table.status.success());
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(!text.contains("1.0000x"), "{text}");
+    let row = text.lines().find(|l| l.starts_with("paged ")).unwrap();
+    assert_eq!(
+        row.split_whitespace().collect::<Vec<_>>(),
+        ["paged", "0", "0", "bytes", "0", "bytes", "n/a", "0", "0", "n/a"],
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("(n/a: the trace requests no bytes").count(),
+        1,
+        "{text}"
+    );
+    assert!(json.status.success());
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8(json.stdout).unwrap().trim_end()).unwrap();
+    assert_eq!(
+        (v["ratio"].is_null(), v["ns_per_op"].is_null()),
+        (true, true),
+        "{v}"
+    );
+    assert_eq!(v["peak_requested"], 0);
+}
+
+#[test]
+fn random_bytes_named_pickle_are_not_called_malformed_json() {
+    let dir = temp_dir("random-pickle");
+    let path = dir.join("snapshot.pickle");
+    std::fs::write(&path, [0x5a, 0x13, 0xc7, 0x00, 0xff, 0x42, 0x99]).unwrap();
+    let out = berth(&["replay", path.to_str().unwrap()]);
+    // Random bytes that do start with the protocol byte: the pickle reader's own error.
+    std::fs::write(&path, [0x80, 0x04, 0xc7, 0x00, 0xff, 0x42, 0x99]).unwrap();
+    let proto = berth(&["replay", path.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    for out in [out, proto] {
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(!err.contains("JSON at line"), "{err}");
+        assert!(
+            err.contains("snapshot.pickle: not a valid PyTorch snapshot pickle: "),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn random_bytes_named_pickle_say_what_would_be_right() {
+    let (dir, path) = trace_file("random-pickle-hint", "x.pickle", "Zz");
+    let out = berth(&["replay", path.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("it starts with byte 0x5a, not the pickle protocol byte 0x80; expected a snapshot written by torch.cuda.memory._dump_snapshot"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_request_larger_than_the_device_fails_at_that_event_before_the_rest_is_read() {
+    // Event 0 asks for 2^59 bytes (as in the 10-million-event reproducer), then the file is
+    // cut off: the read stops at event 0, so the truncation is never reached.
+    let (dir, path) = trace_file(
+        "huge",
+        "huge.json",
+        r#"{"events": [["alloc", 4096, 576460752303423488, 0, 0], ["alloc", 8192, 51"#,
+    );
+    let out = berth(&["replay", "--policy", "all", path.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("huge.json: trace event #0: alloc of 536870912.00 GiB (576460752303423488 bytes) is more than the whole simulated device (139.80 GiB), so no policy can replay it; pass a larger --capacity"),
+        "{err}"
     );
 }

@@ -346,22 +346,50 @@ fn paged_unmaps_whole_free_units_only() {
     }
 }
 
-/// A request larger than the device fails after some of its units were mapped: the policy
-/// unmaps them and asks the backend to give back any memory it keeps for reuse (`trim`), so the
-/// device is not left full of pooled handles (on the H200 through `berth_torch`, a 4 TiB request
-/// left the CUDA backend's pool holding the card, and the next kernel launch failed).
+/// A request the device cannot serve *now* (another user holds part of it) fails after some of
+/// its units were mapped: the policy unmaps them and asks the backend to give back any memory
+/// it keeps for reuse (`trim`), so the device is not left full of pooled handles (on the H200
+/// through `berth_torch`, a 4 TiB request left the CUDA backend's pool holding the card, and the
+/// next kernel launch failed).
 #[test]
 fn paged_out_of_memory_unmaps_its_units_and_trims_the_backend() {
-    let alloc = PagedBestFit::new(SimBackend::new(1 << 30)).unwrap();
-    let e = alloc.raw_alloc(4 << 30, StreamId::DEFAULT).unwrap_err();
+    let sim = std::sync::Arc::new(SimBackend::new(1 << 30));
+    let other = PagedBestFit::new(std::sync::Arc::clone(&sim)).unwrap();
+    let held = other.raw_alloc(600 << 20, StreamId::DEFAULT).unwrap();
+    let alloc = PagedBestFit::new(std::sync::Arc::clone(&sim)).unwrap();
+    let (maps, trims) = (sim.counts().map, sim.counts().trim);
+    let e = alloc.raw_alloc(600 << 20, StreamId::DEFAULT).unwrap_err();
     assert!(matches!(e, AllocError::OutOfMemory { .. }), "{e}");
-    let sim = alloc.backend();
     assert!(
-        sim.counts().map > 1,
+        sim.counts().map > maps + 1,
         "some units were mapped before the refusal"
     );
-    assert_eq!((sim.live_mappings(), sim.used_bytes()), (0, 0));
-    assert!(sim.counts().trim >= 1, "the backend's cache was given back");
+    assert_eq!(
+        sim.used_bytes(),
+        600 << 20,
+        "only the other user's memory is mapped"
+    );
+    assert!(
+        sim.counts().trim > trims,
+        "the backend's cache was given back"
+    );
     let p = alloc.raw_alloc(1 << 20, StreamId::DEFAULT).unwrap();
     alloc.raw_delete(p).unwrap();
+    other.raw_delete(held).unwrap();
+}
+
+/// A request larger than the device is refused at once as out of memory, without cutting it
+/// into mapping units first (a 2^59-byte request made 2^33 units: 2.1 GB of host memory, then
+/// an abort).
+#[test]
+fn paged_refuses_a_request_larger_than_the_device_at_once() {
+    let alloc = PagedBestFit::new(SimBackend::new(SimBackend::H200_BYTES)).unwrap();
+    let e = alloc.raw_alloc(1 << 59, StreamId::DEFAULT).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert_eq!(alloc.backend().used_bytes(), 0);
+    assert_eq!(alloc.device_calls(), 0, "nothing was mapped for it");
+    let ok = alloc
+        .raw_alloc(64 * MIB as usize, StreamId::DEFAULT)
+        .unwrap();
+    alloc.raw_delete(ok).unwrap();
 }

@@ -71,6 +71,8 @@ pub(crate) struct State<E> {
     unmaps: u64,
     /// Bytes of address space reserved per stream at a time.
     va_bytes: u64,
+    /// The device's total memory in bytes when the backend told (0: unknown).
+    total: u64,
     /// Cap on mapped bytes (`set_memory_fraction`).
     pub(crate) cap: Option<u64>,
     history: Option<TraceRing>,
@@ -115,6 +117,7 @@ impl<E> State<E> {
             maps: 0,
             unmaps: 0,
             va_bytes,
+            total,
             cap: None,
             history: None,
             clock: 0,
@@ -236,6 +239,15 @@ impl<E> State<E> {
         let (lo, mut hi) = (page_down(addr, page), page_up(addr + size, page));
         let mut runs = self.pages.unmapped_runs(lo, hi);
         let mut need: u64 = runs.iter().map(|(a, b)| b - a).sum();
+        // A request the whole device cannot hold fails now: cutting it into mapping units
+        // first would make billions of them (a 2^59-byte request took 2.1 GB of host memory
+        // and aborted).
+        if self.total > 0 && self.pages.mapped.saturating_add(need) > self.total {
+            let live: u64 = self.stats.allocated_bytes.all().current.max(0) as u64;
+            if live.saturating_add(need) > self.total {
+                return Err(self.oom(backend, need, requested, self.cap));
+            }
+        }
         let target = self.pages.mapped + need;
         let budget =
             self.calls_per_20mib * self.high_water.max(target) as f64 / (20u64 << 20) as f64;

@@ -1,5 +1,7 @@
-//! Reading PyTorch allocator traces: the `*.trace.json.gz` files of `shared/traces` (gzip or
-//! plain JSON), flattened from `torch.cuda.memory._snapshot()["device_traces"][0]`.
+//! Reading PyTorch allocator traces: `*.trace.json.gz` files such as those in
+//! `crates/berth-alloc/tests/data` (gzip or plain JSON), recorded with PyTorch's memory history
+//! (<https://pytorch.org/docs/stable/torch_cuda_memory.html>) and flattened from
+//! `torch.cuda.memory._snapshot()["device_traces"][0]`.
 //!
 //! Format: an object with `events` (rows `[action, addr, size, stream, time_us]` in the order
 //! of `columns`), plus optional `workload`, `stats`, `alloc_conf`. A bare array of rows is also

@@ -6,8 +6,9 @@
 //! `free_completed` row). Timing is PyTorch's C++ replay's (`Note [Compiled replay]` in
 //! `berth_alloc::replay`): [`PASSES`] passes on one allocator, memory figures from the first
 //! (cold) pass, `ns_per_op` the fastest of the others (warm). PyTorch's own figures for the
-//! five traces of `shared/traces` are printed beside berth's, when the trace is that one: its
-//! file name and its replayed peak requested bytes both match (see [`Reference`]).
+//! five real traces (`crates/berth-alloc/tests/data`) are printed beside berth's, when the
+//! trace is that one: its file name and its replayed peak requested bytes both match (see
+//! [`Reference`]).
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -45,7 +46,7 @@ pub struct ReplayArgs {
     pub json: bool,
     /// Where to replay: `sim` (a simulated device, default) or `cuda:N` (the real GPU, through
     /// berth's CUDA backend; all streams collapsed to the default stream, as PyTorch's C++
-    /// replay `shared/bench/torch_replay.py` does; `--capacity` and `--real-addrs` do not apply).
+    /// replay in BENCHMARKS.md does; `--capacity` and `--real-addrs` do not apply).
     #[arg(long, default_value = "sim")]
     pub device: String,
 }
@@ -118,7 +119,8 @@ pub(crate) fn warm_ns(warm: &[ReplayReport]) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// PyTorch's figures for a trace of `shared/traces` (its README table, H200, torch 2.11).
+/// PyTorch's figures for one of the five real traces of `crates/berth-alloc/tests/data`
+/// (PyTorch 2.11's own allocator on the H200 that recorded them).
 struct TorchFigures {
     name: &'static str,
     peak_requested: u64,

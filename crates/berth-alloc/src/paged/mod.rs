@@ -33,7 +33,7 @@
 //!    per 20 MiB segment). Out of budget, mappings are made one extra page long instead, so
 //!    growth needs fewer calls.
 //!
-//! On the five real traces of `shared/traces` this gives peak reserved 1.0001×–1.09× the peak
+//! On the five real traces of `tests/data` this gives peak reserved 1.0001×–1.09× the peak
 //! requested bytes (PyTorch: 1.001×–1.37× across its three modes) with fewer backend calls
 //! than PyTorch's default makes segments on most traces; `BENCHMARKS.md` has the table.
 //!

@@ -210,8 +210,8 @@ impl Tensor {
         self
     }
 
-    /// A view sharing storage with `requires_grad == false` (PyTorch's `detach()`; BUG-04:
-    /// writes through it reach the original).
+    /// A view sharing storage with `requires_grad == false` (PyTorch's `detach()`): writes
+    /// through it reach the original (<https://github.com/pytorch/pytorch/issues/35990>).
     pub fn detach(&self) -> Tensor {
         Tensor {
             requires_grad: false,
@@ -220,7 +220,7 @@ impl Tensor {
     }
 
     /// `self` when already contiguous (same storage); otherwise a dense copy with row-major
-    /// strides (BUG-04).
+    /// strides (<https://github.com/vllm-project/vllm/pull/14540>).
     ///
     /// # Errors
     /// A kernel or allocation error of the device.
@@ -232,7 +232,8 @@ impl Tensor {
     }
 
     /// A copy in new storage on the same device with dense row-major strides (PyTorch's
-    /// `clone()`, which does not keep the strides of a non-dense view; BUG-04). Keeps
+    /// `clone()`, which does not keep the strides of a non-dense view;
+    /// <https://github.com/huggingface/candle/issues/1930>). Keeps
     /// `requires_grad`.
     ///
     /// # Errors

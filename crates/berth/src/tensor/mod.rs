@@ -1,13 +1,6 @@
-//! `Tensor`: an `Arc<Storage>` plus a [`Layout`] (shape, strides, offset in elements), a
-//! [`DType`] and a `requires_grad` flag.
-//!
-//! A `Tensor` value is a *handle*: views ([`Tensor::reshape`], [`Tensor::t`], [`Tensor::detach`],
-//! [`Tensor::alias`], `to` without a change ...) share the storage, and in-place operations
-//! (`add_`, `copy_`, ...) write through it, visible to every alias (the aliasing model is
-//! documented on [`Storage`]). `Tensor` deliberately does not implement `Clone`:
-//! [`Tensor::clone`] is PyTorch's `clone()` (new storage), and [`Tensor::alias`] is the cheap
-//! handle copy. The split follows the sub-modules: `create` (constructors), `view`, `to` (the
-//! `.to()` contract and host reads), `ops` (math front-ends), `inplace`.
+//! [`Tensor`] (its docs say what a tensor is and how aliases share storage). The split follows
+//! the sub-modules: `create` (constructors), `view`, `to` (the `.to()` contract and host
+//! reads), `ops` (math front-ends), `inplace`, `display`.
 
 mod create;
 mod display;
@@ -23,7 +16,15 @@ use crate::{DType, Device, Layout, Result, Storage};
 
 pub use to::ToOptions;
 
-/// An n-dimensional array on a device. See the [module docs](self).
+/// An n-dimensional array on a device: an `Arc<Storage>` plus a [`Layout`] (shape, strides,
+/// offset in elements), a [`DType`] and a `requires_grad` flag.
+///
+/// A `Tensor` value is a *handle*: views ([`Tensor::reshape`], [`Tensor::t`],
+/// [`Tensor::detach`], [`Tensor::alias`], `to` without a change ...) share the storage, and
+/// in-place operations (`add_`, `copy_`, ...) write through it, visible to every alias (the
+/// aliasing model is documented on [`Storage`]). `Tensor` deliberately does not implement
+/// `Clone`: [`Tensor::clone`] is PyTorch's `clone()` (new storage), and [`Tensor::alias`] is the
+/// cheap handle copy.
 pub struct Tensor {
     storage: Arc<Storage>,
     layout: Layout,

@@ -285,16 +285,18 @@ mod tests {
         );
     }
 
+    /// <https://github.com/pytorch/pytorch/issues/136849>
     #[test]
-    fn bug_20_invalid_device_message_names_index_and_range() {
+    fn invalid_device_message_names_index_and_range() {
         let e = CudaError::InvalidDevice { index: 5, count: 1 };
         assert!(e
             .to_string()
             .starts_with("device index 5 is out of range [0, 1)"));
     }
 
+    /// <https://github.com/pytorch/pytorch/issues/85796>
     #[test]
-    fn bug_18_messages_are_pytorchs() {
+    fn event_timing_messages_are_pytorchs() {
         assert_eq!(
             CudaError::EventNotReady.to_string(),
             "Both events must be completed before calculating elapsed time."

@@ -174,8 +174,9 @@ impl Drop for Event {
 mod tests {
     use super::*;
 
+    /// <https://github.com/pytorch/pytorch/issues/85796>
     #[test]
-    fn bug_18_timing_disabled_is_checked_before_anything_else() {
+    fn timing_disabled_is_checked_before_anything_else() {
         let a = Event::new(false);
         let b = Event::new(true);
         assert_eq!(a.elapsed_time(&b), Err(CudaError::TimingDisabled));

@@ -335,8 +335,10 @@ pub fn host_empty_cache() -> Result<(), CudaError> {
 mod tests {
     use super::*;
 
+    /// Statistics and `empty_cache` before any device use initialise nothing:
+    /// <https://github.com/pytorch/pytorch/pull/4936>
     #[test]
-    fn bug_12_statistics_and_empty_cache_initialise_nothing() {
+    fn statistics_and_empty_cache_initialise_nothing() {
         let before = crate::contexts_created();
         empty_cache().unwrap();
         host_empty_cache().unwrap();

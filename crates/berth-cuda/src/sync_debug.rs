@@ -99,8 +99,10 @@ pub fn sync_point(op: &'static str) -> Result<(), CudaError> {
 mod tests {
     use super::*;
 
+    /// Host waits are counted and reported per sync-debug mode:
+    /// <https://github.com/meta-pytorch/torchtune/pull/522>
     #[test]
-    fn bug_19_sync_points_are_reported_per_mode_and_counted() {
+    fn sync_points_are_reported_per_mode_and_counted() {
         let before = thread_host_waits();
         sync_point("item").unwrap();
         assert!(take_sync_reports().is_empty(), "Off reports nothing");

@@ -69,8 +69,9 @@ impl Tensor {
 mod tests {
     use super::*;
 
+    /// <https://github.com/unit8co/darts/issues/436>
     #[test]
-    fn bug_06_type_names_are_pytorchs() {
+    fn cannot_pin_type_names_are_pytorchs() {
         assert_eq!(legacy_type_name(true, DType::F32), "torch.cuda.FloatTensor");
         assert_eq!(legacy_type_name(false, DType::I64), "torch.LongTensor");
         assert_eq!(

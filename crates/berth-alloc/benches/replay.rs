@@ -38,7 +38,7 @@ enum Op {
 }
 
 /// The trace's `alloc` / `free_completed` rows as slot operations (the replay rules of
-/// `shared/traces/README.md`), so the timed loop does no hashing of its own.
+/// `berth_alloc::replay`), so the timed loop does no hashing of its own.
 fn ops_of(name: &str) -> Option<(Vec<Op>, usize)> {
     let dir = std::env::var_os("BERTH_TRACE_DIR").map_or_else(
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data"),

@@ -1,13 +1,42 @@
 //! berth-alloc: device memory allocators over a small backend trait, with PyTorch's caching
 //! policy reproduced exactly, its statistics, snapshots and history, and a simulated device.
 //!
+//! # Where this crate sits
+//! The bottom of the workspace; it depends on no other berth crate and never on CUDA (only
+//! `thiserror`, plus `serde` / `serde_json` / `flate2` behind the `serde` and `trace`
+//! features):
+//!
+//! ```text
+//! berth-alloc  <-  berth-cuda  <-  berth  <-  berth-data  <-  berth-cli (the `berth` binary)
+//!  (this crate)        ^
+//!                      +-- berth-torch (PyTorch's pluggable CUDA allocator)
+//! ```
+//!
+//! `berth-cuda` implements [`MemoryBackend`] and [`HostBackend`] on the CUDA driver, `berth`
+//! re-exports this crate as `berth::alloc` for tensor storage, `berth-torch` puts its policies
+//! under PyTorch, and `berth-cli` replays traces through them (`berth replay`).
+//!
 //! # Layers
-//! 1. [`backend::MemoryBackend`]: raw segments, memory info and stream events (plus the
+//! 1. [`backend::MemoryBackend`]: raw segments, memory info and stream fences (plus the
 //!    [`backend::VirtualMemoryBackend`] capability for expandable segments). Implemented by
-//!    [`backend::sim::SimBackend`], the [`adaptor`]s and, in crate `berth`, the CUDA backend.
+//!    [`backend::sim::SimBackend`], the [`adaptor`]s and, in crate `berth-cuda`, the CUDA
+//!    backend.
 //! 2. Policies implementing [`DeviceAllocator`]: [`caching::CachingAllocator`] (PyTorch's
-//!    `CUDACachingAllocator` policy, byte-exact on real traces).
+//!    `CUDACachingAllocator` policy, byte-exact on real traces) and [`PagedBestFit`] (berth's
+//!    own, over virtual memory); [`HostCachingAllocator`] for pinned host memory.
 //! 3. Users (tensor storage, `berth replay`) see only [`DeviceAllocator`] and [`Allocation`].
+//!
+//! # Design notes
+//! Rationale lives in named notes (PyTorch's `Note [..]` convention), each defined once:
+//! - `Note [Fences and events]`: `src/backend/mod.rs`
+//! - `Note [Size classes]`: `src/size_class.rs`
+//! - `Note [Spin lock]`: `src/sync.rs`
+//! - `Note [Host block reuse]`: `src/host/mod.rs`
+//! - `Note [Paged best fit]`, `Note [Mapping units]`, `Note [Lock discipline]`,
+//!   ``Note [`record_stream` and deferred free]``: `src/paged/mod.rs`
+//! - `Note [Constant-time arena]`: `src/paged/arena.rs`
+//! - `Note [Pickle reader arena]`: `src/pickle/reader.rs`
+//! - `Note [Compiled replay]`: `src/replay.rs`
 //!
 //! # Quick start
 //! ```

@@ -1,6 +1,6 @@
 //! Replaying a trace through any [`DeviceAllocator`] (the library half of `berth replay`).
 //!
-//! Rules (the traces' README): walk the rows in order; on `alloc` allocate `size` bytes on
+//! Rules: walk the rows in order; on `alloc` allocate `size` bytes on
 //! `stream` and remember the pointer under the row's `addr`; on `free_completed` free the block
 //! remembered under `addr`; ignore every other row. Freeing at `free_completed` honours the
 //! trace's streams: the recording already delayed it until the other streams' events
@@ -18,7 +18,8 @@
 //! the start (a ring buffer that wrapped: `_record_memory_history(max_entries=...)`).
 //!
 //! # Note [Compiled replay]
-//! Timing follows PyTorch's own C++ replay (`shared/bench/torch_replay.py`): the rows are first
+//! Timing follows PyTorch's own allocator replayed from C++ (a loop of `raw_alloc` /
+//! `raw_delete` of `c10::cuda::CUDACachingAllocator`, as `BENCHMARKS.md` says): the rows are first
 //! compiled, outside the timing, into a flat list of operations that name their pointer by a
 //! dense slot index (no hash map in the timed loop, no rows that do nothing), and only the loop
 //! of allocator calls is timed. [`CompiledTrace::replay`] runs one pass; callers that want

@@ -1,5 +1,6 @@
-//! BUG-11, BUG-12 (allocator part), BUG-13 and BUG-15 of `behaviour-cases.md`, on `SimBackend`,
-//! with the exact numbers given there.
+//! Known surprises of PyTorch's caching allocator statistics (reserved vs allocated,
+//! `empty_cache`, peak resets, the memory fraction), on `SimBackend`, with the exact numbers
+//! PyTorch 2.11 gives on an H200; each test names the behaviour, with the public report above it.
 
 use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::caching::CachingAllocator;
@@ -13,8 +14,10 @@ fn fresh() -> CachingAllocator<SimBackend> {
     CachingAllocator::new(SimBackend::new(SimBackend::H200_BYTES))
 }
 
+/// `memory_reserved` above `memory_allocated` is the cache plus rounding, not a leak:
+/// <https://github.com/pytorch/pytorch/pull/4879>
 #[test]
-fn bug_11_reserved_vs_allocated_per_request_size() {
+fn reserved_vs_allocated_per_request_size() {
     // (request bytes, Δ memory_allocated, Δ memory_reserved) from the table.
     let rows: [(usize, u64, u64); 10] = [
         (4, 512, 2_097_152),
@@ -58,8 +61,10 @@ fn bug_11_reserved_vs_allocated_per_request_size() {
     }
 }
 
+/// A freed block is reused for the same size, without growing `memory_reserved`:
+/// <https://github.com/pytorch/pytorch/pull/4879>
 #[test]
-fn bug_11_same_size_reuses_address_and_reserved() {
+fn same_size_reuses_address_and_reserved() {
     let alloc = fresh();
     let a = alloc.allocate(256 * MIB as usize, S0).unwrap();
     let addr = a.ptr();
@@ -71,8 +76,10 @@ fn bug_11_same_size_reuses_address_and_reserved() {
     assert_eq!(alloc.stats().memory_reserved(), 402_653_184);
 }
 
+/// `empty_cache` releases free segments only; the context stays:
+/// <https://github.com/pytorch/pytorch/issues/60150>
 #[test]
-fn bug_12_empty_cache_releases_segments_not_the_context() {
+fn empty_cache_releases_segments_not_the_context() {
     let context = 526 * MIB;
     let alloc =
         CachingAllocator::new(SimBackend::new(SimBackend::H200_BYTES).with_context_bytes(context));
@@ -107,8 +114,11 @@ fn bug_12_empty_cache_releases_segments_not_the_context() {
     assert_eq!(alloc.stats().memory_reserved(), 0);
 }
 
+/// `reset_peak_memory_stats` sets peaks to the current values and never changes those:
+/// <https://github.com/pytorch/pytorch/issues/86449>,
+/// <https://github.com/flagos-ai/Torch-FL/pull/364>
 #[test]
-fn bug_13_reset_peak_keeps_current_counters() {
+fn reset_peak_keeps_current_counters() {
     let alloc = fresh();
     let first = alloc.allocate(256 * MIB as usize, S0).unwrap();
     let second = alloc.allocate(256 * MIB as usize, S0).unwrap();
@@ -159,8 +169,11 @@ fn bug_13_reset_peak_keeps_current_counters() {
     );
 }
 
+/// `set_per_process_memory_fraction`: argument checks, and the cap covers reserved bytes only:
+/// <https://github.com/pytorch/pytorch/pull/48172>,
+/// <https://github.com/pytorch/pytorch/issues/58466>
 #[test]
-fn bug_15_memory_fraction_checks_and_cap() {
+fn memory_fraction_checks_and_cap() {
     let total = SimBackend::H200_BYTES;
     let alloc = CachingAllocator::new(SimBackend::new(total).with_context_bytes(518 * MIB));
     for bad in [-0.1, 2.0] {

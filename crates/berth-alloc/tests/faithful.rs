@@ -1,5 +1,5 @@
-//! Faithful: PyTorch's policy reproduces PyTorch's numbers on the real traces
-//! (`shared/traces/README.md`).
+//! Faithful: PyTorch's policy reproduces PyTorch's numbers on the real traces of `tests/data`
+//! (PyTorch 2.11's own figures, measured on the H200 that recorded them).
 
 use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::caching::CachingAllocator;

@@ -1,4 +1,5 @@
-//! `HostCachingAllocator` on `SimHostBackend`: PyTorch's host policy (spec §10).
+//! `HostCachingAllocator` on `SimHostBackend`: PyTorch's host policy
+//! (<https://github.com/pytorch/pytorch/blob/main/aten/src/ATen/core/CachingHostAllocator.h>).
 
 use std::sync::Arc;
 
@@ -308,8 +309,10 @@ fn host_rejects_foreign_pointers_and_huge_requests() {
     host.check_err().unwrap();
 }
 
+/// The first pinned allocation initialises what it needs, so the memory is pinned:
+/// <https://github.com/pytorch/pytorch/issues/149032>
 #[test]
-fn bug_05_first_pinned_allocation_initialises_the_backend() {
+fn first_pinned_allocation_initialises_the_backend() {
     let (sim, host) = alloc_with(1 << 20);
     assert!(!sim.is_initialized());
     let p = host.allocate(8).unwrap();

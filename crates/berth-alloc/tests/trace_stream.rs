@@ -155,7 +155,7 @@ fn columns_before_the_events_are_checked_before_any_row_is_read() {
     let e = parse_trace_into(&mut reader, &mut |_, _| Ok(())).unwrap_err();
     assert!(matches!(e, TraceError::Columns { .. }), "{e:?}");
     assert!(read.get() <= LOOKAHEAD, "read {} bytes", read.get());
-    // After the events (as `torch_trace.py` writes them), they are checked at the end.
+    // After the events (as `scripts/traces/record_traces.py` writes them), they are checked at the end.
     let e = parse_trace(br#"{"events": [["alloc", 1, 2, 0, 0]], "columns": ["a"]}"#).unwrap_err();
     assert!(matches!(e, TraceError::Columns { found } if found == ["a"]));
     let ok = parse_trace(

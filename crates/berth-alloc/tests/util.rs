@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-/// The five traces of `shared/traces`, checked in under `tests/data`.
+/// The five real PyTorch 2.11 allocator traces checked in under `tests/data`.
 pub const TRACES: [&str; 5] = [
     "bert_varlen_train",
     "gpt2_generate",
@@ -11,7 +11,8 @@ pub const TRACES: [&str; 5] = [
     "two_stream_pipeline",
 ];
 
-/// Path of a trace: `tests/data` (always present), else `/work/shared/traces`.
+/// Path of a trace: `tests/data` (always present), else a `shared/traces` directory beside
+/// the checkout.
 pub fn trace_path(name: &str) -> Option<PathBuf> {
     let file = format!("{name}.trace.json.gz");
     let local = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -5,6 +5,20 @@
 //! Errors print one line and exit with status 2 (usage and input errors) or 1 (failures).
 //! Output into a closed pipe (`berth ... | head -1`) ends the program quietly, as it ends `cat`:
 //! see [`restore_sigpipe`].
+//!
+//! # Where this crate sits
+//! The top of the workspace: it depends on `berth` (devices, tensors, `nn`, the CUDA layer as
+//! `berth::cuda`), `berth-alloc` (with its `trace` feature, for `berth replay`) and `berth-data`
+//! (the `DataLoader` of `train` and `bench dataloader`); nothing depends on it.
+//!
+//! ```text
+//! berth-alloc  <-  berth-cuda  <-  berth  <-  berth-data  <-  berth-cli (this binary)
+//!                      ^
+//!                      +-- berth-torch (PyTorch's pluggable CUDA allocator)
+//! ```
+//!
+//! It defines no `Note [..]`s; the notes it follows are listed in the library crates' docs. Its
+//! API docs are not built (`doc = false`: the binary's name, `berth`, is the library's).
 
 use clap::{Parser, Subcommand};
 

@@ -10,7 +10,7 @@
 //! PyTorch's C++ replay's (`Note [Compiled replay]` in `berth_alloc::replay`): [`PASSES`] passes
 //! on one allocator, memory figures from the first (cold) pass, `ns_per_op` the fastest of the
 //! others (warm). PyTorch's own figures are printed beside berth's wherever the trace carries
-//! them (the `stats` that `torch_trace.py` records, [`Recorded`]), and PyTorch's replay figures
+//! them (the `stats` a recording keeps: PyTorch's `memory_stats()` at its end, [`Recorded`]), and PyTorch's replay figures
 //! for the five published traces when the trace is one of them: its file name and its peak
 //! requested bytes both match (see [`Reference`]). Bytes print as PyTorch's `format_size` does
 //! (`5.48 GiB`); `--json` keeps exact byte counts.
@@ -53,7 +53,7 @@ pub struct ReplayArgs {
     pub json: bool,
     /// Where to replay: `sim` (a simulated device, default) or `cuda:N` (the real GPU, through
     /// berth's CUDA backend; all streams collapsed to the default stream, as PyTorch's C++
-    /// replay `shared/bench/torch_replay.py` does; `--capacity` and `--real-addrs` do not apply).
+    /// replay in BENCHMARKS.md does; `--capacity` and `--real-addrs` do not apply).
     #[arg(long, default_value = "sim")]
     pub device: String,
     /// Skip a `free_completed` of an address that is not live (never allocated, or already
@@ -267,7 +267,7 @@ fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedTrace> {
             return Err(UsageError(format!(
                 "{}: not a valid PyTorch snapshot pickle: {found}, not the pickle protocol byte \
                  0x80; expected a snapshot written by torch.cuda.memory._dump_snapshot, or a \
-                 JSON trace (.json or .json.gz) such as torch_trace.py records",
+                 JSON trace (.json or .json.gz) such as scripts/traces/record_traces.py records",
                 path.display()
             ))
             .into());

@@ -2,7 +2,7 @@
 //! (berth's CUDA backend: `cuMemAlloc` / `cuMemFree`, or the virtual-memory calls for
 //! `expandable` and `paged`).
 //!
-//! Like PyTorch's own C++ replay (`shared/bench/torch_replay.py`), every event goes to the
+//! Like PyTorch's own allocator replayed from C++ (`BENCHMARKS.md`), every event goes to the
 //! default stream, the trace is compiled outside the timing (`Note [Compiled replay]` in
 //! `berth_alloc::replay`) and replayed [`PASSES`] times on one allocator: the first pass is
 //! cold (segments come from the driver), the others warm (from the cache); `ns_per_op` is the

@@ -1,12 +1,14 @@
 //! PyTorch's figures beside berth's in `berth replay`: those a trace carries itself
-//! ([`Recorded`], the `stats` that `torch_trace.py` records) and those published for the five
-//! traces of `shared/traces` ([`TORCH`], shown only when a trace is one of them: [`Reference`]).
+//! ([`Recorded`], the `stats` a recording keeps: `scripts/traces/record_traces.py`) and those
+//! measured for the five first traces of `crates/berth-alloc/tests/data` ([`TORCH`], shown only
+//! when a trace is one of them: [`Reference`]).
 
 use std::collections::BTreeMap;
 
 use berth_alloc::stats::format_size;
 
-/// PyTorch's figures for a trace of `shared/traces` (its README table, H200, torch 2.11).
+/// PyTorch's figures for one of the five first traces of `crates/berth-alloc/tests/data` (PyTorch
+/// 2.11's own allocator on the H200 that recorded them).
 pub(crate) struct TorchFigures {
     pub(crate) name: &'static str,
     pub(crate) peak_requested: u64,
@@ -97,7 +99,7 @@ impl Reference {
 }
 
 /// PyTorch's own figures carried by a trace: the `stats` (`memory_stats()` at the end of the
-/// live run) that `torch_trace.py` records beside the events.
+/// live run) that a recording keeps beside the events (`scripts/traces/record_traces.py`).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Recorded {
     /// `requested_bytes.all.peak`, if recorded.

@@ -1,5 +1,5 @@
 //! `berth replay` end to end: golden `--json` output on a checked-in trace (the first 150 rows
-//! of `shared/traces/two_stream_pipeline`, two streams), one-line errors with status 2, PyTorch's
+//! of the real trace `two_stream_pipeline`, two streams), one-line errors with status 2, PyTorch's
 //! reference figures only for the reference traces themselves, PyTorch's recorded figures for
 //! any trace that carries them, bytes with units, and a quiet end in a closed pipe.
 

@@ -3,9 +3,10 @@
 //! `cuMemSetAccess` / `cuMemUnmap` / `cuMemRelease` for expandable segments; and
 //! [`CudaFence`], the event type it shares with the pinned host backend.
 //!
-//! This is the FFI-to-backend layer of house style 1.1: no policy here. Driver failures become
-//! [`BackendError`] through one conversion (`From<CudaError>`), so `CUDA_ERROR_OUT_OF_MEMORY`
-//! is recognised only in [`CudaError::from_driver`] and reaches the policy as the retryable
+//! This is the backend layer between the FFI (`crate::ffi`) and the policies of berth-alloc: no
+//! policy here. Driver failures become [`BackendError`] through one conversion
+//! (`From<CudaError>`), so `CUDA_ERROR_OUT_OF_MEMORY` is recognised in one place only (the
+//! crate-private driver-error mapping of [`CudaError`]) and reaches the policy as the retryable
 //! [`BackendError::OutOfMemory`].
 
 use crate::ffi::{self, Attribute};

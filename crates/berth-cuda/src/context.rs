@@ -1,6 +1,7 @@
 //! Primary contexts: one per device, retained lazily on first use of THAT device, never on
-//! another (BUG-22: PyTorch's `empty_cache()` / `pin_memory()` created a context on cuda:0 for
-//! work that ran on cuda:1).
+//! another (PyTorch's `empty_cache()` / `pin_memory()` created a context on cuda:0 for work
+//! that ran on cuda:1: <https://github.com/pytorch/pytorch/issues/25752>,
+//! <https://github.com/pytorch/pytorch/issues/21081>).
 //!
 //! [`contexts_created`] counts retains so tests can assert that an operation created none.
 
@@ -16,8 +17,10 @@ static CREATED: AtomicUsize = AtomicUsize::new(0);
 
 /// How many primary contexts berth has created in this process, over all devices.
 ///
-/// A test of "this operation creates no context" compares this before and after (BUG-06,
-/// BUG-12, BUG-22).
+/// A test of "this operation creates no context" compares this before and after (`is_pinned`,
+/// <https://github.com/pytorch/pytorch/issues/128988>; `empty_cache`,
+/// <https://github.com/pytorch/pytorch/pull/4936> and
+/// <https://github.com/pytorch/pytorch/issues/25752>).
 pub fn contexts_created() -> usize {
     CREATED.load(Ordering::SeqCst)
 }
@@ -29,7 +32,8 @@ pub fn is_initialized(device: usize) -> bool {
 }
 
 /// The devices whose primary context berth has created, ascending. Never creates one; this is
-/// what `empty_cache()` without a device acts on (BUG-22).
+/// what `empty_cache()` without a device acts on
+/// (<https://github.com/pytorch/pytorch/issues/25752>).
 pub fn initialized_devices() -> Vec<usize> {
     let count = driver().unwrap_or(0);
     (0..count).filter(|&d| initialized(d)).collect()

@@ -45,7 +45,8 @@ pub fn unavailable_reason() -> Option<String> {
 ///
 /// # Errors
 /// 1. [`CudaError::InvalidDevice`] when `index >= device_count()` and at least one device
-///    exists (or a fake count is set): "device index 5 is out of range [0, 1)" (BUG-20).
+///    exists (or a fake count is set): "device index 5 is out of range [0, 1)"
+///    (<https://github.com/pytorch/pytorch/issues/136849>).
 /// 2. [`CudaError::Unavailable`] when CUDA is not available at all.
 pub fn check_device(index: usize) -> Result<(), CudaError> {
     let count = match crate::testing::faked_count() {

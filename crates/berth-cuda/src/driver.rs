@@ -3,7 +3,8 @@
 //!
 //! cudarc's dynamic loader panics when the driver library is missing (`panic_no_lib_found`) and
 //! when a symbol is missing at its first call ("Missing symbol"), so nothing in berth may call
-//! into `cudarc::driver` before [`driver`] returned `Ok` (house style 1.4). The gate reads
+//! into `cudarc::driver` before [`driver`] returned `Ok` (no panics: a missing driver is
+//! [`CudaError::Unavailable`]). The gate reads
 //! `cuDriverGetVersion` before `cuInit` (refusing drivers below [`MIN_DRIVER_VERSION`] with
 //! [`CudaError::DriverTooOld`]) and looks up [`REQUIRED_DRIVER_SYMBOLS`] without calling them.
 //! The answer is computed once per process and cached.

@@ -1,7 +1,8 @@
 //! `CudaError`: every failure of the CUDA layer, typed.
 //!
 //! Driver failures are mapped in exactly one place, [`CudaError::from_driver`]: that is where
-//! `CUDA_ERROR_OUT_OF_MEMORY` becomes [`CudaError::OutOfMemory`] (house style 1.4).
+//! `CUDA_ERROR_OUT_OF_MEMORY` becomes [`CudaError::OutOfMemory`], the typed, retryable
+//! out-of-memory error.
 
 /// Errors of the CUDA layer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -30,8 +31,9 @@ pub enum CudaError {
         required: i32,
     },
 
-    /// A device index at or past the number of visible devices (BUG-20; PyTorch's good message
-    /// is "Device index value 5 is out of index range [0, 1)").
+    /// A device index at or past the number of visible devices (PyTorch's good message is
+    /// "Device index value 5 is out of index range [0, 1)",
+    /// <https://github.com/pytorch/pytorch/pull/155318>).
     #[error("device index {index} is out of range [0, {count}); use an index below {count}")]
     InvalidDevice {
         /// The index that was asked for.
@@ -66,11 +68,13 @@ pub enum CudaError {
         requested_bytes: usize,
     },
 
-    /// `Event::elapsed_time` with an event that has not completed (BUG-18; PyTorch's message).
+    /// `Event::elapsed_time` with an event that has not completed (PyTorch's message;
+    /// <https://github.com/pytorch/pytorch/issues/85796>).
     #[error("Both events must be completed before calculating elapsed time.")]
     EventNotReady,
 
-    /// `Event::elapsed_time` with an event created without timing (BUG-18; PyTorch's message).
+    /// `Event::elapsed_time` with an event created without timing (PyTorch's message;
+    /// <https://github.com/pytorch/pytorch/issues/85796>).
     #[error("Both events must be created with argument 'enable_timing=True'.")]
     TimingDisabled,
 
@@ -112,7 +116,8 @@ pub enum CudaError {
         op: &'static str,
     },
 
-    /// Only dense CPU tensors can be pinned (BUG-06; PyTorch's message).
+    /// Only dense CPU tensors can be pinned (PyTorch's message;
+    /// <https://github.com/unit8co/darts/issues/436>).
     #[error("cannot pin '{tensor_type}' only dense CPU tensors can be pinned")]
     CannotPin {
         /// The tensor's type in PyTorch's spelling, e.g. `"torch.cuda.FloatTensor"`.
@@ -280,16 +285,18 @@ mod tests {
         );
     }
 
+    /// <https://github.com/pytorch/pytorch/issues/136849>
     #[test]
-    fn bug_20_invalid_device_message_names_index_and_range() {
+    fn invalid_device_message_names_index_and_range() {
         let e = CudaError::InvalidDevice { index: 5, count: 1 };
         assert!(e
             .to_string()
             .starts_with("device index 5 is out of range [0, 1)"));
     }
 
+    /// <https://github.com/pytorch/pytorch/issues/85796>
     #[test]
-    fn bug_18_messages_are_pytorchs() {
+    fn event_timing_messages_are_pytorchs() {
         assert_eq!(
             CudaError::EventNotReady.to_string(),
             "Both events must be completed before calculating elapsed time."

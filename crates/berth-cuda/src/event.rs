@@ -1,5 +1,6 @@
 //! Events (`torch.cuda.Event`): `Event::new(enable_timing)`, `record`, `query`, `synchronize`,
-//! `elapsed_time(&end)` in ms, with PyTorch's typed errors (BUG-18).
+//! `elapsed_time(&end)` in ms, with PyTorch's typed errors ("not ready" rather than a driver
+//! error, <https://github.com/pytorch/pytorch/issues/85796>).
 //!
 //! As in PyTorch, the driver event is created lazily by the first `record`, on the recording
 //! stream's device; an event never recorded counts as complete.
@@ -173,8 +174,9 @@ impl Drop for Event {
 mod tests {
     use super::*;
 
+    /// <https://github.com/pytorch/pytorch/issues/85796>
     #[test]
-    fn bug_18_timing_disabled_is_checked_before_anything_else() {
+    fn timing_disabled_is_checked_before_anything_else() {
         let a = Event::new(false);
         let b = Event::new(true);
         assert_eq!(a.elapsed_time(&b), Err(CudaError::TimingDisabled));

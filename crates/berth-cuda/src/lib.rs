@@ -11,6 +11,20 @@
 //! `result` layers are used, all of it in one module (`ffi`); memory is owned by berth's
 //! allocators, never by cudarc's self-freeing `CudaSlice`.
 //!
+//! # Where this crate sits
+//! ```text
+//! berth-alloc  <-  berth-cuda  <-  berth  <-  berth-data  <-  berth-cli (the `berth` binary)
+//!                  (this crate)
+//!                      ^
+//!                      +-- berth-torch (PyTorch's pluggable CUDA allocator)
+//! ```
+//!
+//! It depends on [`berth_alloc`] (whose [`MemoryBackend`](berth_alloc::MemoryBackend) and
+//! [`HostBackend`](berth_alloc::HostBackend) it implements, and whose policies it installs per
+//! device) and on `cudarc` (feature `cuda`, dynamic loading: no CUDA toolkit at build time).
+//! `berth` re-exports it whole as `berth::cuda` and builds tensors on it; `berth-torch` hands
+//! its backends to PyTorch.
+//!
 //! Files:
 //! - `ffi/` — every driver call, each once, with the no-`cuda` twins (`ffi/twin.rs`) and the
 //!   host mapping calls (`ffi/os.rs`);
@@ -30,6 +44,15 @@
 //! - `sync_debug.rs` — sync points, host-wait counters;
 //! - `error.rs`, `kernel_error.rs` — [`CudaError`], [`KernelError`];
 //! - `testing.rs` — the GPU gate for tests, a fake device count.
+//!
+//! # Design notes
+//! - `Note [VMM page pool]`: `src/backend.rs`
+//! - `Note [Foreign contexts]`: `src/context.rs`
+//! - `Note [Filled first pins]`: `src/pinned.rs`
+//! - `Note [Streams are never destroyed]`: `src/stream.rs`
+//!
+//! [`CudaFence`] follows berth-alloc's `Note [Fences and events]` (in
+//! [`berth_alloc::backend`]).
 
 pub mod backend;
 mod context;

@@ -1,4 +1,5 @@
-//! The per-device allocator registry and the memory API of `torch.cuda` (BUG-11/12/13/22).
+//! The per-device allocator registry and the memory API of `torch.cuda`
+//! (<https://pytorch.org/docs/stable/notes/cuda.html#memory-management>).
 //!
 //! One [`DeviceAllocator`] over [`CudaBackend`] per device serves every CUDA tensor. It is
 //! built on the first allocation on that device, with the policy and options of
@@ -12,8 +13,8 @@
 //! index (`0usize`, `0u16`, `0i32`), `None::<usize>` for the current device, or, through berth,
 //! a `Device` ([`CudaDeviceArg`]). The statistics functions never build an allocator: asking
 //! `memory_allocated(1)` before anything ran on cuda:1 answers 0 and creates no context
-//! (PyTorch #4936, BUG-12). [`empty_cache`] acts on every device that has an allocator and on
-//! no other (BUG-22).
+//! (<https://github.com/pytorch/pytorch/pull/4936>). [`empty_cache`] acts on every device that
+//! has an allocator and on no other (<https://github.com/pytorch/pytorch/issues/25752>).
 //!
 //! One pinned [`HostCachingAllocator`] over [`CudaHostBackend`] serves every pinned tensor.
 
@@ -154,7 +155,8 @@ pub fn allocator_policy(device: impl CudaDeviceArg) -> Result<String, CudaError>
 /// before the device's first allocation (nothing is initialised to answer).
 ///
 /// # Errors
-/// [`CudaError::InvalidDevice`] ("device index 5 is out of range [0, 1)", BUG-20),
+/// [`CudaError::InvalidDevice`] ("device index 5 is out of range [0, 1)", not PyTorch's
+/// internal assert of <https://github.com/pytorch/pytorch/issues/24463>),
 /// [`CudaError::Unavailable`], or the argument's error ([`CudaDeviceArg`]).
 pub fn memory_allocated(device: impl CudaDeviceArg) -> Result<u64, CudaError> {
     Ok(stats(device)?.map_or(0, |s| s.memory_allocated()))
@@ -276,7 +278,9 @@ pub fn set_per_process_memory_fraction(
 }
 
 /// Returns every entirely free cached segment (or page) of every initialised device to the
-/// driver (`torch.cuda.empty_cache()`); never initialises a device (BUG-12, BUG-22).
+/// driver (`torch.cuda.empty_cache()`); never initialises a device
+/// (<https://github.com/pytorch/pytorch/pull/4936>,
+/// <https://github.com/pytorch/pytorch/issues/25752>).
 ///
 /// # Errors
 /// [`CudaError::Alloc`] with the device and the allocator's error when a free fails.
@@ -307,7 +311,8 @@ pub fn host_allocator() -> Result<&'static PinnedAllocator, CudaError> {
 }
 
 /// Whether `ptr` is pinned memory (what `is_pinned()` of a host tensor asks). Never creates the
-/// host allocator or a context (BUG-06): before any pinning nothing is pinned by berth.
+/// host allocator or a context (<https://github.com/pytorch/pytorch/issues/128988>): before any
+/// pinning nothing is pinned by berth.
 pub fn is_pinned_ptr(ptr: *const u8) -> bool {
     HOST.get().is_some_and(|h| h.is_pinned(ptr))
 }
@@ -330,8 +335,10 @@ pub fn host_empty_cache() -> Result<(), CudaError> {
 mod tests {
     use super::*;
 
+    /// Statistics and `empty_cache` before any device use initialise nothing:
+    /// <https://github.com/pytorch/pytorch/pull/4936>
     #[test]
-    fn bug_12_statistics_and_empty_cache_initialise_nothing() {
+    fn statistics_and_empty_cache_initialise_nothing() {
         let before = crate::contexts_created();
         empty_cache().unwrap();
         host_empty_cache().unwrap();

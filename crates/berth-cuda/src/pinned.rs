@@ -4,7 +4,8 @@
 //! calls [`HostBackend::register`]).
 //!
 //! Pinned memory is allocated `PORTABLE` in the context of the device current on the calling
-//! thread when the backend is built (BUG-22: never a device the program did not name).
+//! thread when the backend is built: never a device the program did not name
+//! (<https://github.com/pytorch/pytorch/issues/21081>).
 //!
 //! # Note [Filled first pins]
 //! A `pin_memory()` of [`FILLED_PIN_MIN_BYTES`] or more that the cache cannot serve does not
@@ -184,8 +185,8 @@ impl HostBackend for CudaHostBackend {
     }
 
     fn is_pinned(&self, ptr: *const u8) -> bool {
-        // `cuPointerGetAttribute` is asked only when the context exists (BUG-06: `is_pinned`
-        // never creates one).
+        // `cuPointerGetAttribute` is asked only when the context exists: `is_pinned` never
+        // creates one (https://github.com/pytorch/pytorch/issues/128988).
         crate::is_initialized(self.device) && ffi::pointer_is_host(self.device, ptr)
     }
 }

@@ -267,7 +267,8 @@ impl Stream {
 /// innermost live [`Stream::scope`] guard, else the default stream.
 ///
 /// # Errors
-/// [`CudaError::InvalidDevice`] ("device index 5 is out of range [0, 1)", BUG-20),
+/// [`CudaError::InvalidDevice`] ("device index 5 is out of range [0, 1)";
+/// <https://github.com/pytorch/pytorch/issues/136849>),
 /// [`CudaError::Unavailable`].
 pub fn current_stream(device: usize) -> Result<Stream, CudaError> {
     check_device(device)?;

@@ -1,5 +1,5 @@
 //! Sync points: `set_sync_debug_mode` (`torch.cuda.set_sync_debug_mode`) and counters of host
-//! waits (BUG-19).
+//! waits (each `.item()` is one: <https://github.com/meta-pytorch/torchtune/pull/522>).
 //!
 //! A *sync point* is an operation that blocks the host until device work has run without the
 //! caller asking for a synchronisation by name: `item()`, `to_vec()` and blocking device→host
@@ -54,8 +54,9 @@ pub fn host_waits() -> u64 {
     HOST_WAITS.load(Ordering::Relaxed)
 }
 
-/// Host waits made by the calling thread (COUNT). BUG-19's loop of 1000 `item()` calls adds
-/// 1000 here; accumulating on the device and reading once adds 1.
+/// Host waits made by the calling thread (COUNT). A loop of 1000 `item()` calls adds 1000 here;
+/// accumulating on the device and reading once adds 1
+/// (<https://github.com/meta-pytorch/torchtune/pull/522>).
 pub fn thread_host_waits() -> u64 {
     THREAD_WAITS.with(Cell::get)
 }
@@ -98,8 +99,10 @@ pub fn sync_point(op: &'static str) -> Result<(), CudaError> {
 mod tests {
     use super::*;
 
+    /// Host waits are counted and reported per sync-debug mode:
+    /// <https://github.com/meta-pytorch/torchtune/pull/522>
     #[test]
-    fn bug_19_sync_points_are_reported_per_mode_and_counted() {
+    fn sync_points_are_reported_per_mode_and_counted() {
         let before = thread_host_waits();
         sync_point("item").unwrap();
         assert!(take_sync_reports().is_empty(), "Off reports nothing");

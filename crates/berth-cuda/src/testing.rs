@@ -21,7 +21,7 @@
 //! pass silently; tokio's `_require_full.rs` idea). Tests of the no-GPU error paths need no
 //! device and stay ordinary tests.
 //!
-//! # Faking the device count (BUG-20's SIM part)
+//! # Faking the device count
 //! [`fake_device_count`] makes [`device_count`](super::device_count),
 //! [`is_available`](super::is_available), [`check_device`](super::check_device) and
 //! [`set_device`](super::set_device) behave, **on the calling thread only**, as if `n` devices
@@ -29,7 +29,8 @@
 //! "visible" fake device still answers [`CudaError::Unavailable`](super::CudaError) on a
 //! machine without a GPU. Code that validates `cuda:i` through
 //! [`check_device`](super::check_device) gets "device index 5 is out of range [0, 1)" under
-//! `fake_device_count(1)`.
+//! `fake_device_count(1)` (the out-of-range index of
+//! <https://github.com/pytorch/pytorch/issues/136849>, tested without a GPU).
 
 use std::cell::Cell;
 
@@ -83,7 +84,8 @@ pub fn require_gpu(test: &str) -> bool {
     require_gpus(test, 1)
 }
 
-/// As [`require_gpu`], for tests that need at least `n` devices (BUG-22 needs two). With
+/// As [`require_gpu`], for tests that need at least `n` devices (a context created on the
+/// wrong device, <https://github.com/pytorch/pytorch/issues/25752>, needs two). With
 /// `BERTH_REQUIRE_GPU=1` a machine with at least one device but fewer than `n` skips (printing
 /// the reason) rather than failing: the test cannot run there, the GPU is not lost.
 ///
@@ -109,7 +111,8 @@ pub fn require_gpus(test: &str, n: usize) -> bool {
 
 /// Keeps `stream` busy for `ms` milliseconds without a kernel: queues a host function that
 /// sleeps (`cuLaunchHostFunc`). Work queued after it waits; the host does not. For tests of
-/// asynchronous copies and events (BUG-01, BUG-02, BUG-17, BUG-18).
+/// asynchronous copies and events (such as <https://github.com/pytorch/pytorch/issues/86264>
+/// and <https://github.com/pytorch/pytorch/issues/85796>).
 ///
 /// # Errors
 /// [`CudaError::Driver`](super::CudaError) / [`CudaError::Unavailable`](super::CudaError).

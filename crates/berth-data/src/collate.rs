@@ -125,7 +125,8 @@ mod tuples {
 }
 
 /// Implements [`Collatable`] (and [`PinMemory`](crate::PinMemory)) for a struct with named fields,
-/// field by field: the batch keeps the struct's type (PyTorch's namedtuple rule, BUG-25), or
+/// field by field: the batch keeps the struct's type (PyTorch's namedtuple rule,
+/// <https://github.com/pytorch/pytorch/issues/14613>), or
 /// becomes a given batch struct with the same field names.
 ///
 /// ```

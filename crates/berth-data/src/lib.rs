@@ -12,10 +12,21 @@
 //!    [`CollateFn`], [`impl_collate!`].
 //! 5. Pinning: [`PinMemory`], [`PinTarget`] (Note [Collate into pinned memory]).
 //!
+//! # Where this crate sits
+//! ```text
+//! berth-alloc  <-  berth-cuda  <-  berth  <-  berth-data  <-  berth-cli (the `berth` binary)
+//!                                             (this crate)
+//! ```
+//!
+//! It depends on [`berth`] only (tensors, devices, the pinned host allocator through
+//! `berth::cuda`), and the `berth` binary (`berth-cli`) is its user: `berth train` and
+//! `berth bench dataloader`. `berth` does not re-export it.
+//!
 //! # Design notes
-//! - Note [No global RNG] ([`rng`]): every loader owns its [`Generator`].
-//! - Note [Workers are threads] ([`worker`]).
-//! - Note [Collate into pinned memory] ([`pin`]).
+//! - Note [No global RNG]: `src/rng.rs` ([`rng`]): every loader owns its [`Generator`].
+//! - Note [Workers are threads]: `src/worker.rs` ([`worker`]).
+//! - Note [Prefetch stream ordering]: `src/prefetch.rs` ([`prefetch`]).
+//! - Note [Collate into pinned memory]: `src/pin.rs` ([`pin`]).
 
 #![deny(missing_docs)]
 

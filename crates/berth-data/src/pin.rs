@@ -6,7 +6,8 @@
 //! collates allocate their output there, so the gather of rows *is* the pinning. After the
 //! collate, the batch's [`PinMemory::pin_memory`] runs in the worker: it is a no-op for tensors
 //! already pinned, copies the ones a custom collate left in pageable memory, keeps container types
-//! (BUG-25), and is the hook a custom batch type overrides (PyTorch's `pin_memory()` method).
+//! (<https://github.com/pytorch/pytorch/issues/70158>), and is the hook a custom batch type
+//! overrides (PyTorch's `pin_memory()` method, <https://github.com/pytorch/pytorch/pull/16743>).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
@@ -65,7 +66,8 @@ pub(crate) type PinFn<B> = Arc<dyn Fn(B, &PinTarget) -> Result<B> + Send + Sync>
 ///
 /// Containers pin their elements and keep their own type. A type that holds no tensor implements
 /// it with an empty body: the default returns the value unchanged and warns once that it was not
-/// pinned (PyTorch's "plain object" rule, BUG-25).
+/// pinned (PyTorch's "plain object" rule; silently unpinned batches:
+/// <https://github.com/ultralytics/yolov3/issues/1713>).
 pub trait PinMemory: Sized + Send {
     /// Returns `self` with its tensors in `target`'s page-locked memory.
     ///

@@ -1,7 +1,8 @@
 //! `Generator`: the seeded random source of samplers, splits and worker seeds.
 //!
 //! Note [No global RNG]: PyTorch's samplers and worker seeds fall back to the *global* torch RNG,
-//! so iterating an unrelated loader changes the next shuffle (pytorch#11062, BUG-29). berth-data
+//! so iterating an unrelated loader changes the next shuffle
+//! (<https://github.com/pytorch/pytorch/issues/11062>). berth-data
 //! never reads a global RNG: every loader owns a [`Generator`], either the one given to it or a
 //! private one seeded from OS entropy. The streams are xoshiro256** seeded through splitmix64; they
 //! are reproducible from the seed on every platform but are not bit-identical to torch's Philox or

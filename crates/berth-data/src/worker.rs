@@ -10,8 +10,9 @@
 //! `worker_init_fn` called after seeding, `persistent_workers` reusing the pool across epochs.
 //! What differs: a thread cannot be killed, so shutdown waits for the item each worker is
 //! loading; a panic in user code is caught per batch instead of killing a process; device work in
-//! a worker (BUG-30) runs in the same process as the parent, so there is no "cannot re-initialize
-//! CUDA in forked subprocess" failure: it either works or fails exactly as on the main thread.
+//! a worker runs in the same process as the parent, so there is no "cannot re-initialize CUDA in
+//! forked subprocess" failure (<https://github.com/pytorch/pytorch/issues/40403>): it either
+//! works or fails exactly as on the main thread.
 
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -54,7 +55,8 @@ pub fn worker_info() -> Option<WorkerInfo> {
     WORKER.with(|w| w.borrow().as_ref().map(|s| s.info))
 }
 
-/// The random generator datasets should draw augmentations from (BUG-23): inside a worker, a
+/// The random generator datasets should draw augmentations from (so workers never share one
+/// seed, <https://github.com/pytorch/pytorch/issues/5059>): inside a worker, a
 /// generator seeded with the worker's seed, whose stream continues across epochs with
 /// `persistent_workers` and is reseeded with each new pool otherwise; elsewhere, a per-thread
 /// generator seeded from entropy.

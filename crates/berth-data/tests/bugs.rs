@@ -1,4 +1,6 @@
-//! BUG-23, 24, 25, 27, 29, 30 of the behaviour cases.
+//! Known PyTorch DataLoader surprises (shared worker seeds, option validation, pinning custom
+//! batches, hung workers, shuffle order coupled to a global RNG, device work in workers), each
+//! test named after the behaviour it checks, with the public bug report above it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -53,8 +55,10 @@ fn draws_loader(persistent: bool, seed: u64) -> DrawsLoader {
         .unwrap()
 }
 
+/// Workers never share one random seed:
+/// <https://github.com/pytorch/pytorch/issues/5059>
 #[test]
-fn bug_23_workers_get_distinct_seeds_and_new_draws_each_epoch() {
+fn workers_get_distinct_seeds_and_new_draws_each_epoch() {
     for persistent in [false, true] {
         let dl = draws_loader(persistent, 5);
         let e1 = draws(&dl);
@@ -103,8 +107,10 @@ fn bug_23_workers_get_distinct_seeds_and_new_draws_each_epoch() {
     }
 }
 
+/// Bad option combinations fail at construction with PyTorch's messages:
+/// <https://github.com/pytorch/pytorch/issues/68576>
 #[test]
-fn bug_24_option_validation_messages_are_pytorchs() {
+fn option_validation_messages_are_pytorchs() {
     let msg = |b: DataLoaderBuilder<_, _>| -> String {
         let r: Result<DataLoader<_, _>> = b.build();
         r.unwrap_err().to_string()
@@ -243,8 +249,10 @@ fn pinned_batch<B: PinMemory + Send + 'static>(
     it.next().unwrap().unwrap()
 }
 
+/// Pinning keeps custom batch types:
+/// <https://github.com/pytorch/pytorch/issues/70158>
 #[test]
-fn bug_25_pin_memory_keeps_custom_batch_types() {
+fn pin_memory_keeps_custom_batch_types() {
     let (target, _) = sim_pinned();
     // Named struct: same type, each tensor pinned.
     let p: Pair = pinned_batch(&target, |v| {
@@ -276,8 +284,10 @@ fn bug_25_pin_memory_keeps_custom_batch_types() {
     assert!(c.t.is_pinned());
 }
 
+/// Pinned batches keep their types and are collated straight into pinned memory:
+/// <https://github.com/pytorch/pytorch/issues/70158>
 #[test]
-fn bug_25_default_collate_writes_straight_into_pinned_buffers() {
+fn default_collate_writes_straight_into_pinned_buffers() {
     let (target, host) = sim_pinned();
     let x = Tensor::arange(0.0, 24.0, 1.0, DType::F32, Device::Cpu)
         .unwrap()
@@ -309,8 +319,10 @@ fn bug_25_default_collate_writes_straight_into_pinned_buffers() {
     );
 }
 
+/// Without an accelerator, `pin_memory` warns and loads unpinned batches (never silently):
+/// <https://github.com/ultralytics/yolov3/issues/1713>
 #[test]
-fn bug_25_pin_memory_without_accelerator_warns_and_loads() {
+fn pin_memory_without_accelerator_warns_and_loads() {
     if berth::cuda::is_available() {
         eprintln!("skipped: a CUDA device is present");
         return;
@@ -327,8 +339,11 @@ fn bug_25_pin_memory_without_accelerator_warns_and_loads() {
     assert!(!b[0][0].is_pinned());
 }
 
+/// A stuck worker times out and a dead one is reported, never a hang:
+/// <https://github.com/pytorch/pytorch/issues/2474>,
+/// <https://github.com/pytorch/pytorch/issues/1355>
 #[test]
-fn bug_27_stuck_worker_times_out_and_dead_worker_is_reported() {
+fn stuck_worker_times_out_and_dead_worker_is_reported() {
     // (a) stuck: get sleeps 2.5 s, timeout 1 s.
     let dl = DataLoaderBuilder::with_collate(
         Flaky {
@@ -386,8 +401,10 @@ fn bug_27_stuck_worker_times_out_and_dead_worker_is_reported() {
     );
 }
 
+/// A loader's shuffle order does not depend on other loaders (no global RNG):
+/// <https://github.com/pytorch/pytorch/issues/11062>
 #[test]
-fn bug_29_shuffle_order_does_not_depend_on_other_loaders() {
+fn shuffle_order_does_not_depend_on_other_loaders() {
     let first_batch = |k: usize, seed: u64| {
         berth::manual_seed(0);
         let val = DataLoaderBuilder::with_collate(range(10), CollateFn(|v: Vec<usize>| Ok(v)))
@@ -438,8 +455,10 @@ impl Dataset for OnDevice {
     }
 }
 
+/// Device work in a worker behaves as on the main thread (no "cannot re-initialize CUDA"):
+/// <https://github.com/pytorch/pytorch/issues/40403>
 #[test]
-fn bug_30_device_work_in_a_worker_behaves_as_on_the_main_thread() {
+fn device_work_in_a_worker_behaves_as_on_the_main_thread() {
     // Workers are threads of this process (Note [Workers are threads]): there is no fork, so no
     // "Cannot re-initialize CUDA in forked subprocess". Device work in a worker succeeds when it
     // succeeds on the main thread, and otherwise fails with the same typed error.

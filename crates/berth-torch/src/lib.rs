@@ -22,6 +22,21 @@
 //! - `abi.rs` — the exported C functions (the hooks, install, errors, the test switch);
 //! - `oom.cpp` — the alloc hook's failure path (`Note [Raising from the alloc hook]`);
 //! - `python.rs` — the Python extension module (feature `python`).
+//!
+//! # Where this crate sits
+//! ```text
+//! berth-alloc  <-  berth-cuda  <-  berth  <-  berth-data  <-  berth-cli (the `berth` binary)
+//!                      ^
+//!                      +-- berth-torch (this crate)
+//! ```
+//!
+//! It depends on [`berth_alloc`] (the policies) and [`berth_cuda`] (the CUDA backends, with
+//! feature `cuda` always on), not on `berth`: PyTorch owns the tensors. Nothing in the workspace
+//! depends on it; PyTorch loads it (by path, or as the Python package `berth_torch`).
+//!
+//! # Design notes
+//! - `Note [One allocator per process]`: `src/install.rs`
+//! - `Note [Raising from the alloc hook]`: `src/oom.cpp`
 
 pub mod abi;
 pub mod install;

@@ -1,7 +1,8 @@
 //! `Device`: where a tensor's memory lives, as a small `Copy` value (PyTorch's `c10::Device`).
 //!
 //! A device is only a *name* (kind + optional index). Parsing `"cuda:5"` always succeeds; using
-//! it checks the index against the number of visible devices (BUG-20). `"cuda"` without an
+//! it checks the index against the number of visible devices
+//! (<https://github.com/pytorch/pytorch/issues/136849>). `"cuda"` without an
 //! index means the thread's current CUDA device and is canonicalised to `cuda:<current>` when a
 //! tensor is placed on it ([`Device::canonical`]).
 
@@ -185,7 +186,7 @@ impl Device {
         self == Device::Meta
     }
 
-    /// `cuda:0` when CUDA is available, else `cpu`: the seed's one-`DEVICE`-variable idiom
+    /// `cuda:0` when CUDA is available, else `cpu`: PyTorch's one-`DEVICE`-variable idiom
     /// (`torch.device("cuda" if torch.cuda.is_available() else "cpu")`).
     pub fn best() -> Device {
         if crate::cuda::is_available() {
@@ -200,7 +201,8 @@ impl Device {
     ///
     /// # Errors
     /// 1. `Error::Cuda(CudaError::InvalidDevice)` when `cuda:i` has `i ≥ device_count()`
-    ///    ("device index 5 is out of range [0, 1)", BUG-20).
+    ///    ("device index 5 is out of range [0, 1)";
+    ///    <https://github.com/pytorch/pytorch/issues/136849>).
     /// 2. `Error::Cuda(CudaError::Unavailable)` when CUDA is not available at all.
     /// 3. [`Error::DeviceNotAvailable`] for `mps` (not available on this platform).
     pub fn canonical(self) -> Result<Device> {

@@ -1,6 +1,6 @@
 //! The per-device kernel interface: what the tensor front-ends call once shapes and dtypes
-//! have been checked by [`crate::ops::infer`]. The CPU implements it in [`crate::cpu`]; the
-//! CUDA implementation (owned by the CUDA kernels) is plugged in by [`cuda_kernels`]; the meta
+//! have been checked by [`crate::ops::infer`]. The CPU implements it in `crate::cpu`; the
+//! CUDA implementation (owned by the CUDA kernels) is plugged in by `cuda_kernels()`; the meta
 //! device never reaches it (front-ends build meta results from the inferred shape).
 //!
 //! # Contract (every method)

@@ -30,8 +30,10 @@ pub enum Error {
         reason: String,
     },
 
-    /// Reading the values of a meta tensor (BUG-07/08). One kind for `item`, `to_vec` and
-    /// copies out of meta; both of PyTorch's messages are part of the text.
+    /// Reading the values of a meta tensor. One kind for `item`, `to_vec` and copies out of
+    /// meta (PyTorch has two, <https://github.com/pytorch/pytorch/issues/119588> and
+    /// <https://github.com/pytorch/pytorch/pull/53143>); both of PyTorch's messages are part of
+    /// the text.
     #[error(
         "Tensor.{op}() cannot be called on meta tensors: Cannot copy out of meta tensor; no \
          data! (meta tensors carry shape and dtype only; use to_empty(device) to get a tensor \
@@ -42,7 +44,8 @@ pub enum Error {
         op: &'static str,
     },
 
-    /// An operation without a shape rule on the meta device (BUG-10).
+    /// An operation without a shape rule on the meta device: an explicit error, never a wrong
+    /// shape (<https://github.com/mlverse/torch/issues/877>).
     #[error("no meta implementation for {op}: it cannot run on the meta device")]
     NoMetaImpl {
         /// The operation.

@@ -12,6 +12,25 @@
 //!   agree); [`device_kernels::DeviceKernels`]: what a device implements (CPU here, CUDA in
 //!   [`cuda`]).
 //! - [`nn`]: `Module`, `Linear`, state dicts in safetensors files.
+//!
+//! # Where this crate sits
+//! ```text
+//! berth-alloc  <-  berth-cuda  <-  berth  <-  berth-data  <-  berth-cli (the `berth` binary)
+//!                      ^          (this crate)
+//!                      +-- berth-torch (PyTorch's pluggable CUDA allocator)
+//! ```
+//!
+//! It depends on [`berth_alloc`] (re-exported as [`alloc`]: the allocator policies, stats and
+//! snapshots) and [`berth_cuda`] (re-exported whole in [`cuda`]: the driver layer; its CUDA
+//! part behind the default feature `cuda`). `berth-data`'s `DataLoader` and the `berth`
+//! binary (crate `berth-cli`) are built on it; it re-exports neither.
+//!
+//! # Design notes
+//! - `Note [Meta storage]`: `src/meta_plan.rs` ([`meta_plan`])
+//! - `Note [Kernel modules]`: `src/cuda/kernels/mod.rs`
+//!
+//! The allocator's notes are listed in [`berth_alloc`]'s docs, the driver layer's in
+//! [`berth_cuda`]'s.
 
 pub use berth_alloc as alloc;
 /// The `half` crate, whose `f16` and `bf16` are the elements of [`DType::F16`] and [`DType::BF16`]

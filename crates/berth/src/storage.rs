@@ -12,8 +12,10 @@
 //! # Pending device work
 //! A storage carries a list of [`PendingWork`] (e.g. an event after a non-blocking device→host
 //! copy into this memory, or after a host→device copy *from* this memory). Every host read and
-//! write waits for all of it first (BUG-01/02): a non-blocking copy can never be read before it
-//! lands, and a pinned source cannot be overwritten while a copy from it is in flight.
+//! write waits for all of it first: a non-blocking copy can never be read before it lands
+//! (PyTorch reads stale data there, <https://github.com/pytorch/pytorch/issues/86264>), and a
+//! pinned source cannot be overwritten while a copy from it is in flight (PyTorch lets the write
+//! reach the device, <https://github.com/pytorch/pytorch/issues/127612>).
 //!
 //! # Host memory accounting
 //! Every live host storage counts its bytes in a process-wide counter
@@ -485,10 +487,11 @@ impl Drop for Storage {
     fn drop(&mut self) {
         if let Memory::Host { buf, .. } = &self.memory {
             // Owned (pageable) memory is freed right here, so it must not be released under an
-            // in-flight copy (BUG-02): wait. A pinned block goes back to its host caching
-            // allocator, which the transfer layer told about every stream that used it
-            // (`record_stream`) and which reuses it only after their events complete
-            // (PyTorch's host policy), so dropping it never blocks the host.
+            // in-flight copy (https://github.com/pytorch/pytorch/issues/127612): wait. A pinned
+            // block goes back to its host caching allocator, which the transfer layer told
+            // about every stream that used it (`record_stream`) and which reuses it only after
+            // their events complete (PyTorch's host policy), so dropping it never blocks the
+            // host.
             let pinned = matches!(buf, HostBuf::External(e) if e.is_pinned());
             if !pinned {
                 let _ = self.wait_pending();

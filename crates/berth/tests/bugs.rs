@@ -1,13 +1,16 @@
-//! The behaviour cases of `behaviour-cases.md` owned by the tensor layer, named by id.
+//! Known PyTorch surprises the tensor layer must get right (aliasing of `.to()`, `contiguous()`
+//! and `detach()`, meta tensors, out-of-range device indices), each test named after the
+//! behaviour it checks, with the public bug report above it.
 
 use berth::nn::{Linear, Module};
 use berth::{storage, DType, Device, Error, Tensor};
 
 use crate::util::v;
 
-/// BUG-03: `.to()` / `.cpu()` return the same tensor when nothing changes.
+/// `.to()` / `.cpu()` return the same tensor when nothing changes.
+/// <https://github.com/pytorch/pytorch/issues/12454>
 #[test]
-fn bug_03_to_returns_self_when_nothing_changes() {
+fn to_returns_self_when_nothing_changes() {
     let x = Tensor::ones(&[3], DType::F32, Device::Cpu).unwrap();
     let y = x.to_device(Device::Cpu).unwrap();
     y.add_scalar_(1.0).unwrap();
@@ -20,13 +23,14 @@ fn bug_03_to_returns_self_when_nothing_changes() {
     assert!(!x.to_dtype(DType::F64).unwrap().shares_storage(&x));
 }
 
-/// BUG-03, device part: `cuda()`, `to("cuda")`, `to("cuda:0")` on a tensor already on the
+/// Device part: `cuda()`, `to("cuda")`, `to("cuda:0")` on a tensor already on the
 /// current device are the same storage; `cpu()` of it is new.
+/// <https://github.com/pytorch/pytorch/issues/12454>
 #[cfg(feature = "cuda")]
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
-fn bug_03_device_to_returns_self_on_the_current_device() {
-    if !berth::cuda::testing::require_gpu("bug_03_device_to_returns_self_on_the_current_device") {
+fn device_to_returns_self_on_the_current_device() {
+    if !berth::cuda::testing::require_gpu("device_to_returns_self_on_the_current_device") {
         return;
     }
     let x = match Tensor::ones(&[3], DType::F32, Device::Cuda(0)) {
@@ -45,9 +49,11 @@ fn bug_03_device_to_returns_self_on_the_current_device() {
     assert_eq!(h.to_vec::<f32>().unwrap(), vec![1.0; 3]);
 }
 
-/// BUG-04: `contiguous()` and `detach()` alias; `clone()` of a narrowed view is dense.
+/// `contiguous()` and `detach()` alias; `clone()` of a narrowed view is dense.
+/// <https://github.com/pytorch/pytorch/issues/35990>,
+/// <https://github.com/huggingface/candle/issues/1930>
 #[test]
-fn bug_04_contiguous_and_detach_alias_the_source() {
+fn contiguous_and_detach_alias_the_source() {
     // (a)
     let x = Tensor::arange(0.0, 6.0, 1.0, DType::I64, Device::Cpu)
         .unwrap()
@@ -84,9 +90,10 @@ fn bug_04_contiguous_and_detach_alias_the_source() {
     assert_eq!(v(&x), vec![5.0, 5.0, 5.0]);
 }
 
-/// BUG-07: reading values of a meta tensor is one error kind with PyTorch's message.
+/// Reading values of a meta tensor is one error kind with PyTorch's message.
+/// <https://github.com/pytorch/pytorch/issues/119588>
 #[test]
-fn bug_07_reading_meta_values_is_a_no_data_error() {
+fn reading_meta_values_is_a_no_data_error() {
     let item = Tensor::ones(&[2], DType::F32, Device::Meta)
         .unwrap()
         .sum()
@@ -121,10 +128,11 @@ fn bug_07_reading_meta_values_is_a_no_data_error() {
     assert!(matches!(e, Error::MetaNoData { .. }), "{e:?}");
 }
 
-/// BUG-08: `to(cpu)` from meta → "Cannot copy out of meta tensor; no data!"; `to_empty`
+/// `to(cpu)` from meta → "Cannot copy out of meta tensor; no data!"; `to_empty`
 /// works.
+/// <https://github.com/pytorch/pytorch/pull/53143>
 #[test]
-fn bug_08_to_cpu_from_meta_fails_and_to_empty_materialises() {
+fn to_cpu_from_meta_fails_and_to_empty_materialises() {
     let e = Tensor::ones(&[5], DType::F32, Device::Meta)
         .unwrap()
         .to_device(Device::Cpu)
@@ -150,9 +158,10 @@ fn bug_08_to_cpu_from_meta_fails_and_to_empty_materialises() {
     );
 }
 
-/// BUG-10: meta shape inference that must hold, and an explicit error for a missing rule.
+/// Meta shape inference that must hold, and an explicit error for a missing rule.
+/// <https://github.com/mlverse/torch/issues/877>
 #[test]
-fn bug_10_meta_shape_inference() {
+fn meta_shape_inference_and_missing_rules() {
     let before = storage::host_memory_allocated();
     let a = Tensor::empty(&[2, 3], DType::F32, Device::Meta).unwrap();
     let b = Tensor::empty(&[3, 4], DType::F32, Device::Meta).unwrap();
@@ -187,10 +196,11 @@ fn bug_10_meta_shape_inference() {
         .unwrap();
 }
 
-/// BUG-20: `cuda:5` parses; every use with one visible device is "device index 5 is out of
+/// `cuda:5` parses; every use with one visible device is "device index 5 is out of
 /// range [0, 1)"; bad strings are parse errors; the process stays usable.
+/// <https://github.com/pytorch/pytorch/issues/136849>
 #[test]
-fn bug_20_out_of_range_device_index_sim() {
+fn out_of_range_device_index_sim() {
     let _one = berth::cuda::testing::fake_device_count(1);
     let d: Device = "cuda:5".parse().unwrap();
     assert_eq!((d.kind(), d.index()), (berth::DeviceKind::Cuda, Some(5)));
@@ -233,12 +243,13 @@ fn bug_20_out_of_range_device_index_sim() {
     );
 }
 
-/// BUG-20 on a real GPU: the same error from the driver-reported count.
+/// The out-of-range device index on a real GPU: the same error from the driver-reported count.
+/// <https://github.com/pytorch/pytorch/issues/136849>
 #[cfg(feature = "cuda")]
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
-fn bug_20_out_of_range_device_index_gpu() {
-    if !berth::cuda::testing::require_gpu("bug_20_out_of_range_device_index_gpu") {
+fn out_of_range_device_index_gpu() {
+    if !berth::cuda::testing::require_gpu("out_of_range_device_index_gpu") {
         return;
     }
     let n = berth::cuda::device_count();

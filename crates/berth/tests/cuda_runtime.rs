@@ -1,9 +1,8 @@
 //! The CUDA runtime on a real GPU: discovery, contexts, streams, events, the device and pinned
-//! allocators, transfers, sync points. Every GPU test is `#[ignore]`d (run them with
-//! `--include-ignored`) and starts at the one GPU gate (`berth::cuda::testing::require_gpu`):
-//! it skips with a message on a machine without a GPU, and fails there when
-//! `BERTH_REQUIRE_GPU=1`. Tests named `bug_xx_*` are the cases of
-//! `behaviour-cases.md`; the SIM parts run everywhere.
+//! allocators, transfers, sync points. Every test starts at the one GPU gate
+//! (`berth::cuda::testing::require_gpu`): it skips with a message on a machine without a GPU,
+//! and fails there when `BERTH_REQUIRE_GPU=1`. Tests of known PyTorch surprises have the
+//! public bug report above them; the SIM parts run everywhere.
 
 #![cfg(feature = "cuda")]
 
@@ -65,8 +64,10 @@ fn discovery_names_the_device_with_its_memory() {
     );
 }
 
+/// A device index past the (faked) device count is a typed error naming index and range:
+/// <https://github.com/pytorch/pytorch/issues/136849>
 #[test]
-fn bug_20_sim_index_past_the_fake_count_is_a_typed_error() {
+fn index_past_the_fake_device_count_is_a_typed_error() {
     let _g = testing::fake_device_count(1);
     assert_eq!(cuda::device_count(), 1);
     let e = cuda::set_device(5).unwrap_err();
@@ -91,10 +92,12 @@ fn bug_20_sim_index_past_the_fake_count_is_a_typed_error() {
     ));
 }
 
+/// Every use of `cuda:N` with N >= the device count fails with one typed error:
+/// <https://github.com/pytorch/pytorch/issues/136849>
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
-fn bug_20_gpu_every_use_of_a_missing_index_fails_and_the_process_stays_usable() {
-    if !gpu("bug_20_gpu") {
+fn every_use_of_a_missing_device_index_fails_and_the_process_stays_usable() {
+    if !gpu("every_use_of_a_missing_device_index_fails_and_the_process_stays_usable") {
         return;
     }
     let n = cuda::device_count();
@@ -127,10 +130,12 @@ fn contexts_are_created_lazily_once_per_device() {
     assert!(cuda::contexts_created() <= cuda::device_count());
 }
 
+/// Work on cuda:1 (allocate, free, `empty_cache`, pin) creates no context on cuda:0:
+/// <https://github.com/pytorch/pytorch/issues/25752>
 #[test]
 #[ignore = "needs two CUDA GPUs: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without any)"]
-fn bug_22_work_on_cuda1_creates_no_context_on_cuda0() {
-    if !testing::require_gpus("bug_22_work_on_cuda1_creates_no_context_on_cuda0", 2) {
+fn work_on_cuda1_creates_no_context_on_cuda0() {
+    if !testing::require_gpus("work_on_cuda1_creates_no_context_on_cuda0", 2) {
         return;
     }
     // Runs only on a machine with two GPUs; in this process cuda:0 may already be in use by
@@ -144,10 +149,12 @@ fn bug_22_work_on_cuda1_creates_no_context_on_cuda0() {
     assert_eq!(cuda::is_initialized(0), before0);
 }
 
+/// `elapsed_time` before the end event completed is "not ready", not a driver error:
+/// <https://github.com/pytorch/pytorch/issues/85796>
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
-fn bug_18_elapsed_time_before_completion_is_not_ready_then_positive() {
-    if !gpu("bug_18") {
+fn elapsed_time_before_completion_is_not_ready_then_positive() {
+    if !gpu("elapsed_time_before_completion_is_not_ready_then_positive") {
         return;
     }
     let s = Stream::new(0, 0).unwrap();
@@ -172,10 +179,12 @@ fn bug_18_elapsed_time_before_completion_is_not_ready_then_positive() {
     );
 }
 
+/// Timing GPU work with a host clock and no synchronize measures the launch only:
+/// <https://www.speechmatics.com/company/articles-and-news/timing-operations-in-pytorch>
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
-fn bug_17_host_clock_without_sync_measures_only_the_launch() {
-    if !gpu("bug_17") {
+fn host_clock_without_sync_measures_only_the_launch() {
+    if !gpu("host_clock_without_sync_measures_only_the_launch") {
         return;
     }
     let s = Stream::new(0, 0).unwrap();
@@ -287,10 +296,12 @@ fn expandable_segments_run_on_the_virtual_memory_backend() {
     assert_eq!(a.stats().memory_reserved(), 0);
 }
 
+/// `empty_cache` returns the released segment to the driver, not the context:
+/// <https://github.com/pytorch/pytorch/issues/60150>
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
-fn bug_12_empty_cache_returns_exactly_the_released_segment() {
-    if !gpu("bug_12") {
+fn empty_cache_returns_exactly_the_released_segment() {
+    if !gpu("empty_cache_returns_exactly_the_released_segment") {
         return;
     }
     let n = 4000 * 4000;
@@ -450,10 +461,12 @@ fn memory_api_by_device() {
     drop(x);
 }
 
+/// `pin_memory()` of a pinned tensor shares it; a device tensor cannot be pinned:
+/// <https://github.com/pytorch/pytorch/issues/21076>, <https://github.com/unit8co/darts/issues/436>
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
-fn bug_05_06_pin_memory_rules() {
-    if !gpu("bug_05_06") {
+fn pin_memory_rules() {
+    if !gpu("pin_memory_rules") {
         return;
     }
     let x = Tensor::ones(&[4], DType::F32, Device::Cpu).unwrap();
@@ -500,10 +513,12 @@ fn round_trips_are_exact_in_every_direction() {
     }
 }
 
+/// A non-blocking device-to-host copy read at once is never stale:
+/// <https://github.com/pytorch/pytorch/issues/86264>
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
-fn bug_01_non_blocking_dtoh_read_at_once_is_correct_in_100_of_100_trials() {
-    if !gpu("bug_01") {
+fn non_blocking_dtoh_read_at_once_is_correct_in_100_of_100_trials() {
+    if !gpu("non_blocking_dtoh_read_at_once_is_correct_in_100_of_100_trials") {
         return;
     }
     let s = Stream::new(0, 0).unwrap();
@@ -526,10 +541,12 @@ fn bug_01_non_blocking_dtoh_read_at_once_is_correct_in_100_of_100_trials() {
     }
 }
 
+/// A write to the pinned source of a non-blocking upload waits for the copy:
+/// <https://github.com/pytorch/pytorch/issues/127612>
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
-fn bug_02_pinned_source_write_waits_for_the_copy_and_the_call_returns_early() {
-    if !gpu("bug_02") {
+fn pinned_source_write_waits_for_the_copy_and_the_call_returns_early() {
+    if !gpu("pinned_source_write_waits_for_the_copy_and_the_call_returns_early") {
         return;
     }
     let s = Stream::new(0, 0).unwrap();
@@ -561,10 +578,12 @@ fn bug_02_pinned_source_write_waits_for_the_copy_and_the_call_returns_early() {
     assert_eq!(to_cpu(&dst, false).to_vec::<f32>().unwrap()[0], 1.0);
 }
 
+/// Each `item()` is one host wait:
+/// <https://github.com/meta-pytorch/torchtune/pull/522>
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
-fn bug_19_each_blocking_read_is_one_host_wait_and_sync_debug_flags_only_those() {
-    if !gpu("bug_19") {
+fn each_blocking_read_is_one_host_wait_and_sync_debug_flags_only_those() {
+    if !gpu("each_blocking_read_is_one_host_wait_and_sync_debug_flags_only_those") {
         return;
     }
     let d = to_cuda(&host(&[2.0]), false);

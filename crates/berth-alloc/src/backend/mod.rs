@@ -1,8 +1,8 @@
 //! The raw device-memory source under every allocator policy.
 //!
 //! A [`MemoryBackend`] hands out whole segments (`cudaMalloc` / `cudaFree` on a real GPU), reports
-//! device memory, and records stream events. It is deliberately small (the house style's "about
-//! seven methods"): policies ([`crate::caching::CachingAllocator`], berth's own) add everything
+//! device memory, and records stream events. It is deliberately small (about seven required
+//! methods): policies ([`crate::caching::CachingAllocator`], berth's own) add everything
 //! else. Virtual-memory support for expandable segments is a separate, object-safe capability,
 //! [`VirtualMemoryBackend`], reached through [`MemoryBackend::as_virtual`].
 //!
@@ -111,7 +111,8 @@ pub struct MemInfo {
 ///
 /// All methods take `&self`; implementations are `Send + Sync` and do their own locking.
 /// Policies call [`MemoryBackend::malloc`] without holding their own state lock where they can
-/// (house style, after PyTorch's `Note [HostAllocator design]`).
+/// (after PyTorch's `Note [HostAllocator design]` in
+/// <https://github.com/pytorch/pytorch/blob/main/aten/src/ATen/core/CachingHostAllocator.h>).
 pub trait MemoryBackend: Send + Sync + 'static {
     /// A fence: a point recorded on a stream, complete once the work queued before it is (a
     /// `CUevent` on CUDA, the simulator's ticket). Dropping it releases it. See
@@ -236,7 +237,7 @@ impl<B: MemoryBackend> MemoryBackend for std::sync::Arc<B> {
 /// Physical memory is mapped in ranges chosen by the caller, each a multiple of the backend's
 /// minimum [`VirtualMemoryBackend::granularity`] (PyTorch's expandable segments map one page of
 /// 2 MiB for the small pool or 20 MiB for the large one per call; berth's `paged` policy maps
-/// runs of pages, `Note [Mapping units]` in `crate::own`).
+/// runs of pages, `Note [Mapping units]` in `crate::paged`).
 ///
 /// # Mappings
 /// Each successful [`VirtualMemoryBackend::map`] call makes one *mapping*, backed by one

@@ -160,7 +160,8 @@ impl SimBackend {
     pub const H200_BYTES: u64 = 150_109_880_320;
 
     /// Simulates a driver context of `bytes` bytes that counts as used device memory once the
-    /// device is first used (BUG-12), outside any allocator.
+    /// device is first used, outside any allocator: why `empty_cache()` never brings a
+    /// process's device usage to zero (<https://github.com/pytorch/pytorch/issues/60150>).
     pub fn with_context_bytes(mut self, bytes: u64) -> Self {
         self.context_bytes = bytes;
         self

@@ -1,6 +1,7 @@
 //! [`CachingAllocator`]: PyTorch's CUDA caching allocator policy, exactly, over any
-//! [`MemoryBackend`] (`c10/cuda/CUDACachingAllocator.cpp`, described in
-//! `pytorch-caching-allocator.md`).
+//! [`MemoryBackend`] (`c10/cuda/CUDACachingAllocator.cpp`,
+//! <https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.cpp>; its user
+//! documentation: <https://pytorch.org/docs/stable/notes/cuda.html#memory-management>).
 //!
 //! Requests are rounded to 512 bytes; blocks of at most 1 MiB come from 2 MiB segments of the
 //! small pool, larger ones from 20 MiB segments (below 10 MiB) or 2 MiB-rounded segments of the

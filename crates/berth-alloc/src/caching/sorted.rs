@@ -19,8 +19,8 @@
 //!   logarithmically, and comes back below [`UNSPILL`].
 //!
 //! Before classes, one sorted vector per stream held every block: its `memmove`s and binary
-//! searches over up to 200 entries were a third of the policy's instructions on
-//! `shared/traces`.
+//! searches over up to 200 entries were a third of the policy's instructions on the real
+//! traces of `tests/data`.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;

@@ -138,7 +138,8 @@ const PAGE: usize = 4096;
 
 /// A simulated pinned-host-memory source: real, zeroed host memory (so tests can write and read
 /// it), a capacity in bytes, call counts, fault injection, and an "initialised" flag that the
-/// first allocation sets (the lazy device initialisation of BUG-05).
+/// first allocation sets (the lazy device initialisation whose absence made a first
+/// `pin_memory()` report unpinned, <https://github.com/pytorch/pytorch/issues/149032>).
 ///
 /// Events come from one [`SimBackend`] per simulated device, by default a private one (device
 /// 0); [`SimHostBackend::with_events`] and [`SimHostBackend::with_devices`] share device

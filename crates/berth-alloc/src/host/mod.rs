@@ -3,7 +3,7 @@
 //! [`HostAllocator`] interface the tensor layer and the data loader use.
 //!
 //! The policy is PyTorch's `CachingHostAllocator` (`aten/src/ATen/core/CachingHostAllocator.h`,
-//! spec §10):
+//! <https://github.com/pytorch/pytorch/blob/main/aten/src/ATen/core/CachingHostAllocator.h>):
 //! - sizes are rounded up to the next power of two and each power of two has its own free list
 //!   (most recently freed first); a request only ever takes a block of exactly its rounded size,
 //!   and blocks are never split;

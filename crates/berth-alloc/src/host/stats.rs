@@ -56,7 +56,9 @@ impl DurationStat {
 /// `torch.cuda.host_memory_stats()`.
 ///
 /// Unlike PyTorch (whose peaks are summed over 64 per-bucket counters and whose `active_*`
-/// figures drift, spec §10), every figure here is updated under one lock and is exact.
+/// figures drift; `aten/src/ATen/core/CachingHostAllocator.h`,
+/// <https://github.com/pytorch/pytorch/blob/main/aten/src/ATen/core/CachingHostAllocator.h>),
+/// every figure here is updated under one lock and is exact.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HostStats {
     /// COUNT: blocks owned by the allocator (checked out, waiting on events, or cached).

@@ -1,4 +1,4 @@
-//! `berth bench dataloader`: PyTorch's DataLoader workload (`shared/bench/torch_baseline.py`):
+//! `berth bench dataloader`: PyTorch's DataLoader workload (its PyTorch twin: `BENCHMARKS.md`):
 //! a `TensorDataset` of 100,000 × 3072 f32 samples with i64 labels, batch 256, shuffle, for
 //! several worker counts; batches to host memory always, and to the GPU (pinned, copied with
 //! `non_blocking` through the device prefetcher) when one is present. In the same run it times a

@@ -1,5 +1,5 @@
 //! `berth bench transfers | alloc | overlap | sync`: GPU measurements comparable with
-//! `shared/bench/torch_baseline.py` (same sizes, same definitions; see `shared/bench/README.md`).
+//! PyTorch's baseline figures in `BENCHMARKS.md` (same sizes, same definitions).
 //!
 //! Device times come from CUDA events on the stream that ran the work; host times from the
 //! host clock. Every figure runs a warm-up first and reports the median of its repetitions;

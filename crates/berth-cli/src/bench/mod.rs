@@ -1,4 +1,4 @@
-//! `berth bench`: measurements comparable with `shared/bench` (PyTorch's scripts).
+//! `berth bench`: measurements comparable with PyTorch's (`BENCHMARKS.md` has both sides).
 //!
 //! One file per benchmark; each owns its arguments.
 

@@ -262,7 +262,8 @@ pub fn train_on(
         let started = Instant::now();
         timer.start()?;
         // The loss is summed on the device and read once per epoch (and every `LOG_EVERY`
-        // steps for the progress bar): a read per step would be a host sync per step (BUG-19).
+        // steps for the progress bar): a read per step would be a host sync per step
+        // (https://github.com/meta-pytorch/torchtune/pull/522).
         let loss_sum = Tensor::zeros(&[], DType::F32, device)?;
         let mut seen = 0usize;
         // None until the first read: the bar says "loss …" then, not "loss NaN" (a new user

@@ -1,6 +1,6 @@
 //! The CUDA implementation of the tensor layer's kernel interface
-//! ([`DeviceKernels`](crate::device_kernels::DeviceKernels)): every op of [`crate::ops`] on berth's
-//! own NVRTC kernels ([`kernels`](super::kernels)), cuBLAS ([`blas`](super::blas)) and the
+//! ([`crate::device_kernels::DeviceKernels`]): every op of [`crate::ops`] on berth's
+//! own NVRTC kernels ([`kernels`]), cuBLAS ([`blas`]) and the
 //! device Philox generator ([`rand`](super::rand)).
 //!
 //! Memory comes from the views' storages (`DeviceMemory::device_ptr`); the kernels never

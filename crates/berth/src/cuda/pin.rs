@@ -1,8 +1,8 @@
-//! `Tensor::pin_memory()` (BUG-05/06): page-locked copies of host tensors through the pinned
-//! host caching allocator.
+//! `Tensor::pin_memory()`: page-locked copies of host tensors through the pinned host caching
+//! allocator.
 //!
 //! `Tensor::is_pinned()` lives with the tensor (it asks the storage, which never touches the
-//! driver: BUG-06's "`is_pinned` creates no context").
+//! driver: `is_pinned` creates no context, <https://github.com/pytorch/pytorch/issues/128988>).
 
 use super::copy::parallel_copy;
 use super::pinned::with_fill_source;
@@ -19,8 +19,9 @@ pub fn legacy_type_name(device_is_cuda: bool, dtype: DType) -> String {
 impl Tensor {
     /// A copy of this host tensor in page-locked memory (`Tensor.pin_memory()`), with the same
     /// shape, strides and offset. An already pinned tensor is returned as is, sharing its
-    /// storage (BUG-05, PyTorch PR 23484). The first call initialises the pinned allocator (and
-    /// the current device's context), so `is_pinned()` is `true` at once (PyTorch #149032).
+    /// storage (<https://github.com/pytorch/pytorch/pull/23484>). The first call initialises the
+    /// pinned allocator (and the current device's context), so `is_pinned()` is `true` at once
+    /// (<https://github.com/pytorch/pytorch/issues/149032>).
     ///
     /// A block of 4 MiB or more that the pinned cache cannot serve is mapped with transparent
     /// huge pages, filled by a parallel copy of `self` (which faults its pages) and page-locked
@@ -30,7 +31,8 @@ impl Tensor {
     ///
     /// # Errors
     /// 1. [`CudaError::CannotPin`] for a device or meta tensor: "cannot pin
-    ///    'torch.cuda.FloatTensor' only dense CPU tensors can be pinned" (BUG-06).
+    ///    'torch.cuda.FloatTensor' only dense CPU tensors can be pinned", PyTorch's message
+    ///    (<https://github.com/unit8co/darts/issues/436>).
     /// 2. [`CudaError::Unavailable`] without CUDA; [`CudaError::HostAlloc`] when the memory
     ///    cannot be pinned.
     pub fn pin_memory(&self) -> Result<Tensor> {
@@ -67,8 +69,9 @@ impl Tensor {
 mod tests {
     use super::*;
 
+    /// <https://github.com/unit8co/darts/issues/436>
     #[test]
-    fn bug_06_type_names_are_pytorchs() {
+    fn cannot_pin_type_names_are_pytorchs() {
         assert_eq!(legacy_type_name(true, DType::F32), "torch.cuda.FloatTensor");
         assert_eq!(legacy_type_name(false, DType::I64), "torch.LongTensor");
         assert_eq!(

@@ -13,7 +13,7 @@ impl Tensor {
     /// allocated on one stream is used on another.
     ///
     /// - A CUDA tensor: `stream` must be a stream of the tensor's device; its allocator defers
-    ///   the reuse (`Note [record_stream and deferred free]` in berth-alloc). A no-op on the
+    ///   the reuse (``Note [`record_stream` and deferred free]`` in berth-alloc). A no-op on the
     ///   stream the memory was allocated on.
     /// - A pinned host tensor of berth's pinned allocator (`pin_memory()`, a non-blocking copy
     ///   to the host, a pinned DataLoader batch): the pinned allocator records an event on `stream`'s own device

@@ -5,14 +5,16 @@
 //! - **Device memory** comes from the device's caching allocator on the current stream
 //!   ([`alloc_storage`]); [`CudaMemory`] is the tensor layer's [`DeviceMemory`].
 //! - **host→device**: from pinned memory, one `cuMemcpyHtoDAsync` on the current stream; the
-//!   source storage gets a pending event so a host write waits for the copy (BUG-02 (a)), and
+//!   source storage gets a pending event so a host write waits for the copy (where PyTorch lets
+//!   it race, <https://github.com/pytorch/pytorch/issues/127612>), and
 //!   the pinned block is `record_stream`ed so it is not reused before the copy ran. From
 //!   pageable memory, the data is staged through pinned blocks of [`STAGING_CHUNK_BYTES`] in a
 //!   pipeline (copy chunk i into pinned memory on the CPU while the DMA of chunk i−1 runs);
 //!   the caller returns once the last chunk was staged, without waiting for the DMA.
 //! - **device→host**: `non_blocking` lands in pinned memory and the result carries a pending
-//!   event, so any host read waits for the copy (BUG-01 design (a): a stale read is
-//!   impossible). Blocking copies are sync points ([`sync_point`](super::sync_point)). A
+//!   event, so any host read waits for the copy: a stale read is impossible
+//!   (<https://github.com/pytorch/pytorch/issues/86264>). Blocking copies are sync points
+//!   ([`sync_point`](super::sync_point)). A
 //!   blocking copy into pageable memory goes through two pinned staging blocks, the DMA of one
 //!   chunk running while the CPU copies the previous one out from several threads; `.to(cpu)`
 //!   lands in a fresh huge-page mapping (no zero-filling pass), and [`copy_to_host`] into an

@@ -55,7 +55,8 @@ pub trait Module {
     }
 
     /// Replace every parameter by an uninitialised tensor of the same shape on `device`
-    /// (`Module.to_empty`, the way out of meta; BUG-08).
+    /// (`Module.to_empty`, the way out of meta: moving a meta model with `.to()` fails with "Cannot
+    /// copy out of meta tensor; no data!", <https://github.com/pytorch/pytorch/pull/53143>).
     ///
     /// # Errors
     /// The device cannot be used; allocation failure.

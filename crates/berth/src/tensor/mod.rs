@@ -1,13 +1,6 @@
-//! `Tensor`: an `Arc<Storage>` plus a [`Layout`] (shape, strides, offset in elements), a
-//! [`DType`] and a `requires_grad` flag.
-//!
-//! A `Tensor` value is a *handle*: views ([`Tensor::reshape`], [`Tensor::t`], [`Tensor::detach`],
-//! [`Tensor::alias`], `to` without a change ...) share the storage, and in-place operations
-//! (`add_`, `copy_`, ...) write through it, visible to every alias (the aliasing model is
-//! documented on [`Storage`]). `Tensor` deliberately does not implement `Clone`:
-//! [`Tensor::clone`] is PyTorch's `clone()` (new storage), and [`Tensor::alias`] is the cheap
-//! handle copy. The split follows the sub-modules: `create` (constructors), `view`, `to` (the
-//! `.to()` contract and host reads), `ops` (math front-ends), `inplace`.
+//! [`Tensor`] (its docs say what a tensor is and how aliases share storage). The split follows
+//! the sub-modules: `create` (constructors), `view`, `to` (the `.to()` contract and host
+//! reads), `ops` (math front-ends), `inplace`, `display`.
 
 mod create;
 mod display;
@@ -23,7 +16,15 @@ use crate::{DType, Device, Layout, Result, Storage};
 
 pub use to::ToOptions;
 
-/// An n-dimensional array on a device. See the [module docs](self).
+/// An n-dimensional array on a device: an `Arc<Storage>` plus a [`Layout`] (shape, strides,
+/// offset in elements), a [`DType`] and a `requires_grad` flag.
+///
+/// A `Tensor` value is a *handle*: views ([`Tensor::reshape`], [`Tensor::t`],
+/// [`Tensor::detach`], [`Tensor::alias`], `to` without a change ...) share the storage, and
+/// in-place operations (`add_`, `copy_`, ...) write through it, visible to every alias (the
+/// aliasing model is documented on [`Storage`]). `Tensor` deliberately does not implement
+/// `Clone`: [`Tensor::clone`] is PyTorch's `clone()` (new storage), and [`Tensor::alias`] is the
+/// cheap handle copy.
 pub struct Tensor {
     storage: Arc<Storage>,
     layout: Layout,
@@ -210,8 +211,8 @@ impl Tensor {
         self
     }
 
-    /// A view sharing storage with `requires_grad == false` (PyTorch's `detach()`; BUG-04:
-    /// writes through it reach the original).
+    /// A view sharing storage with `requires_grad == false` (PyTorch's `detach()`): writes
+    /// through it reach the original (<https://github.com/pytorch/pytorch/issues/35990>).
     pub fn detach(&self) -> Tensor {
         Tensor {
             requires_grad: false,
@@ -220,7 +221,7 @@ impl Tensor {
     }
 
     /// `self` when already contiguous (same storage); otherwise a dense copy with row-major
-    /// strides (BUG-04).
+    /// strides (<https://github.com/vllm-project/vllm/pull/14540>).
     ///
     /// # Errors
     /// A kernel or allocation error of the device.
@@ -232,7 +233,8 @@ impl Tensor {
     }
 
     /// A copy in new storage on the same device with dense row-major strides (PyTorch's
-    /// `clone()`, which does not keep the strides of a non-dense view; BUG-04). Keeps
+    /// `clone()`, which does not keep the strides of a non-dense view;
+    /// <https://github.com/huggingface/candle/issues/1930>). Keeps
     /// `requires_grad`.
     ///
     /// # Errors

@@ -1,6 +1,7 @@
 //! The `.to()` contract (PyTorch's `Tensor.to`) and host reads (`to_vec`, `item`).
 //!
-//! Rules (BUG-03, BUG-08):
+//! Rules (PyTorch's, <https://github.com/pytorch/pytorch/issues/12454> and
+//! <https://github.com/pytorch/pytorch/pull/53143>):
 //! 1. The target device is canonicalised first (`cuda` → `cuda:<current>`; an index past the
 //!    device count is a typed error).
 //! 2. Same device and same dtype and `copy == false` → the *same* tensor: a handle sharing
@@ -143,7 +144,8 @@ impl Tensor {
     }
 
     /// A tensor of the same shape and dtype on `device` with unspecified contents
-    /// (`Module.to_empty` for one tensor; the way out of meta, BUG-08).
+    /// (`Module.to_empty` for one tensor; the way out of meta,
+    /// <https://github.com/pytorch/pytorch/pull/53143>).
     ///
     /// # Errors
     /// The device cannot be used; allocation failure.
@@ -158,7 +160,8 @@ impl Tensor {
     ///
     /// # Errors
     /// 1. [`Error::ElementType`] when `T` is not the tensor's dtype.
-    /// 2. [`Error::MetaNoData`] for meta tensors (BUG-07).
+    /// 2. [`Error::MetaNoData`] for meta tensors
+    ///    (<https://github.com/pytorch/pytorch/issues/119588>).
     /// 3. [`Error::HostOutOfMemory`] when the host cannot hold the elements (an expanded
     ///    tensor has as many as its shape says, whatever its storage).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
@@ -190,8 +193,9 @@ impl Tensor {
     /// The value of a one-element tensor, converted to `T` (`Tensor.item()`).
     ///
     /// # Errors
-    /// 1. [`Error::MetaNoData`] for meta tensors (BUG-07; PyTorch's message
-    ///    `Tensor.item() cannot be called on meta tensors`).
+    /// 1. [`Error::MetaNoData`] for meta tensors (PyTorch's message
+    ///    `Tensor.item() cannot be called on meta tensors`,
+    ///    <https://github.com/pytorch/pytorch/issues/119588>).
     /// 2. [`Error::NotAScalar`] when the tensor has other than one element.
     pub fn item<T: Element>(&self) -> Result<T> {
         if self.device().is_meta() {

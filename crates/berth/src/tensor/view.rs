@@ -254,8 +254,9 @@ impl Tensor {
 
     /// Change this handle's shape (`Tensor.resize_`): keeps the storage when it is large
     /// enough (contiguous layout from the current offset), else moves *this handle only* to
-    /// new storage holding the old elements first. Other aliases are never changed (BUG-04:
-    /// `x.detach().resize_(5)` leaves `x` as it was).
+    /// new storage holding the old elements first. Other aliases are never changed
+    /// (`x.detach().resize_(5)` leaves `x` as it was;
+    /// <https://github.com/pytorch/pytorch/pull/13645>).
     ///
     /// # Errors
     /// [`Error::NumelOverflow`] / [`Error::StorageSizeOverflow`]; device errors (out of

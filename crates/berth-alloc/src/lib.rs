@@ -37,6 +37,7 @@
 //! - `Note [Constant-time arena]`: `src/paged/arena.rs`
 //! - `Note [Pickle reader arena]`: `src/pickle/reader.rs`
 //! - `Note [Compiled replay]`: `src/replay.rs`
+//! - `Note [Streaming trace reader]`: `src/trace/mod.rs`
 //!
 //! # Quick start
 //! ```

@@ -1,6 +1,7 @@
 //! Reading PyTorch allocator traces: the `*.trace.json.gz` files recorded from PyTorch's memory
 //! history (`scripts/traces/record_traces.py` records them; the format is in
-//! `crates/berth-alloc/tests/data/README.md`), gzip or plain JSON, flattened from `torch.cuda.memory._snapshot()["device_traces"][0]`.
+//! `crates/berth-alloc/tests/data/README.md`), gzip or plain JSON, flattened from
+//! `torch.cuda.memory._snapshot()["device_traces"][0]`.
 //!
 //! Format: an object with `events` (rows `[action, addr, size, stream, time_us]` in the order
 //! of `columns`), plus optional `workload`, `stats`, `alloc_conf`. A bare array of rows is also

@@ -30,3 +30,37 @@ fn paged_refuses_a_request_larger_than_the_device_before_mapping() {
     }
 }
 
+/// `abi_paged` (artifact `crash-30fcc692`): `record_stream` of the pointer `0xffff_ffff_ffff_ffff`
+/// succeeded on `paged`, and its `raw_delete` removed a free slot of the live-block table: the
+/// table's empty-slot marker was found as a key. Both policies that keep blocks in that table
+/// now answer `InvalidPointer` and change nothing.
+#[test]
+fn the_all_ones_pointer_is_unknown_to_every_policy() {
+    use berth_alloc::caching::CachingAllocator;
+    use berth_alloc::{AllocError, DevicePtr};
+    let ones = DevicePtr(u64::MAX);
+    let policies: [Box<dyn DeviceAllocator>; 2] = [
+        Box::new(PagedBestFit::new(SimBackend::new(1 << 30)).unwrap()),
+        Box::new(CachingAllocator::new(SimBackend::new(1 << 30))),
+    ];
+    for alloc in policies {
+        let name = alloc.policy_name().to_owned();
+        let p = alloc.raw_alloc(4096, StreamId::DEFAULT).unwrap();
+        let before = alloc.stats();
+        assert_eq!(
+            alloc.raw_record_stream(ones, StreamId(0x10)),
+            Err(AllocError::InvalidPointer { ptr: ones }),
+            "{name}"
+        );
+        assert!(
+            matches!(
+                alloc.raw_delete(ones),
+                Err(AllocError::InvalidPointer { .. } | AllocError::DoubleFree { .. })
+            ),
+            "{name}"
+        );
+        assert_eq!(alloc.stats(), before, "{name}: nothing changed");
+        alloc.raw_delete(p).unwrap();
+        assert_eq!(alloc.stats().memory_allocated(), 0, "{name}");
+    }
+}

@@ -56,6 +56,12 @@ impl<V: Default> AddrMap<V> {
     /// The slot holding `key`.
     #[inline]
     fn find(&self, key: u64) -> Option<usize> {
+        // `EMPTY` is never a key, but a caller may look it up (a user's pointer `0xffff..ff`):
+        // without this it would match the first free slot (found by fuzzing: `raw_delete` of
+        // it removed a free slot, and `record_stream` on it succeeded).
+        if key == EMPTY {
+            return None;
+        }
         let mask = self.mask();
         let mut i = self.home(key);
         loop {
@@ -168,6 +174,16 @@ impl<V: Default> AddrMap<V> {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn the_empty_marker_is_never_found() {
+        let mut m: AddrMap<u64> = AddrMap::default();
+        assert_eq!(m.get(&EMPTY), None);
+        m.insert(512, 1);
+        assert_eq!(m.get_mut(&EMPTY), None);
+        assert_eq!(m.remove(&EMPTY), None);
+        assert_eq!((m.len(), m.get(&512)), (1, Some(&1)));
+    }
 
     #[test]
     fn matches_std_hash_map_under_churn() {

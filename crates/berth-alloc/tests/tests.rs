@@ -6,6 +6,7 @@ mod bad_input;
 mod behaviour_cases;
 mod conformance;
 mod faithful;
+mod fuzz_found;
 mod host;
 mod host_invariants;
 mod invariants;

@@ -134,15 +134,29 @@ pub fn read_idx(path: impl AsRef<Path>, expected_magic: u32) -> Result<IdxArray,
         path: path.into(),
         source,
     })?;
-    if raw.starts_with(&[0x1f, 0x8b]) {
+    read_idx_bytes(path, &raw, expected_magic)
+}
+
+/// [`read_idx`] for the bytes of a file already in memory (gzip or raw IDX); `path` only names
+/// the file in errors.
+///
+/// # Errors
+/// As [`read_idx`], except that nothing is read from `path`.
+pub fn read_idx_bytes(
+    path: impl AsRef<Path>,
+    bytes: &[u8],
+    expected_magic: u32,
+) -> Result<IdxArray, IdxError> {
+    let path = path.as_ref();
+    if bytes.starts_with(&[0x1f, 0x8b]) {
         parse_stream(
             path,
-            flate2::read::GzDecoder::new(&raw[..]),
+            flate2::read::GzDecoder::new(bytes),
             expected_magic,
             true,
         )
     } else {
-        parse_idx(path, &raw, expected_magic)
+        parse_idx(path, bytes, expected_magic)
     }
 }
 

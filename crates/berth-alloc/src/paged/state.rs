@@ -75,6 +75,8 @@ pub(crate) struct State<E> {
     total: u64,
     /// Cap on mapped bytes (`set_memory_fraction`).
     pub(crate) cap: Option<u64>,
+    /// The device's memory in bytes as the backend reported it at creation (0 = unknown).
+    total: u64,
     history: Option<TraceRing>,
     clock: i64,
     /// The device index in OOM messages, summaries and snapshots.
@@ -119,6 +121,7 @@ impl<E> State<E> {
             va_bytes,
             total,
             cap: None,
+            total,
             history: None,
             clock: 0,
             device: 0,
@@ -286,11 +289,16 @@ impl<E> State<E> {
                 return Err(self.oom(backend, need, requested, Some(cap)));
             }
         }
-        let units: Vec<(u64, u64)> = runs
-            .iter()
-            .flat_map(|&(a, b)| cut(a, b, page, self.max_unit))
-            .collect();
-        let mut done: Vec<(u64, u64)> = Vec::with_capacity(units.len());
+        // More than the whole device can never be mapped: refuse it before any map call (found
+        // by fuzzing: 2^56 bytes on a 64 MiB device were cut into 1.4e9 units, a 22 GB list,
+        // and on a GPU the device would be mapped full before the refusal).
+        if self.total > 0 && need > self.total {
+            return Err(self.oom(backend, need, requested, None));
+        }
+        // Cut lazily: the list of units is never held, whatever the size of the runs.
+        let max_unit = self.max_unit;
+        let units = runs.iter().flat_map(|&(a, b)| cut(a, b, page, max_unit));
+        let mut done: Vec<(u64, u64)> = Vec::new();
         for (a, b) in units {
             let mut result = vm(backend).map(DevicePtr(a), (b - a) as usize, stream);
             if matches!(result, Err(BackendError::OutOfMemory { .. })) {

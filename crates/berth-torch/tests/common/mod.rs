@@ -181,6 +181,18 @@ fn bad_frees_are_reported_not_fatal() {
     let e = deferred().expect("a double free is reported");
     assert!(e.contains(&format!("{p:#x}")), "{e}");
     assert!(deferred().is_none(), "taken once");
+    // The all-ones pointer (found by fuzzing: `paged` took it for a live block, as it marks
+    // the free slots of its block table) is unknown to every policy.
+    let ones = u64::MAX;
+    berth_torch_record_stream(ones as usize as *mut c_void, stream(0x10));
+    let e = deferred().expect("record_stream of an unknown pointer is reported");
+    assert!(e.contains("0xffffffffffffffff"), "{e}");
+    free(ones, MIB, 0);
+    assert!(
+        deferred().is_some(),
+        "a free of an unknown pointer is reported"
+    );
+    assert_eq!(stat("allocated_bytes.all.current"), 0);
 }
 
 /// Autograd and DataLoader pin threads call the hooks at the same time.

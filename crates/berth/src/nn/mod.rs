@@ -1,6 +1,6 @@
 //! Neural-network building blocks: the [`Module`] trait, [`Linear`], [`Sequential`] with
 //! [`ReLU`], and state dicts saved as safetensors files ([`save_state_dict`],
-//! [`load_state_dict_file`]).
+//! [`load_state_dict_file`], [`load_state_dict_bytes`]).
 
 mod linear;
 mod safetensors_io;
@@ -9,7 +9,7 @@ mod sequential;
 use std::collections::BTreeMap;
 
 pub use linear::Linear;
-pub use safetensors_io::{load_state_dict_file, save_state_dict};
+pub use safetensors_io::{load_state_dict_bytes, load_state_dict_file, save_state_dict};
 pub use sequential::{ReLU, Sequential};
 
 use crate::{Device, Error, Result, Tensor};

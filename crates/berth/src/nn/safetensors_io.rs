@@ -84,7 +84,15 @@ pub fn load_state_dict_file(path: impl AsRef<Path>) -> Result<StateDict> {
         path: path.display().to_string(),
         source,
     })?;
-    let st = SafeTensors::deserialize(&buf)?;
+    load_state_dict_bytes(&buf)
+}
+
+/// [`load_state_dict_file`] for the bytes of a safetensors file already in memory.
+///
+/// # Errors
+/// A corrupt file; an unsupported dtype; host allocation failure.
+pub fn load_state_dict_bytes(buf: &[u8]) -> Result<StateDict> {
+    let st = SafeTensors::deserialize(buf)?;
     let mut out = StateDict::new();
     for (name, view) in st.iter() {
         let dtype = from_st(view.dtype(), name)?;

@@ -71,8 +71,6 @@ pub(crate) struct State<E> {
     unmaps: u64,
     /// Bytes of address space reserved per stream at a time.
     va_bytes: u64,
-    /// The device's total memory in bytes when the backend told (0: unknown).
-    total: u64,
     /// Cap on mapped bytes (`set_memory_fraction`).
     pub(crate) cap: Option<u64>,
     /// The device's memory in bytes as the backend reported it at creation (0 = unknown).
@@ -119,7 +117,6 @@ impl<E> State<E> {
             maps: 0,
             unmaps: 0,
             va_bytes,
-            total,
             cap: None,
             total,
             history: None,

@@ -212,3 +212,36 @@ where
         (self.0)(dataset.get_many(indices)?)
     }
 }
+
+/// How an iterable loader turns the items of one batch, taken from a worker's stream, into a
+/// batch (`collate_fn` for an [`IterableDataset`](crate::IterableDataset)). The same collates
+/// serve both loader kinds: [`DefaultCollate`] applies [`Collatable`], [`CollateFn`] calls its
+/// closure.
+pub trait CollateItems<T>: Send + Sync + 'static {
+    /// The batch type the loader yields.
+    type Batch: Send + 'static;
+
+    /// Collates `items` (at least one) into a batch.
+    ///
+    /// # Errors
+    /// The collate's own errors ([`DataError::Collate`], tensor errors).
+    fn collate_items(&self, items: Vec<T>, ctx: &CollateContext) -> Result<Self::Batch>;
+}
+
+impl<T: Collatable> CollateItems<T> for DefaultCollate {
+    type Batch = T::Batch;
+    fn collate_items(&self, items: Vec<T>, ctx: &CollateContext) -> Result<T::Batch> {
+        T::collate(items, ctx)
+    }
+}
+
+impl<T, F, B> CollateItems<T> for CollateFn<F>
+where
+    F: Fn(Vec<T>) -> Result<B> + Send + Sync + 'static,
+    B: Send + 'static,
+{
+    type Batch = B;
+    fn collate_items(&self, items: Vec<T>, _ctx: &CollateContext) -> Result<B> {
+        (self.0)(items)
+    }
+}

@@ -127,18 +127,78 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
     }
 }
 
-/// An iterable-style dataset: a stream, never indexed (`torch.utils.data.IterableDataset`).
+/// An iterable-style dataset: a stream, never indexed (`torch.utils.data.IterableDataset`,
+/// <https://github.com/pytorch/pytorch/blob/main/torch/utils/data/dataset.py>), loaded by an
+/// [`IterableDataLoader`](crate::IterableDataLoader).
 ///
-/// The trait is defined for datasets to implement; the [`DataLoader`](crate::DataLoader) of this
-/// crate loads map-style datasets only (an iterable loader is not built yet). Following PyTorch,
-/// an iterable loader gives every worker its own stream, so a dataset should shard itself by
-/// [`worker_info`](crate::worker_info).
+/// # How it is loaded
+/// The rules are PyTorch's (`torch/utils/data/dataloader.py`, `_utils/worker.py` and
+/// `_utils/fetch.py` under <https://github.com/pytorch/pytorch/tree/main/torch/utils/data>):
+/// - **Without workers** (`num_workers = 0`) the calling thread calls [`iter`](Self::iter) once
+///   per epoch and batches the stream itself: `batch_size` items per batch, the last partial
+///   batch kept unless `drop_last`. [`worker_info`](crate::worker_info) is `None` there.
+/// - **With `N` workers** each worker calls [`iter`](Self::iter) for itself, once per epoch: every
+///   worker runs its own copy of the stream. The dataset object is shared by the worker threads
+///   (an `Arc`, Note [Workers are threads]); what is per worker is the stream. Unless `iter`
+///   shards itself by [`worker_info`](crate::worker_info) (`id` of `num_workers`), every item
+///   comes out `N` times, which PyTorch's docs call a user error, not a loader bug.
+/// - **Batches are formed inside each worker**, from its own stream only: a batch never mixes
+///   two workers' items. `drop_last` drops *each worker's* last incomplete batch (PyTorch's
+///   `_IterableDatasetFetcher`), so an epoch can drop (or keep) up to `N` partial batches.
+/// - **Order**: tasks are dealt round-robin over the workers, 0, 1, …, `N − 1`, 0, …, and
+///   batches are handed out in task order, so the loader yields worker 0's first batch, worker
+///   1's first batch, …, then each worker's second batch, and so on. A worker whose stream has
+///   ended is skipped from then on; the epoch ends when every worker's stream has ended. The
+///   sequence does not depend on timing.
+/// - **Errors**: an `Err` item fails the batch it would have joined (the items already taken for
+///   that batch are dropped, as in PyTorch) and reaches the caller at that batch's turn
+///   ([`DataError::InWorker`] with workers, [`DataError::InBatch`] without); the stream goes on
+///   with the next batch. A panic in `iter` or in the stream's `next`, in a worker, is caught and
+///   reported at its batch ([`DataError::WorkerPanicked`]); that stream is not polled again this
+///   epoch (an iterator that unwound is in an unknown state, and a Python generator that raised
+///   is finished too), while the worker thread and the other workers carry on.
+/// - **Options**: `shuffle`, `sampler` and `batch_sampler` make no sense for a stream and are
+///   refused with PyTorch's messages. `persistent_workers`, `prefetch_factor`, `pin_memory`,
+///   `timeout`, `worker_init_fn` and `generator` behave as for a map-style loader: a persistent
+///   pool starts a fresh stream in each worker every epoch, and `prefetch_factor × num_workers`
+///   batches are requested ahead.
+///
+/// # Examples
+/// Sharding by worker, so that the workers' streams together are the data once (the pattern of
+/// PyTorch's `IterableDataset` docs):
+/// ```ignore
+/// struct Range(usize);
+/// impl IterableDataset for Range {
+///     type Item = usize;
+///     fn iter(&self) -> Box<dyn Iterator<Item = berth_data::Result<usize>> + Send + '_> {
+///         let (id, n) = worker_info().map_or((0, 1), |w| (w.id, w.num_workers));
+///         Box::new((0..self.0).skip(id).step_by(n).map(Ok))
+///     }
+/// }
+/// ```
 pub trait IterableDataset: Send + Sync + 'static {
     /// One sample.
     type Item: Send + 'static;
 
-    /// A fresh stream of items (called once per epoch and per worker).
+    /// A fresh stream of items (called once per epoch: on the calling thread without workers, in
+    /// every worker with them).
     fn iter(&self) -> Box<dyn Iterator<Item = Result<Self::Item>> + Send + '_>;
+
+    /// The number of items one full stream yields, if known (Python's optional `__len__`); the
+    /// loader's [`len`](crate::IterableDataLoader::len) is derived from it. The default is `None`.
+    fn len_hint(&self) -> Option<usize> {
+        None
+    }
+}
+
+impl<D: IterableDataset + ?Sized> IterableDataset for Arc<D> {
+    type Item = D::Item;
+    fn iter(&self) -> Box<dyn Iterator<Item = Result<D::Item>> + Send + '_> {
+        (**self).iter()
+    }
+    fn len_hint(&self) -> Option<usize> {
+        (**self).len_hint()
+    }
 }
 
 /// The items of a dataset at given indices (`Subset`).

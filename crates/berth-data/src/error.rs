@@ -53,16 +53,30 @@ pub enum DataError {
     /// A tensor operation failed.
     #[error(transparent)]
     Tensor(#[from] berth::Error),
-    /// An item or its collation failed inside a worker: the error is delivered at its batch's turn,
-    /// and the loader keeps going (PyTorch's `ExceptionWrapper`).
-    #[error("Caught error in DataLoader worker {worker_id} (batch {batch_index}): {source}")]
+    /// An item, its stream or its collation failed inside a worker: the error is delivered at
+    /// its batch's turn, and the loader keeps going (PyTorch's `ExceptionWrapper`).
+    ///
+    /// The message follows `ExceptionWrapper.reraise` in `torch/_utils.py`
+    /// (<https://github.com/pytorch/pytorch/blob/main/torch/_utils.py>), which says "Caught
+    /// {type} in DataLoader worker process {id}.\nOriginal Traceback …". berth's reads
+    /// "Caught {type} in DataLoader worker thread {id} (batch {`batch_index`}).\nOriginal
+    /// error: {message}": the same first words, so habits and log searches carry over, with "thread"
+    /// for "process" because berth's workers are threads and have no pid (Note [Workers are
+    /// threads]), the batch index added (PyTorch's traceback locates the failure instead; a
+    /// Rust error has no traceback), and "Original error" for "Original Traceback". The type
+    /// is the original error's [`DataError::type_name`]; the original error itself is this
+    /// error's [`source`](std::error::Error::source).
+    #[error(
+        "Caught {} in DataLoader worker thread {worker_id} (batch {batch_index}).\nOriginal error: {source}",
+        .source.type_name()
+    )]
     InWorker {
         /// The worker thread that ran the batch (0-based).
         worker_id: usize,
         /// The batch's position in the epoch (0-based).
         batch_index: usize,
         /// The original error.
-        source: Box<DataError>,
+        source: OriginalError,
     },
     /// A batch failed on the main thread (`num_workers = 0`).
     #[error("batch {batch_index}: {source}")]
@@ -70,15 +84,18 @@ pub enum DataError {
         /// The batch's position in the epoch (0-based).
         batch_index: usize,
         /// The original error.
-        source: Box<DataError>,
+        source: OriginalError,
     },
-    /// User code panicked while a worker fetched or collated a batch. The panic is caught; the
-    /// worker thread survives and serves the next batch.
+    /// User code panicked while a worker fetched or collated a batch (or, for an iterable
+    /// dataset, started or advanced its stream). The panic is caught; the worker thread survives
+    /// and serves the next batch (an iterable dataset's stream that panicked is not polled
+    /// again this epoch). The message has [`DataError::InWorker`]'s form, with "panic" as the
+    /// type; a panic payload is not an error, so there is no source.
     #[error(
-        "DataLoader worker {worker_id} exited unexpectedly: a panic while loading batch {batch_index}: {message}"
+        "Caught panic in DataLoader worker thread {worker_id} (batch {batch_index}).\nOriginal panic message: {message}"
     )]
     WorkerPanicked {
-        /// The worker thread (0-based), or 0 on the main thread with `num_workers = 0`.
+        /// The worker thread (0-based).
         worker_id: usize,
         /// The batch's position in the epoch (0-based).
         batch_index: usize,
@@ -163,6 +180,29 @@ impl DataError {
         }
     }
 
+    /// The error's type as a worker error names it ("Caught `DataError::Item` in DataLoader
+    /// worker thread 1 …"): `DataError::` and the variant, as Python names the exception class.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            DataError::InvalidOption { .. } => "DataError::InvalidOption",
+            DataError::Idx(_) => "DataError::Idx",
+            DataError::Io { .. } => "DataError::Io",
+            DataError::IndexOutOfRange { .. } => "DataError::IndexOutOfRange",
+            DataError::Item { .. } => "DataError::Item",
+            DataError::Collate { .. } => "DataError::Collate",
+            DataError::Tensor(_) => "DataError::Tensor",
+            DataError::InWorker { .. } => "DataError::InWorker",
+            DataError::InBatch { .. } => "DataError::InBatch",
+            DataError::WorkerPanicked { .. } => "DataError::WorkerPanicked",
+            DataError::WorkersExited { .. } => "DataError::WorkersExited",
+            DataError::Timeout { .. } => "DataError::Timeout",
+            DataError::Pin { .. } => "DataError::Pin",
+            DataError::Prefetch { .. } => "DataError::Prefetch",
+            DataError::Spawn { .. } => "DataError::Spawn",
+            DataError::SplitLengths { .. } => "DataError::SplitLengths",
+        }
+    }
+
     /// The innermost error: unwraps [`DataError::InWorker`] and [`DataError::InBatch`].
     pub fn original(&self) -> &DataError {
         match self {
@@ -187,6 +227,45 @@ fn fmt_secs(d: &std::time::Duration) -> String {
         format!("{}", s as u64)
     } else {
         format!("{s}")
+    }
+}
+
+/// The original error inside [`DataError::InWorker`] and [`DataError::InBatch`]: a box that
+/// dereferences to the [`DataError`] and displays as it. It is not itself an
+/// [`Error`](std::error::Error), so the wrapper's [`source`](std::error::Error::source) is the
+/// original `DataError` (`downcast_ref::<DataError>()` finds it), where a `Box<DataError>`
+/// field would be its own source type.
+#[derive(Debug)]
+pub struct OriginalError(Box<DataError>);
+
+impl OriginalError {
+    /// Wraps `error`.
+    pub fn new(error: DataError) -> Self {
+        OriginalError(Box::new(error))
+    }
+
+    /// The original error, unwrapped.
+    pub fn into_inner(self) -> DataError {
+        *self.0
+    }
+}
+
+impl From<DataError> for OriginalError {
+    fn from(error: DataError) -> Self {
+        OriginalError::new(error)
+    }
+}
+
+impl std::ops::Deref for OriginalError {
+    type Target = DataError;
+    fn deref(&self) -> &DataError {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for OriginalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&*self.0, f)
     }
 }
 

@@ -1,36 +1,67 @@
-//! `LoaderIter`: one epoch of a [`DataLoader`], on the calling thread or over worker threads.
+//! One epoch of a loader, on the calling thread or over worker threads: the consumer side,
+//! written once for map-style ([`LoaderIter`]) and iterable
+//! ([`IterableLoaderIter`](crate::IterableLoaderIter)) loaders.
+//!
+//! PyTorch's `_MultiProcessingDataLoaderIter`
+//! (<https://github.com/pytorch/pytorch/blob/main/torch/utils/data/dataloader.py>): tasks get
+//! increasing ids (`send_idx`) and are dealt round-robin over the *active* workers
+//! (`_try_put_index`); `prefetch_factor × num_workers` are primed; every batch handed out, and
+//! every "stream exhausted" answer, frees a slot for the next task; results are handed out in
+//! task order (`rcvd_idx`) through a reorder buffer; a task whose worker has ended without a
+//! result for it is skipped (`_next_data`). For a map-style dataset every worker stays active and
+//! the epoch ends with the batch sampler's last batch; for an iterable dataset the epoch ends
+//! when every worker's stream is exhausted.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::RecvTimeoutError;
-use std::sync::PoisonError;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::collate::Collate;
 use crate::dataset::Dataset;
-use crate::error::{DataError, Result};
+use crate::error::{DataError, OriginalError, Result};
+use crate::fetch::{Fetcher, WorkerShared};
 use crate::loader::DataLoader;
-use crate::worker::{load_batch, Task, WorkerPool};
+use crate::rng::Generator;
+use crate::worker::{Task, WorkerPool};
 
 /// How often a consumer with `timeout = 0` checks that its workers are alive, while waiting
 /// (PyTorch's `MP_STATUS_CHECK_INTERVAL` is 5 s; threads are cheap to check, so 100 ms).
 pub const STATUS_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
-/// One epoch of batches, in sampler order. Yields `Err` for a batch whose loading failed and
-/// goes on with the next batch; after a dead worker or a failed start it yields that error once,
-/// then ends. Dropping it mid-epoch stops and joins the workers (or, with `persistent_workers`,
-/// returns the pool to the loader).
-pub struct LoaderIter<'a, D: Dataset, C: Collate<D>> {
-    loader: &'a DataLoader<D, C>,
-    batches: Vec<Option<Vec<usize>>>,
-    /// Next batch to hand out.
+/// The options and the (persistent) pool both loader kinds share.
+pub(crate) struct Core<F: Fetcher> {
+    pub shared: F,
+    pub num_workers: usize,
+    pub prefetch_factor: Option<usize>,
+    pub persistent_workers: bool,
+    pub timeout: Duration,
+    pub generator: Generator,
+    pub pool: Mutex<Option<WorkerPool<F::Batch>>>,
+}
+
+/// Where an epoch's tasks come from.
+pub(crate) enum Plan {
+    /// Map-style: the batch sampler's index lists, taken as they are sent.
+    Batches(Vec<Option<Vec<usize>>>),
+    /// Iterable: an endless run of "the next batch of your stream" (PyTorch's
+    /// `_InfiniteConstantSampler`).
+    Stream,
+}
+
+/// One epoch over a [`Core`].
+pub(crate) struct Epoch<'a, F: Fetcher> {
+    core: &'a Core<F>,
+    plan: Plan,
+    /// Next task to hand out.
     rcvd_idx: usize,
-    state: State<C::Batch>,
+    state: State<'a, F>,
     base_seed: u64,
 }
 
-enum State<B> {
-    Single,
-    Multi(Multi<B>),
+enum State<'a, F: Fetcher + 'a> {
+    Single(F::Stream<'a>),
+    Multi(Multi<F::Batch>),
     Failed(Option<DataError>),
     Done,
 }
@@ -38,89 +69,102 @@ enum State<B> {
 struct Multi<B> {
     pool: Option<WorkerPool<B>>,
     generation: u64,
-    /// Next batch to send to a worker.
+    /// Next task to send to a worker.
     send_idx: usize,
-    /// Owner worker of each batch sent.
+    /// Owner worker of each task sent.
     owner: Vec<usize>,
+    /// Workers whose stream is not known to be exhausted (`_workers_status`).
+    active: Vec<bool>,
+    /// The round-robin cursor (`_worker_queue_idx_cycle`), restarted at 0 every epoch.
+    next_worker: usize,
     reorder: BTreeMap<usize, (usize, Result<B>)>,
 }
 
-impl<'a, D: Dataset, C: Collate<D>> LoaderIter<'a, D, C> {
-    pub(crate) fn new(loader: &'a DataLoader<D, C>) -> Self {
-        let mut it = LoaderIter {
-            loader,
-            batches: Vec::new(),
-            rcvd_idx: 0,
-            state: State::Done,
-            base_seed: 0,
-        };
-        // PyTorch order: base_seed first (at iterator creation, with or without workers), then
-        // the sampler's draws; so the batches do not depend on `num_workers`.
-        if loader.num_workers == 0 {
-            it.base_seed = loader.generator.next_u64();
-            it.batches = it.draw_batches();
-            it.state = State::Single;
-            return it;
+impl<'a, F: Fetcher> Epoch<'a, F> {
+    /// Starts an epoch: `base_seed` first (at iterator creation, with or without workers), then
+    /// the plan's draws (PyTorch's order, so batches do not depend on `num_workers`).
+    pub fn new(core: &'a Core<F>, draw: impl FnOnce() -> Plan) -> Self {
+        if core.num_workers == 0 {
+            let base_seed = core.generator.next_u64();
+            let plan = draw();
+            return Epoch {
+                core,
+                plan,
+                rcvd_idx: 0,
+                state: State::Single(core.shared.start()),
+                base_seed,
+            };
         }
-        let reused = if loader.persistent_workers {
-            loader
-                .pool
+        let reused = if core.persistent_workers {
+            core.pool
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take()
         } else {
             None
         };
-        let pool = match reused {
+        let (pool, base_seed) = match reused {
             Some(p) => {
-                it.base_seed = p.base_seed;
-                Ok(p)
+                let seed = p.base_seed;
+                (Ok(p), seed)
             }
             None => {
-                let base_seed = loader.generator.next_u64();
-                it.base_seed = base_seed;
-                WorkerPool::spawn(loader.num_workers, base_seed, &loader.shared)
+                let base_seed = core.generator.next_u64();
+                (
+                    WorkerPool::spawn(core.num_workers, base_seed, &core.shared),
+                    base_seed,
+                )
             }
         };
-        it.batches = it.draw_batches();
-        it.state = match pool {
+        let mut plan = draw();
+        let state = match pool {
             Ok(pool) => {
                 let generation = pool.next_generation();
                 let mut m = Multi {
+                    active: vec![true; pool.len()],
                     pool: Some(pool),
                     generation,
                     send_idx: 0,
                     owner: Vec::new(),
+                    next_worker: 0,
                     reorder: BTreeMap::new(),
                 };
-                let prime = loader.prefetch_factor.unwrap_or(1) * loader.num_workers;
+                let prime = core.prefetch_factor.unwrap_or(1) * core.num_workers;
                 for _ in 0..prime {
-                    Self::try_put(&mut m, &mut it.batches);
+                    Self::try_put(&mut m, &mut plan);
                 }
                 State::Multi(m)
             }
             Err(e) => State::Failed(Some(e)),
         };
-        it
-    }
-
-    fn draw_batches(&self) -> Vec<Option<Vec<usize>>> {
-        let mut bs = self
-            .loader
-            .batch_sampler
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        bs.epoch().into_iter().map(Some).collect()
-    }
-
-    /// Sends the next batch of indices, round-robin over the workers.
-    fn try_put(m: &mut Multi<C::Batch>, batches: &mut [Option<Vec<usize>>]) {
-        let Some(pool) = &m.pool else { return };
-        if m.send_idx >= batches.len() {
-            return;
+        Epoch {
+            core,
+            plan,
+            rcvd_idx: 0,
+            state,
+            base_seed,
         }
-        let worker = m.send_idx % pool.len();
-        let indices = batches[m.send_idx].take().unwrap_or_default();
+    }
+
+    /// Sends the next task to the next active worker, round-robin (`_try_put_index`).
+    fn try_put(m: &mut Multi<F::Batch>, plan: &mut Plan) {
+        let Some(pool) = &m.pool else { return };
+        let indices = match plan {
+            Plan::Batches(b) if m.send_idx >= b.len() => return,
+            Plan::Batches(b) => b[m.send_idx].take().unwrap_or_default(),
+            Plan::Stream => Vec::new(),
+        };
+        let n = pool.len();
+        let mut worker = None;
+        for _ in 0..n {
+            let w = m.next_worker;
+            m.next_worker = (w + 1) % n;
+            if m.active[w] {
+                worker = Some(w);
+                break;
+            }
+        }
+        let Some(worker) = worker else { return };
         pool.send(
             worker,
             Task {
@@ -133,16 +177,18 @@ impl<'a, D: Dataset, C: Collate<D>> LoaderIter<'a, D, C> {
         m.send_idx += 1;
     }
 
-    /// Number of batches left in this epoch.
-    pub fn remaining(&self) -> usize {
-        match self.state {
-            State::Single | State::Multi(_) => self.batches.len() - self.rcvd_idx,
-            _ => 0,
+    /// Batches left in this epoch, when the plan knows (map-style).
+    pub fn remaining(&self) -> Option<usize> {
+        match (&self.state, &self.plan) {
+            (State::Single(_) | State::Multi(_), Plan::Batches(b)) => {
+                Some(b.len() - self.rcvd_idx.min(b.len()))
+            }
+            (_, Plan::Batches(_)) => Some(0),
+            (_, Plan::Stream) => None,
         }
     }
 
-    /// The base seed drawn for this iterator from the loader's generator (its workers' seeds
-    /// are `base_seed + worker_id`); with `persistent_workers`, the pool's base seed, drawn once.
+    /// The base seed drawn for this iterator (see [`LoaderIter::base_seed`]).
     pub fn base_seed(&self) -> u64 {
         self.base_seed
     }
@@ -150,10 +196,10 @@ impl<'a, D: Dataset, C: Collate<D>> LoaderIter<'a, D, C> {
     fn finish(&mut self) {
         if let State::Multi(m) = &mut self.state {
             if let Some(pool) = m.pool.take() {
-                if self.loader.persistent_workers {
+                if self.core.persistent_workers {
                     pool.next_generation(); // invalidate anything still queued
                     *self
-                        .loader
+                        .core
                         .pool
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner) = Some(pool);
@@ -164,22 +210,33 @@ impl<'a, D: Dataset, C: Collate<D>> LoaderIter<'a, D, C> {
         self.state = State::Done;
     }
 
-    fn next_multi(&mut self) -> Option<Result<C::Batch>> {
-        let timeout = self.loader.timeout;
+    /// The next result with workers; `None` when the epoch is over.
+    fn next_multi(&mut self) -> Option<Result<F::Batch>> {
+        let timeout = self.core.timeout;
         let State::Multi(m) = &mut self.state else {
             return None;
         };
         loop {
+            // Skip tasks owned by a worker whose stream ended and that left no result for them.
+            while self.rcvd_idx < m.send_idx
+                && !m.reorder.contains_key(&self.rcvd_idx)
+                && !m.active[m.owner[self.rcvd_idx]]
+            {
+                self.rcvd_idx += 1;
+            }
+            if self.rcvd_idx >= m.send_idx {
+                return None;
+            }
             if let Some((worker_id, result)) = m.reorder.remove(&self.rcvd_idx) {
                 let batch_index = self.rcvd_idx;
                 self.rcvd_idx += 1;
-                Self::try_put(m, &mut self.batches);
+                Self::try_put(m, &mut self.plan);
                 return Some(result.map_err(|e| match e {
                     e @ DataError::WorkerPanicked { .. } => e,
                     e => DataError::InWorker {
                         worker_id,
                         batch_index,
-                        source: Box::new(e),
+                        source: OriginalError::new(e),
                     },
                 }));
             }
@@ -190,11 +247,18 @@ impl<'a, D: Dataset, C: Collate<D>> LoaderIter<'a, D, C> {
                 timeout
             };
             match pool.results.recv_timeout(wait) {
-                Ok(r) => {
-                    if r.generation == m.generation {
-                        m.reorder.insert(r.batch_index, (r.worker_id, r.result));
+                Ok(r) if r.generation == m.generation => match r.result {
+                    Some(result) => {
+                        m.reorder.insert(r.batch_index, (r.worker_id, result));
                     }
-                }
+                    None => {
+                        // The worker's stream is exhausted: no more tasks for it; the slot
+                        // goes to the next active worker.
+                        m.active[r.worker_id] = false;
+                        Self::try_put(m, &mut self.plan);
+                    }
+                },
+                Ok(_) => {} // an older epoch's result
                 Err(RecvTimeoutError::Timeout) => {
                     let owner = m.owner.get(self.rcvd_idx).copied().unwrap_or(0);
                     let dead = pool.dead_workers();
@@ -219,10 +283,11 @@ impl<'a, D: Dataset, C: Collate<D>> LoaderIter<'a, D, C> {
     }
 }
 
-impl<D: Dataset, C: Collate<D>> Iterator for LoaderIter<'_, D, C> {
-    type Item = Result<C::Batch>;
+impl<'a, F: Fetcher> Iterator for Epoch<'a, F> {
+    type Item = Result<F::Batch>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        let core: &'a Core<F> = self.core;
         match &mut self.state {
             State::Done => None,
             State::Failed(e) => {
@@ -232,48 +297,94 @@ impl<D: Dataset, C: Collate<D>> Iterator for LoaderIter<'_, D, C> {
                 }
                 e.map(Err)
             }
-            State::Single => {
+            State::Single(stream) => {
                 let batch_index = self.rcvd_idx;
-                let indices = self
-                    .batches
-                    .get_mut(batch_index)?
-                    .take()
-                    .unwrap_or_default();
-                self.rcvd_idx += 1;
-                Some(
-                    load_batch(&self.loader.shared, &indices, None).map_err(|e| {
-                        DataError::InBatch {
-                            batch_index,
-                            source: Box::new(e),
+                let indices = match &mut self.plan {
+                    Plan::Batches(b) => match b.get_mut(batch_index) {
+                        Some(i) => i.take().unwrap_or_default(),
+                        None => {
+                            self.state = State::Done;
+                            return None;
                         }
-                    }),
-                )
+                    },
+                    Plan::Stream => Vec::new(),
+                };
+                let Some(result) = core.shared.fetch(stream, &indices, None) else {
+                    self.state = State::Done;
+                    return None;
+                };
+                self.rcvd_idx += 1;
+                Some(result.map_err(|e| DataError::InBatch {
+                    batch_index,
+                    source: OriginalError::new(e),
+                }))
             }
             State::Multi(_) => {
-                if self.rcvd_idx >= self.batches.len() {
-                    self.finish();
-                    return None;
-                }
                 let out = self.next_multi();
-                if let Some(Err(DataError::WorkersExited { .. })) = &out {
-                    // Batches owned by a dead worker never come: stop here (PyTorch shuts down).
-                    if let State::Multi(m) = &mut self.state {
-                        m.pool = None;
+                match &out {
+                    None => self.finish(),
+                    Some(Err(DataError::WorkersExited { .. })) => {
+                        // Tasks owned by a dead worker never come: stop here (PyTorch shuts
+                        // down).
+                        if let State::Multi(m) = &mut self.state {
+                            m.pool = None;
+                        }
+                        self.state = State::Done;
                     }
-                    self.state = State::Done;
+                    Some(_) => {}
                 }
                 out
             }
         }
     }
+}
 
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        (0, Some(self.remaining() + 1))
+impl<F: Fetcher> Drop for Epoch<'_, F> {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 
-impl<D: Dataset, C: Collate<D>> Drop for LoaderIter<'_, D, C> {
-    fn drop(&mut self) {
-        self.finish();
+/// One epoch of a map-style [`DataLoader`]: batches in sampler order. Yields `Err` for a batch
+/// whose loading failed and goes on with the next batch; after a dead worker or a failed start it
+/// yields that error once, then ends. Dropping it mid-epoch stops and joins the workers (or, with
+/// `persistent_workers`, returns the pool to the loader).
+pub struct LoaderIter<'a, D: Dataset, C: Collate<D>> {
+    epoch: Epoch<'a, WorkerShared<D, C>>,
+}
+
+impl<'a, D: Dataset, C: Collate<D>> LoaderIter<'a, D, C> {
+    pub(crate) fn new(loader: &'a DataLoader<D, C>) -> Self {
+        let epoch = Epoch::new(&loader.core, || {
+            let mut bs = loader
+                .batch_sampler
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            Plan::Batches(bs.epoch().into_iter().map(Some).collect())
+        });
+        LoaderIter { epoch }
+    }
+
+    /// Number of batches left in this epoch.
+    pub fn remaining(&self) -> usize {
+        self.epoch.remaining().unwrap_or(0)
+    }
+
+    /// The base seed drawn for this iterator from the loader's generator (its workers' seeds
+    /// are `base_seed + worker_id`); with `persistent_workers`, the pool's base seed, drawn once.
+    pub fn base_seed(&self) -> u64 {
+        self.epoch.base_seed()
+    }
+}
+
+impl<D: Dataset, C: Collate<D>> Iterator for LoaderIter<'_, D, C> {
+    type Item = Result<C::Batch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.epoch.next()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, Some(self.remaining() + 1))
     }
 }

@@ -6,10 +6,12 @@
 //!    [`idx`] (the IDX reader) and the Fashion-MNIST dataset.
 //! 2. Samplers: [`SequentialSampler`], [`RandomSampler`], [`SubsetRandomSampler`],
 //!    [`WeightedRandomSampler`], and [`BatchSampler`] with `drop_last`.
-//! 3. [`DataLoader`] with PyTorch's option names, defaults and validation messages; workers are
-//!    threads ([`worker`], Note [Workers are threads]); [`worker_info`] and [`worker_rng`].
-//! 4. Collation: [`Collatable`] (`default_collate`'s rules), [`Collate`], [`DefaultCollate`],
-//!    [`CollateFn`], [`impl_collate!`].
+//! 3. [`DataLoader`] (map-style) and [`IterableDataLoader`] (iterable-style: one stream per
+//!    worker, see [`IterableDataset`]) with PyTorch's option names, defaults and validation
+//!    messages; workers are threads ([`worker`], Note [Workers are threads]); [`worker_info`] and
+//!    [`worker_rng`]; worker errors in PyTorch's words ([`DataError::InWorker`]).
+//! 4. Collation: [`Collatable`] (`default_collate`'s rules), [`Collate`] and [`CollateItems`]
+//!    (for each loader kind), [`DefaultCollate`], [`CollateFn`], [`impl_collate!`].
 //! 5. Pinning: [`PinMemory`], [`PinTarget`] (Note [Collate into pinned memory]).
 //!
 //! # Where this crate sits
@@ -35,8 +37,10 @@ mod collate;
 mod dataset;
 mod error;
 pub mod fashion_mnist;
+mod fetch;
 pub mod idx;
 mod iter;
+mod iterable;
 mod loader;
 pub mod pin;
 mod pinned_default;
@@ -48,11 +52,12 @@ mod tensor_dataset;
 pub mod worker;
 
 pub use batch_sampler::{BatchSampler, BatchSampling};
-pub use collate::{Collatable, Collate, CollateContext, CollateFn, DefaultCollate};
+pub use collate::{Collatable, Collate, CollateContext, CollateFn, CollateItems, DefaultCollate};
 pub use dataset::{random_split, Dataset, IterableDataset, SplitLengths, Subset, VecDataset};
-pub use error::{DataError, Result};
+pub use error::{DataError, OriginalError, Result};
 pub use fashion_mnist::{FashionMnist, Split};
 pub use iter::{LoaderIter, STATUS_CHECK_INTERVAL};
+pub use iterable::{IterableDataLoader, IterableDataLoaderBuilder, IterableLoaderIter};
 pub use loader::{DataLoader, DataLoaderBuilder, DEFAULT_PREFETCH_FACTOR};
 pub use pin::{PinMemory, PinTarget, PinnedHost};
 pub use pinned_default::AllocatorPinnedHost;

@@ -7,11 +7,12 @@ use crate::batch_sampler::{BatchSampler, BatchSampling};
 use crate::collate::{Collatable, Collate, CollateFn, DefaultCollate};
 use crate::dataset::Dataset;
 use crate::error::{DataError, Result};
-use crate::iter::LoaderIter;
+use crate::fetch::WorkerShared;
+use crate::iter::{Core, LoaderIter};
 use crate::pin::{PinFn, PinMemory, PinTarget};
 use crate::rng::Generator;
 use crate::sampler::{RandomSampler, Sampler, SequentialSampler};
-use crate::worker::{WorkerInitFn, WorkerPool, WorkerShared};
+use crate::worker::WorkerInitFn;
 
 /// Default `prefetch_factor` with workers: batches loaded in advance per worker.
 pub const DEFAULT_PREFETCH_FACTOR: usize = 2;
@@ -32,24 +33,18 @@ pub(crate) fn warn_once(key: &'static str, message: &str) {
 ///
 /// See Note [Workers are threads] in [`crate::worker`] for how workers map to PyTorch's.
 pub struct DataLoader<D: Dataset, C: Collate<D> = DefaultCollate> {
-    pub(crate) shared: WorkerShared<D, C>,
+    pub(crate) core: Core<WorkerShared<D, C>>,
     pub(crate) batch_sampler: Mutex<Box<dyn BatchSampling>>,
-    pub(crate) num_workers: usize,
-    pub(crate) prefetch_factor: Option<usize>,
-    pub(crate) persistent_workers: bool,
-    pub(crate) timeout: Duration,
-    pub(crate) generator: Generator,
-    pub(crate) pool: Mutex<Option<WorkerPool<C::Batch>>>,
 }
 
 impl<D: Dataset, C: Collate<D>> std::fmt::Debug for DataLoader<D, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DataLoader")
             .field("len", &self.len())
-            .field("num_workers", &self.num_workers)
-            .field("prefetch_factor", &self.prefetch_factor)
-            .field("persistent_workers", &self.persistent_workers)
-            .field("timeout", &self.timeout)
+            .field("num_workers", &self.core.num_workers)
+            .field("prefetch_factor", &self.core.prefetch_factor)
+            .field("persistent_workers", &self.core.persistent_workers)
+            .field("timeout", &self.core.timeout)
             .field("pin_memory", &self.pin_memory())
             .finish_non_exhaustive()
     }
@@ -82,37 +77,37 @@ impl<D: Dataset, C: Collate<D>> DataLoader<D, C> {
 
     /// Worker threads (0: load on the calling thread).
     pub fn num_workers(&self) -> usize {
-        self.num_workers
+        self.core.num_workers
     }
 
     /// Batches loaded in advance per worker; `None` without workers.
     pub fn prefetch_factor(&self) -> Option<usize> {
-        self.prefetch_factor
+        self.core.prefetch_factor
     }
 
     /// Whether the worker pool outlives an epoch.
     pub fn persistent_workers(&self) -> bool {
-        self.persistent_workers
+        self.core.persistent_workers
     }
 
     /// Whether batches are pinned (false when `pin_memory` was asked for without an accelerator).
     pub fn pin_memory(&self) -> bool {
-        self.shared.pin.is_some()
+        self.core.shared.pin.is_some()
     }
 
     /// The wait for one batch before [`DataError::Timeout`]; zero means no limit.
     pub fn timeout(&self) -> Duration {
-        self.timeout
+        self.core.timeout
     }
 
     /// The loader's generator (shuffle order and worker base seeds).
     pub fn generator(&self) -> &Generator {
-        &self.generator
+        &self.core.generator
     }
 
     /// The dataset.
     pub fn dataset(&self) -> &Arc<D> {
-        &self.shared.dataset
+        &self.core.shared.dataset
     }
 
     /// Starts an epoch. Draws the workers' `base_seed` from the loader's generator (unless a
@@ -291,58 +286,13 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
     /// `batch_size`/`shuffle`/`sampler`/`drop_last`, `batch_size = 0`; and a positive `timeout`
     /// without workers. [`DataError::Spawn`] is not possible here (workers start lazily).
     pub fn build(self) -> Result<DataLoader<D, C>> {
-        if self.num_workers < 0 {
-            return Err(DataError::option(
-                "num_workers",
-                "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.",
-            ));
-        }
-        if self.timeout_secs.is_nan() || self.timeout_secs < 0.0 {
-            return Err(DataError::option(
-                "timeout",
-                "timeout option should be non-negative",
-            ));
-        }
-        let Ok(timeout) = Duration::try_from_secs_f64(self.timeout_secs) else {
-            return Err(DataError::option(
-                "timeout",
-                "timeout option is too large: at most u64::MAX seconds; use 0 for no limit",
-            ));
-        };
-        let num_workers = self.num_workers as usize;
-        let prefetch_factor = match (num_workers, self.prefetch_factor) {
-            (0, Some(_)) => {
-                return Err(DataError::option(
-                    "prefetch_factor",
-                    "prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.",
-                ))
-            }
-            (0, None) => None,
-            (_, Some(p)) if p < 0 => {
-                return Err(DataError::option("prefetch_factor", "prefetch_factor option should be non-negative"))
-            }
-            // PyTorch accepts 0 here and fails an assertion when the iterator starts.
-            (_, Some(0)) => {
-                return Err(DataError::option(
-                    "prefetch_factor",
-                    "prefetch_factor option should be positive with num_workers > 0 (PyTorch: assert prefetch_factor > 0)",
-                ))
-            }
-            (_, Some(p)) => Some(p as usize),
-            (_, None) => Some(DEFAULT_PREFETCH_FACTOR),
-        };
-        if self.persistent_workers && num_workers == 0 {
-            return Err(DataError::option(
-                "persistent_workers",
-                "persistent_workers option needs num_workers > 0",
-            ));
-        }
-        if self.timeout_secs > 0.0 && num_workers == 0 {
-            return Err(DataError::option(
-                "timeout",
-                "timeout option needs num_workers > 0 (PyTorch: assert timeout == 0 without workers)",
-            ));
-        }
+        let (num_workers, prefetch_factor, timeout) = validate_workers(
+            self.num_workers,
+            self.prefetch_factor,
+            self.persistent_workers,
+            self.timeout_secs,
+        )?;
+        check_timeout_needs_workers(self.timeout_secs, num_workers)?;
         if self.sampler.is_some() && self.shuffle {
             return Err(DataError::option(
                 "sampler",
@@ -373,44 +323,24 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
                 Box::new(BatchSampler::new(sampler, self.batch_size, self.drop_last)?)
             }
         };
-        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        if num_workers > cpus {
-            warn_once(
-                "workers>cpus",
-                &format!(
-                    "This DataLoader will create {num_workers} worker threads in total. Our suggested max number of worker in current system is {cpus}, which is smaller than what this DataLoader is going to create. Please be aware that excessive worker creation might get DataLoader running slow, lower the worker number to avoid potential slowness if necessary."
-                ),
-            );
-        }
-        let pin = match self.pin_fn {
-            Some(f) if self.pin_memory => {
-                match self.pin_target.or_else(PinTarget::default_for_host) {
-                    Some(t) => Some((t, f)),
-                    None => {
-                        warn_once(
-                        "pin_memory-no-accelerator",
-                        "'pin_memory' argument is set as true but no accelerator is found, then device pinned memory won't be used.",
-                    );
-                        None
-                    }
-                }
-            }
-            _ => None,
-        };
+        warn_workers_over_cpus(num_workers);
+        let pin = resolve_pin(self.pin_memory, self.pin_fn, self.pin_target);
         Ok(DataLoader {
-            shared: WorkerShared {
-                dataset: self.dataset,
-                collate: Arc::new(self.collate),
-                pin,
-                init: self.worker_init_fn,
+            core: Core {
+                shared: WorkerShared {
+                    dataset: self.dataset,
+                    collate: Arc::new(self.collate),
+                    pin,
+                    init: self.worker_init_fn,
+                },
+                num_workers,
+                prefetch_factor,
+                persistent_workers: self.persistent_workers,
+                timeout,
+                generator,
+                pool: Mutex::new(None),
             },
             batch_sampler: Mutex::new(batch_sampler),
-            num_workers,
-            prefetch_factor,
-            persistent_workers: self.persistent_workers,
-            timeout,
-            generator,
-            pool: Mutex::new(None),
         })
     }
 }
@@ -432,5 +362,115 @@ where
             None
         };
         self
+    }
+}
+
+/// The worker options both loader kinds validate first, in PyTorch's order
+/// (`DataLoader.__init__`,
+/// <https://github.com/pytorch/pytorch/blob/main/torch/utils/data/dataloader.py>): `num_workers`,
+/// `timeout`, `prefetch_factor`, `persistent_workers`. Returns the worker count, the effective
+/// `prefetch_factor` and the timeout.
+pub(crate) fn validate_workers(
+    num_workers: isize,
+    prefetch_factor: Option<isize>,
+    persistent_workers: bool,
+    timeout_secs: f64,
+) -> Result<(usize, Option<usize>, Duration)> {
+    if num_workers < 0 {
+        return Err(DataError::option(
+            "num_workers",
+            "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.",
+        ));
+    }
+    if timeout_secs.is_nan() || timeout_secs < 0.0 {
+        return Err(DataError::option(
+            "timeout",
+            "timeout option should be non-negative",
+        ));
+    }
+    let Ok(timeout) = Duration::try_from_secs_f64(timeout_secs) else {
+        return Err(DataError::option(
+            "timeout",
+            "timeout option is too large: at most u64::MAX seconds; use 0 for no limit",
+        ));
+    };
+    let num_workers = num_workers as usize;
+    let prefetch_factor = match (num_workers, prefetch_factor) {
+        (0, Some(_)) => {
+            return Err(DataError::option(
+                "prefetch_factor",
+                "prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.",
+            ))
+        }
+        (0, None) => None,
+        (_, Some(p)) if p < 0 => {
+            return Err(DataError::option(
+                "prefetch_factor",
+                "prefetch_factor option should be non-negative",
+            ))
+        }
+        // PyTorch accepts 0 here and fails an assertion when the iterator starts.
+        (_, Some(0)) => {
+            return Err(DataError::option(
+                "prefetch_factor",
+                "prefetch_factor option should be positive with num_workers > 0 (PyTorch: assert prefetch_factor > 0)",
+            ))
+        }
+        (_, Some(p)) => Some(p as usize),
+        (_, None) => Some(DEFAULT_PREFETCH_FACTOR),
+    };
+    if persistent_workers && num_workers == 0 {
+        return Err(DataError::option(
+            "persistent_workers",
+            "persistent_workers option needs num_workers > 0",
+        ));
+    }
+    Ok((num_workers, prefetch_factor, timeout))
+}
+
+/// A positive `timeout` needs workers (PyTorch asserts `timeout == 0` in the single-process
+/// iterator; berth refuses it when the loader is built).
+pub(crate) fn check_timeout_needs_workers(timeout_secs: f64, num_workers: usize) -> Result<()> {
+    if timeout_secs > 0.0 && num_workers == 0 {
+        return Err(DataError::option(
+            "timeout",
+            "timeout option needs num_workers > 0 (PyTorch: assert timeout == 0 without workers)",
+        ));
+    }
+    Ok(())
+}
+
+/// PyTorch's warning for more workers than CPUs (`_get_shared_warning`), once per process.
+pub(crate) fn warn_workers_over_cpus(num_workers: usize) {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    if num_workers > cpus {
+        warn_once(
+            "workers>cpus",
+            &format!(
+                "This DataLoader will create {num_workers} worker threads in total. Our suggested max number of worker in current system is {cpus}, which is smaller than what this DataLoader is going to create. Please be aware that excessive worker creation might get DataLoader running slow, lower the worker number to avoid potential slowness if necessary."
+            ),
+        );
+    }
+}
+
+/// The pin step a loader runs, if `pin_memory` was asked for and a pinned host exists (else a
+/// warning once, and no pinning).
+pub(crate) fn resolve_pin<B>(
+    pin_memory: bool,
+    pin_fn: Option<PinFn<B>>,
+    pin_target: Option<PinTarget>,
+) -> Option<(PinTarget, PinFn<B>)> {
+    match pin_fn {
+        Some(f) if pin_memory => match pin_target.or_else(PinTarget::default_for_host) {
+            Some(t) => Some((t, f)),
+            None => {
+                warn_once(
+                    "pin_memory-no-accelerator",
+                    "'pin_memory' argument is set as true but no accelerator is found, then device pinned memory won't be used.",
+                );
+                None
+            }
+        },
+        _ => None,
     }
 }

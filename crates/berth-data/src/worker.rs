@@ -8,12 +8,18 @@
 //! result channel, round-robin task assignment, in-order delivery through a reorder buffer,
 //! `prefetch_factor × num_workers` tasks in flight, per-worker seeds `base_seed + worker_id`,
 //! `worker_init_fn` called after seeding, `persistent_workers` reusing the pool across epochs.
-//! What differs: a thread cannot be killed, so shutdown waits for the item each worker is
-//! loading; a panic in user code is caught per batch instead of killing a process; device work in
-//! a worker runs in the same process as the parent, so there is no "cannot re-initialize CUDA in
-//! forked subprocess" failure (<https://github.com/pytorch/pytorch/issues/40403>): it either
-//! works or fails exactly as on the main thread.
+//! For an [`IterableDataset`](crate::IterableDataset) each worker starts its own stream per
+//! epoch and answers "exhausted" once it ends (PyTorch's `_IterableDatasetStopIteration`); the
+//! consumer then deals no more tasks to it. What differs: a thread cannot be killed, so shutdown
+//! waits for the item each worker is loading; a panic in user code is caught per batch instead of
+//! killing a process; the dataset is one shared object, not a copy per worker (the per-worker
+//! state of an iterable dataset is its stream); error messages say "worker thread" where PyTorch
+//! says "worker process" ([`DataError::InWorker`]); device work in a worker runs in the same
+//! process as the parent, so there is no "cannot re-initialize CUDA in forked subprocess" failure
+//! (<https://github.com/pytorch/pytorch/issues/40403>): it either works or fails exactly as on
+//! the main thread.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,14 +27,15 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crate::collate::{Collate, CollateContext};
-use crate::dataset::Dataset;
 use crate::error::{DataError, Result};
-use crate::pin::{PinFn, PinTarget};
+use crate::fetch::Fetcher;
 use crate::rng::Generator;
 
-/// What a worker thread knows about itself (`torch.utils.data.get_worker_info()`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a worker thread knows about itself (`torch.utils.data.get_worker_info()`,
+/// <https://github.com/pytorch/pytorch/blob/main/torch/utils/data/_utils/worker.py>): its id, the
+/// number of workers, its seed and the dataset. An [`IterableDataset`](crate::IterableDataset)
+/// reads it in [`iter`](crate::IterableDataset::iter) to shard its stream.
+#[derive(Clone)]
 pub struct WorkerInfo {
     /// This worker's id, in `0..num_workers`.
     pub id: usize,
@@ -37,7 +44,39 @@ pub struct WorkerInfo {
     /// This worker's seed: `base_seed + id` (wrapping), where `base_seed` is drawn once per
     /// iterator (once per pool with `persistent_workers`) from the loader's generator.
     pub seed: u64,
+    dataset: Arc<dyn Any + Send + Sync>,
 }
+
+impl WorkerInfo {
+    /// The loader's dataset (PyTorch's `worker_info.dataset`), when it is a `D`. Workers are
+    /// threads, so this is the one dataset every worker shares (an `Arc`), not a per-worker copy
+    /// (Note [Workers are threads]); what is per worker is the iterable dataset's stream.
+    pub fn dataset<D: Any + Send + Sync>(&self) -> Option<Arc<D>> {
+        Arc::clone(&self.dataset).downcast::<D>().ok()
+    }
+}
+
+impl std::fmt::Debug for WorkerInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerInfo")
+            .field("id", &self.id)
+            .field("num_workers", &self.num_workers)
+            .field("seed", &self.seed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for WorkerInfo {
+    /// Same id, worker count and seed, and the same dataset object.
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+            && self.num_workers == other.num_workers
+            && self.seed == other.seed
+            && Arc::ptr_eq(&self.dataset, &other.dataset)
+    }
+}
+
+impl Eq for WorkerInfo {}
 
 struct WorkerState {
     info: WorkerInfo,
@@ -52,7 +91,7 @@ thread_local! {
 /// This thread's [`WorkerInfo`] inside a DataLoader worker, `None` elsewhere (including the main
 /// thread with `num_workers = 0`, as in PyTorch).
 pub fn worker_info() -> Option<WorkerInfo> {
-    WORKER.with(|w| w.borrow().as_ref().map(|s| s.info))
+    WORKER.with(|w| w.borrow().as_ref().map(|s| s.info.clone()))
 }
 
 /// The random generator datasets should draw augmentations from (so workers never share one
@@ -72,6 +111,8 @@ pub type WorkerInitFn = Arc<dyn Fn(usize) + Send + Sync>;
 pub(crate) struct Task {
     pub generation: u64,
     pub batch_index: usize,
+    /// The batch's indices (map-style); empty for an iterable dataset, whose task is "the next
+    /// batch of your stream" (PyTorch sends `[None] * batch_size` from `_InfiniteConstantSampler`).
     pub indices: Vec<usize>,
 }
 
@@ -79,44 +120,8 @@ pub(crate) struct TaskResult<B> {
     pub generation: u64,
     pub batch_index: usize,
     pub worker_id: usize,
-    pub result: Result<B>,
-}
-
-/// What every worker needs, shared.
-pub(crate) struct WorkerShared<D: Dataset, C: Collate<D>> {
-    pub dataset: Arc<D>,
-    pub collate: Arc<C>,
-    pub pin: Option<(PinTarget, PinFn<C::Batch>)>,
-    pub init: Option<WorkerInitFn>,
-}
-
-impl<D: Dataset, C: Collate<D>> Clone for WorkerShared<D, C> {
-    fn clone(&self) -> Self {
-        WorkerShared {
-            dataset: Arc::clone(&self.dataset),
-            collate: Arc::clone(&self.collate),
-            pin: self.pin.clone(),
-            init: self.init.clone(),
-        }
-    }
-}
-
-/// Runs one batch: fetch, collate (into pinned buffers when pinning), then the batch's own
-/// `pin_memory` step. Shared by the workers and the single-threaded path.
-pub(crate) fn load_batch<D: Dataset, C: Collate<D>>(
-    shared: &WorkerShared<D, C>,
-    indices: &[usize],
-    worker_id: Option<usize>,
-) -> Result<C::Batch> {
-    let ctx = CollateContext {
-        worker_id,
-        pin: shared.pin.as_ref().map(|(t, _)| t.clone()),
-    };
-    let batch = shared.collate.collate(&shared.dataset, indices, &ctx)?;
-    match &shared.pin {
-        Some((target, pin)) => pin(batch, target),
-        None => Ok(batch),
-    }
+    /// `None`: the worker's stream is exhausted (PyTorch's `_IterableDatasetStopIteration`).
+    pub result: Option<Result<B>>,
 }
 
 pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -129,41 +134,71 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-fn worker_loop<D: Dataset, C: Collate<D>>(
+/// One worker thread: seeds itself, runs `worker_init_fn`, then answers every task of the
+/// current generation with exactly one result. A new generation (a new epoch of a persistent
+/// pool) starts a fresh stream (PyTorch's `_ResumeIteration` rebuilds the fetcher); once a
+/// stream is exhausted, every further task of that epoch is answered "exhausted".
+fn worker_loop<F: Fetcher>(
     info: WorkerInfo,
-    shared: WorkerShared<D, C>,
+    shared: F,
     tasks: Receiver<Task>,
-    results: Sender<TaskResult<C::Batch>>,
+    results: Sender<TaskResult<F::Batch>>,
     generation: Arc<AtomicU64>,
 ) {
+    let id = info.id;
+    let seed = info.seed;
     WORKER.with(|w| {
         *w.borrow_mut() = Some(WorkerState {
             info,
-            rng: Generator::new(info.seed),
+            rng: Generator::new(seed),
         })
     });
-    if let Some(init) = &shared.init {
+    if let Some(init) = shared.init() {
         // A panic here ends the thread; the consumer reports it as "exited unexpectedly".
-        init(info.id);
+        init(id);
     }
+    // The epoch whose stream `stream` is; `None` in `stream` once it is exhausted.
+    let mut stream_generation = None;
+    let mut stream: Option<F::Stream<'_>> = None;
     while let Ok(task) = tasks.recv() {
         if task.generation != generation.load(Ordering::Acquire) {
             continue; // an abandoned epoch's task
         }
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            load_batch(&shared, &task.indices, Some(info.id))
-        }))
-        .unwrap_or_else(|payload| {
-            Err(DataError::WorkerPanicked {
-                worker_id: info.id,
-                batch_index: task.batch_index,
-                message: panic_message(payload.as_ref()),
-            })
-        });
+        let panicked = |payload: Box<dyn Any + Send>| DataError::WorkerPanicked {
+            worker_id: id,
+            batch_index: task.batch_index,
+            message: panic_message(payload.as_ref()),
+        };
+        let mut result = None;
+        if stream_generation != Some(task.generation) {
+            stream_generation = Some(task.generation);
+            stream = None;
+            match catch_unwind(AssertUnwindSafe(|| shared.start())) {
+                Ok(s) => stream = Some(s),
+                Err(payload) => result = Some(Err(panicked(payload))),
+            }
+        }
+        if let Some(s) = stream.as_mut() {
+            result = match catch_unwind(AssertUnwindSafe(|| {
+                shared.fetch(s, &task.indices, Some(id))
+            })) {
+                Ok(None) => {
+                    stream = None;
+                    None
+                }
+                Ok(Some(r)) => Some(r),
+                Err(payload) => {
+                    if F::PANIC_ENDS_STREAM {
+                        stream = None;
+                    }
+                    Some(Err(panicked(payload)))
+                }
+            };
+        }
         let msg = TaskResult {
             generation: task.generation,
             batch_index: task.batch_index,
-            worker_id: info.id,
+            worker_id: id,
             result,
         };
         if results.send(msg).is_err() {
@@ -184,10 +219,10 @@ pub(crate) struct WorkerPool<B> {
 
 impl<B: Send + 'static> WorkerPool<B> {
     /// Starts `num_workers` threads seeded `base_seed + id`.
-    pub fn spawn<D: Dataset, C: Collate<D, Batch = B>>(
+    pub fn spawn<F: Fetcher<Batch = B>>(
         num_workers: usize,
         base_seed: u64,
-        shared: &WorkerShared<D, C>,
+        shared: &F,
     ) -> Result<Self> {
         let (result_tx, results) = mpsc::channel();
         let generation = Arc::new(AtomicU64::new(0));
@@ -204,6 +239,7 @@ impl<B: Send + 'static> WorkerPool<B> {
                 id,
                 num_workers,
                 seed: base_seed.wrapping_add(id as u64),
+                dataset: shared.dataset_any(),
             };
             let (shared, result_tx, generation) =
                 (shared.clone(), result_tx.clone(), Arc::clone(&generation));

@@ -171,7 +171,7 @@ fn panicking_item_is_caught_and_reported_and_the_worker_goes_on() {
     );
     let msg = err.to_string();
     assert!(
-        msg.starts_with("DataLoader worker 1 exited unexpectedly"),
+        msg.starts_with("Caught panic in DataLoader worker thread 1 (batch 1).\n"),
         "{msg}"
     );
     assert!(msg.contains("item 2 exploded"), "{msg}");

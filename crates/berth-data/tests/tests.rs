@@ -2,6 +2,7 @@
 
 mod bugs;
 mod idx;
+mod iterable;
 mod loader;
 mod pinned;
 mod sampler;

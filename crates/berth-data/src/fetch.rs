@@ -1,0 +1,201 @@
+//! Fetchers: what a worker (or the main thread, with `num_workers = 0`) runs for one task, for
+//! either kind of dataset (PyTorch's `_MapDatasetFetcher` and `_IterableDatasetFetcher`,
+//! <https://github.com/pytorch/pytorch/blob/main/torch/utils/data/_utils/fetch.py>).
+//!
+//! The worker threads, the task and result channels, the reorder buffer, prefetching, pinning and
+//! timeouts are written once ([`crate::worker`], [`crate::iter`]) over the [`Fetcher`] trait; only
+//! the fetch differs: a map-style task is a list of indices, an iterable task is "the next batch
+//! of this worker's stream".
+
+use std::any::Any;
+use std::sync::Arc;
+
+use crate::collate::{Collate, CollateContext, CollateItems};
+use crate::dataset::{Dataset, IterableDataset};
+use crate::error::Result;
+use crate::pin::{PinFn, PinTarget};
+use crate::worker::WorkerInitFn;
+
+/// The per-kind part of loading: a stream of state per worker and epoch, and one fetch per task.
+pub(crate) trait Fetcher: Clone + Send + Sync + 'static {
+    /// The batch a task yields.
+    type Batch: Send + 'static;
+    /// A worker's state for one epoch (an iterable dataset's stream; nothing for map-style).
+    type Stream<'a>: Send
+    where
+        Self: 'a;
+    /// Whether a panic while fetching ends the stream. An iterator that unwound in `next` is in
+    /// an unknown state and is not polled again; a map-style fetch has no state to lose.
+    const PANIC_ENDS_STREAM: bool;
+
+    /// The dataset, for [`WorkerInfo::dataset`](crate::WorkerInfo::dataset).
+    fn dataset_any(&self) -> Arc<dyn Any + Send + Sync>;
+
+    /// `worker_init_fn`.
+    fn init(&self) -> Option<&WorkerInitFn>;
+
+    /// A fresh stream for one epoch of one worker (or of the main thread).
+    fn start(&self) -> Self::Stream<'_>;
+
+    /// Runs one task: `Some(batch or error)`, or `None` when the stream is exhausted (PyTorch's
+    /// `StopIteration`, sent to the main side as `_IterableDatasetStopIteration`).
+    fn fetch<'a>(
+        &'a self,
+        stream: &mut Self::Stream<'a>,
+        indices: &[usize],
+        worker_id: Option<usize>,
+    ) -> Option<Result<Self::Batch>>;
+}
+
+fn pin_step<B>(pin: &Option<(PinTarget, PinFn<B>)>, batch: B) -> Result<B> {
+    match pin {
+        Some((target, pin)) => pin(batch, target),
+        None => Ok(batch),
+    }
+}
+
+fn context<B>(pin: &Option<(PinTarget, PinFn<B>)>, worker_id: Option<usize>) -> CollateContext {
+    CollateContext {
+        worker_id,
+        pin: pin.as_ref().map(|(t, _)| t.clone()),
+    }
+}
+
+/// What every worker of a map-style loader needs, shared.
+pub(crate) struct WorkerShared<D: Dataset, C: Collate<D>> {
+    pub dataset: Arc<D>,
+    pub collate: Arc<C>,
+    pub pin: Option<(PinTarget, PinFn<C::Batch>)>,
+    pub init: Option<WorkerInitFn>,
+}
+
+impl<D: Dataset, C: Collate<D>> Clone for WorkerShared<D, C> {
+    fn clone(&self) -> Self {
+        WorkerShared {
+            dataset: Arc::clone(&self.dataset),
+            collate: Arc::clone(&self.collate),
+            pin: self.pin.clone(),
+            init: self.init.clone(),
+        }
+    }
+}
+
+/// Runs one map-style batch: fetch, collate (into pinned buffers when pinning), then the batch's
+/// own `pin_memory` step.
+pub(crate) fn load_batch<D: Dataset, C: Collate<D>>(
+    shared: &WorkerShared<D, C>,
+    indices: &[usize],
+    worker_id: Option<usize>,
+) -> Result<C::Batch> {
+    let ctx = context(&shared.pin, worker_id);
+    let batch = shared.collate.collate(&shared.dataset, indices, &ctx)?;
+    pin_step(&shared.pin, batch)
+}
+
+impl<D: Dataset, C: Collate<D>> Fetcher for WorkerShared<D, C> {
+    type Batch = C::Batch;
+    type Stream<'a> = ();
+    const PANIC_ENDS_STREAM: bool = false;
+
+    fn dataset_any(&self) -> Arc<dyn Any + Send + Sync> {
+        Arc::clone(&self.dataset) as Arc<dyn Any + Send + Sync>
+    }
+    fn init(&self) -> Option<&WorkerInitFn> {
+        self.init.as_ref()
+    }
+    fn start(&self) {}
+    fn fetch(
+        &self,
+        _stream: &mut (),
+        indices: &[usize],
+        worker_id: Option<usize>,
+    ) -> Option<Result<C::Batch>> {
+        Some(load_batch(self, indices, worker_id))
+    }
+}
+
+/// What every worker of an iterable loader needs, shared.
+pub(crate) struct IterShared<D: IterableDataset, C: CollateItems<D::Item>> {
+    pub dataset: Arc<D>,
+    pub collate: Arc<C>,
+    pub pin: Option<(PinTarget, PinFn<C::Batch>)>,
+    pub init: Option<WorkerInitFn>,
+    /// Items per batch.
+    pub batch_size: usize,
+    pub drop_last: bool,
+}
+
+impl<D: IterableDataset, C: CollateItems<D::Item>> Clone for IterShared<D, C> {
+    fn clone(&self) -> Self {
+        IterShared {
+            dataset: Arc::clone(&self.dataset),
+            collate: Arc::clone(&self.collate),
+            pin: self.pin.clone(),
+            init: self.init.clone(),
+            batch_size: self.batch_size,
+            drop_last: self.drop_last,
+        }
+    }
+}
+
+/// One worker's stream of an iterable dataset for one epoch.
+pub(crate) struct ItemStream<'a, T> {
+    items: Box<dyn Iterator<Item = Result<T>> + Send + 'a>,
+    /// The iterator returned `None` (PyTorch's `_IterableDatasetFetcher.ended`).
+    ended: bool,
+}
+
+impl<D: IterableDataset, C: CollateItems<D::Item>> Fetcher for IterShared<D, C> {
+    type Batch = C::Batch;
+    type Stream<'a> = ItemStream<'a, D::Item>;
+    const PANIC_ENDS_STREAM: bool = true;
+
+    fn dataset_any(&self) -> Arc<dyn Any + Send + Sync> {
+        Arc::clone(&self.dataset) as Arc<dyn Any + Send + Sync>
+    }
+    fn init(&self) -> Option<&WorkerInitFn> {
+        self.init.as_ref()
+    }
+    fn start(&self) -> ItemStream<'_, D::Item> {
+        ItemStream {
+            items: self.dataset.iter(),
+            ended: false,
+        }
+    }
+
+    /// PyTorch's `_IterableDatasetFetcher.fetch` with auto-collation: up to `batch_size` items;
+    /// none, or fewer than `batch_size` with `drop_last`, ends the stream. An item error fails
+    /// this batch (the items already taken for it are dropped, as in PyTorch) and the stream
+    /// goes on with the next batch.
+    fn fetch<'a>(
+        &'a self,
+        stream: &mut ItemStream<'a, D::Item>,
+        _indices: &[usize],
+        worker_id: Option<usize>,
+    ) -> Option<Result<C::Batch>> {
+        if stream.ended {
+            return None;
+        }
+        let mut items = Vec::with_capacity(self.batch_size);
+        while items.len() < self.batch_size {
+            match stream.items.next() {
+                Some(Ok(item)) => items.push(item),
+                Some(Err(e)) => return Some(Err(e)),
+                None => {
+                    stream.ended = true;
+                    break;
+                }
+            }
+        }
+        if items.is_empty() || (self.drop_last && items.len() < self.batch_size) {
+            stream.ended = true;
+            return None;
+        }
+        let ctx = context(&self.pin, worker_id);
+        Some(
+            self.collate
+                .collate_items(items, &ctx)
+                .and_then(|b| pin_step(&self.pin, b)),
+        )
+    }
+}

@@ -1,0 +1,410 @@
+//! `IterableDataLoader`: a `DataLoader` over an [`IterableDataset`], with PyTorch's semantics
+//! (see [`IterableDataset`] for the rules: one stream per worker, batches formed in the worker,
+//! round-robin order, per-worker `drop_last`).
+//!
+//! It runs on the same machinery as the map-style [`DataLoader`](crate::DataLoader): the worker
+//! pool and its seeding ([`crate::worker`]), the consumer with its reorder buffer, prefetch and
+//! timeout ([`crate::iter`]), pinned collation ([`crate::pin`]) and the collates
+//! ([`DefaultCollate`], [`CollateFn`]); only the fetch differs.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::batch_sampler::BatchSampling;
+use crate::collate::{Collatable, CollateFn, CollateItems, DefaultCollate};
+use crate::dataset::IterableDataset;
+use crate::error::{DataError, Result};
+use crate::fetch::IterShared;
+use crate::iter::{Core, Epoch, Plan};
+use crate::loader::{
+    check_timeout_needs_workers, resolve_pin, validate_workers, warn_workers_over_cpus,
+};
+use crate::pin::{PinFn, PinMemory, PinTarget};
+use crate::rng::Generator;
+use crate::sampler::Sampler;
+use crate::worker::WorkerInitFn;
+
+/// Loads batches from an [`IterableDataset`] with PyTorch's `DataLoader` semantics: every worker
+/// iterates its own stream and batches it, the workers' batches are interleaved round-robin, a
+/// worker whose stream ends is skipped, and the epoch ends when all have ended. Built with
+/// [`IterableDataLoader::builder`]. See [`IterableDataset`] for the rules in full.
+pub struct IterableDataLoader<D: IterableDataset, C: CollateItems<D::Item> = DefaultCollate> {
+    core: Core<IterShared<D, C>>,
+}
+
+impl<D: IterableDataset, C: CollateItems<D::Item>> std::fmt::Debug for IterableDataLoader<D, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IterableDataLoader")
+            .field("batch_size", &self.batch_size())
+            .field("drop_last", &self.drop_last())
+            .field("num_workers", &self.core.num_workers)
+            .field("prefetch_factor", &self.core.prefetch_factor)
+            .field("persistent_workers", &self.core.persistent_workers)
+            .field("timeout", &self.core.timeout)
+            .field("pin_memory", &self.pin_memory())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: IterableDataset> IterableDataLoader<D, DefaultCollate>
+where
+    D::Item: Collatable,
+{
+    /// A builder with PyTorch's defaults: `batch_size = 1`, `drop_last = false`,
+    /// `num_workers = 0`, `default_collate`.
+    pub fn builder(dataset: impl Into<Arc<D>>) -> IterableDataLoaderBuilder<D, DefaultCollate> {
+        IterableDataLoaderBuilder::with_collate(dataset, DefaultCollate)
+    }
+}
+
+impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoader<D, C> {
+    /// Batches per epoch when the dataset knows its length (`len(loader)`):
+    /// `ceil(len / batch_size)`, or `floor` with `drop_last`, as PyTorch computes it. With workers
+    /// the real count can differ (each worker keeps or drops its own partial batch, and an
+    /// unsharded dataset is read once per worker); `None` without a length.
+    pub fn len(&self) -> Option<usize> {
+        let n = self.core.shared.dataset.len_hint()?;
+        let bs = self.core.shared.batch_size;
+        Some(if self.core.shared.drop_last {
+            n / bs
+        } else {
+            n.div_ceil(bs)
+        })
+    }
+
+    /// Whether [`len`](Self::len) is known to be zero.
+    pub fn is_empty(&self) -> bool {
+        self.len() == Some(0)
+    }
+
+    /// Items per batch.
+    pub fn batch_size(&self) -> usize {
+        self.core.shared.batch_size
+    }
+
+    /// Whether each worker drops its last partial batch.
+    pub fn drop_last(&self) -> bool {
+        self.core.shared.drop_last
+    }
+
+    /// Worker threads (0: load on the calling thread).
+    pub fn num_workers(&self) -> usize {
+        self.core.num_workers
+    }
+
+    /// Batches requested in advance per worker; `None` without workers.
+    pub fn prefetch_factor(&self) -> Option<usize> {
+        self.core.prefetch_factor
+    }
+
+    /// Whether the worker pool outlives an epoch.
+    pub fn persistent_workers(&self) -> bool {
+        self.core.persistent_workers
+    }
+
+    /// Whether batches are pinned (false when `pin_memory` was asked for without an accelerator).
+    pub fn pin_memory(&self) -> bool {
+        self.core.shared.pin.is_some()
+    }
+
+    /// The wait for one batch before [`DataError::Timeout`]; zero means no limit.
+    pub fn timeout(&self) -> Duration {
+        self.core.timeout
+    }
+
+    /// The loader's generator (worker base seeds).
+    pub fn generator(&self) -> &Generator {
+        &self.core.generator
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &Arc<D> {
+        &self.core.shared.dataset
+    }
+
+    /// Starts an epoch: draws the workers' `base_seed` from the loader's generator (unless a
+    /// persistent pool already exists); without workers, calls the dataset's
+    /// [`iter`](IterableDataset::iter) on this thread.
+    pub fn iter(&self) -> IterableLoaderIter<'_, D, C> {
+        IterableLoaderIter {
+            epoch: Epoch::new(&self.core, || Plan::Stream),
+        }
+    }
+}
+
+impl<'a, D: IterableDataset, C: CollateItems<D::Item>> IntoIterator
+    for &'a IterableDataLoader<D, C>
+{
+    type Item = Result<C::Batch>;
+    type IntoIter = IterableLoaderIter<'a, D, C>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+/// One epoch of an [`IterableDataLoader`]: the workers' batches, round-robin, until every stream
+/// has ended. Yields `Err` for a batch whose loading failed and goes on; after a dead worker or a
+/// failed start it yields that error once, then ends. Dropping it mid-epoch stops and joins the
+/// workers (or, with `persistent_workers`, returns the pool to the loader).
+pub struct IterableLoaderIter<'a, D: IterableDataset, C: CollateItems<D::Item>> {
+    epoch: Epoch<'a, IterShared<D, C>>,
+}
+
+impl<D: IterableDataset, C: CollateItems<D::Item>> IterableLoaderIter<'_, D, C> {
+    /// The base seed drawn for this iterator from the loader's generator (its workers' seeds
+    /// are `base_seed + worker_id`); with `persistent_workers`, the pool's base seed, drawn once.
+    pub fn base_seed(&self) -> u64 {
+        self.epoch.base_seed()
+    }
+}
+
+impl<D: IterableDataset, C: CollateItems<D::Item>> Iterator for IterableLoaderIter<'_, D, C> {
+    type Item = Result<C::Batch>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.epoch.next()
+    }
+}
+
+/// Builds an [`IterableDataLoader`]; option names and defaults are PyTorch's, and
+/// [`build`](Self::build) refuses what PyTorch refuses for an iterable dataset, with its messages.
+pub struct IterableDataLoaderBuilder<D: IterableDataset, C: CollateItems<D::Item>> {
+    dataset: Arc<D>,
+    collate: C,
+    batch_size: usize,
+    drop_last: bool,
+    shuffle: bool,
+    /// The type names of a `sampler` / `batch_sampler` given (to be refused).
+    sampler: Option<&'static str>,
+    batch_sampler: Option<&'static str>,
+    num_workers: isize,
+    prefetch_factor: Option<isize>,
+    persistent_workers: bool,
+    pin_memory: bool,
+    pin_fn: Option<PinFn<C::Batch>>,
+    pin_target: Option<PinTarget>,
+    timeout_secs: f64,
+    worker_init_fn: Option<WorkerInitFn>,
+    generator: Option<Generator>,
+}
+
+impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoaderBuilder<D, C> {
+    /// A builder over `dataset` with the collate `collate`.
+    pub fn with_collate(dataset: impl Into<Arc<D>>, collate: C) -> Self {
+        IterableDataLoaderBuilder {
+            dataset: dataset.into(),
+            collate,
+            batch_size: 1,
+            drop_last: false,
+            shuffle: false,
+            sampler: None,
+            batch_sampler: None,
+            num_workers: 0,
+            prefetch_factor: None,
+            persistent_workers: false,
+            pin_memory: false,
+            pin_fn: None,
+            pin_target: None,
+            timeout_secs: 0.0,
+            worker_init_fn: None,
+            generator: None,
+        }
+    }
+
+    /// Items per batch, taken from one worker's stream (default 1).
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Drops each worker's last partial batch (default false).
+    pub fn drop_last(mut self, drop_last: bool) -> Self {
+        self.drop_last = drop_last;
+        self
+    }
+
+    /// Accepted for parity with PyTorch: `shuffle(true)` makes [`build`](Self::build) fail (a
+    /// stream has no order to shuffle); `shuffle(false)` is the default.
+    pub fn shuffle(mut self, shuffle: bool) -> Self {
+        self.shuffle = shuffle;
+        self
+    }
+
+    /// Accepted for parity with PyTorch: any sampler makes [`build`](Self::build) fail (a stream
+    /// is never indexed).
+    pub fn sampler<S: Sampler + 'static>(mut self, _sampler: S) -> Self {
+        self.sampler = Some(std::any::type_name::<S>());
+        self
+    }
+
+    /// Accepted for parity with PyTorch: any batch sampler makes [`build`](Self::build) fail.
+    pub fn batch_sampler<S: BatchSampling + 'static>(mut self, _batch_sampler: S) -> Self {
+        self.batch_sampler = Some(std::any::type_name::<S>());
+        self
+    }
+
+    /// Worker threads (default 0: load on the calling thread). Signed, so that a negative value
+    /// gets PyTorch's error rather than a wrapped integer.
+    pub fn num_workers(mut self, num_workers: isize) -> Self {
+        self.num_workers = num_workers;
+        self
+    }
+
+    /// Batches requested in advance per worker (default 2 with workers; only valid with workers).
+    pub fn prefetch_factor(mut self, prefetch_factor: isize) -> Self {
+        self.prefetch_factor = Some(prefetch_factor);
+        self
+    }
+
+    /// Keeps the worker pool alive across epochs (default false; needs workers). Each epoch
+    /// still starts a fresh stream in every worker.
+    pub fn persistent_workers(mut self, persistent_workers: bool) -> Self {
+        self.persistent_workers = persistent_workers;
+        self
+    }
+
+    /// Seconds to wait for one batch before [`DataError::Timeout`] (default 0: no limit; needs
+    /// workers when positive).
+    pub fn timeout(mut self, seconds: f64) -> Self {
+        self.timeout_secs = seconds;
+        self
+    }
+
+    /// Called in each worker with its id, after the worker is seeded and before its stream is
+    /// started.
+    pub fn worker_init_fn(mut self, f: impl Fn(usize) + Send + Sync + 'static) -> Self {
+        self.worker_init_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// The generator for the workers' base seeds (default: a private one seeded from entropy;
+    /// see Note [No global RNG]).
+    pub fn generator(mut self, generator: Generator) -> Self {
+        self.generator = Some(generator);
+        self
+    }
+
+    /// Replaces the collate (`collate_fn`).
+    pub fn collate<C2: CollateItems<D::Item>>(
+        self,
+        collate: C2,
+    ) -> IterableDataLoaderBuilder<D, C2> {
+        IterableDataLoaderBuilder {
+            dataset: self.dataset,
+            collate,
+            batch_size: self.batch_size,
+            drop_last: self.drop_last,
+            shuffle: self.shuffle,
+            sampler: self.sampler,
+            batch_sampler: self.batch_sampler,
+            num_workers: self.num_workers,
+            prefetch_factor: self.prefetch_factor,
+            persistent_workers: self.persistent_workers,
+            pin_memory: false,
+            pin_fn: None,
+            pin_target: self.pin_target,
+            timeout_secs: self.timeout_secs,
+            worker_init_fn: self.worker_init_fn,
+            generator: self.generator,
+        }
+    }
+
+    /// A closure from a batch's items to the batch (`collate_fn`).
+    pub fn collate_fn<F, B>(self, f: F) -> IterableDataLoaderBuilder<D, CollateFn<F>>
+    where
+        F: Fn(Vec<D::Item>) -> Result<B> + Send + Sync + 'static,
+        B: Send + 'static,
+    {
+        self.collate(CollateFn(f))
+    }
+
+    /// The page-locked host memory `pin_memory` collates into (as for
+    /// [`DataLoaderBuilder::pin_memory_target`](crate::DataLoaderBuilder::pin_memory_target)).
+    pub fn pin_memory_target(mut self, target: PinTarget) -> Self {
+        self.pin_target = Some(target);
+        self
+    }
+
+    /// Validates the options and builds the loader.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidOption`], in PyTorch's order and with its messages: the worker
+    /// options as for [`DataLoaderBuilder::build`](crate::DataLoaderBuilder::build), then
+    /// "DataLoader with `IterableDataset`: expected unspecified shuffle option, but got
+    /// shuffle=True", the same for `sampler=` and `batch_sampler=` (naming the type given, where
+    /// PyTorch prints the object), then `batch_size = 0` and a positive `timeout` without
+    /// workers.
+    pub fn build(self) -> Result<IterableDataLoader<D, C>> {
+        let (num_workers, prefetch_factor, timeout) = validate_workers(
+            self.num_workers,
+            self.prefetch_factor,
+            self.persistent_workers,
+            self.timeout_secs,
+        )?;
+        // torch/utils/data/dataloader.py, DataLoader.__init__ (the IterableDataset branch).
+        if self.shuffle {
+            return Err(DataError::option(
+                "shuffle",
+                "DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle=True",
+            ));
+        }
+        if let Some(name) = self.sampler {
+            return Err(DataError::option(
+                "sampler",
+                format!("DataLoader with IterableDataset: expected unspecified sampler option, but got sampler={name}"),
+            ));
+        }
+        if let Some(name) = self.batch_sampler {
+            return Err(DataError::option(
+                "batch_sampler",
+                format!("DataLoader with IterableDataset: expected unspecified batch_sampler option, but got batch_sampler={name}"),
+            ));
+        }
+        if self.batch_size == 0 {
+            return Err(DataError::option(
+                "batch_size",
+                "batch_size should be a positive integer value, but got batch_size=0",
+            ));
+        }
+        check_timeout_needs_workers(self.timeout_secs, num_workers)?;
+        warn_workers_over_cpus(num_workers);
+        let pin = resolve_pin(self.pin_memory, self.pin_fn, self.pin_target);
+        Ok(IterableDataLoader {
+            core: Core {
+                shared: IterShared {
+                    dataset: self.dataset,
+                    collate: Arc::new(self.collate),
+                    pin,
+                    init: self.worker_init_fn,
+                    batch_size: self.batch_size,
+                    drop_last: self.drop_last,
+                },
+                num_workers,
+                prefetch_factor,
+                persistent_workers: self.persistent_workers,
+                timeout,
+                generator: self.generator.unwrap_or_else(Generator::from_entropy),
+                pool: Mutex::new(None),
+            },
+        })
+    }
+}
+
+impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoaderBuilder<D, C>
+where
+    C::Batch: PinMemory,
+{
+    /// Puts batches in page-locked host memory (default false), as for a map-style loader: the
+    /// collate writes into pinned buffers and the batch's [`PinMemory::pin_memory`] runs in the
+    /// worker. Without an accelerator (and without
+    /// [`pin_memory_target`](Self::pin_memory_target)) this warns once and loads normally.
+    pub fn pin_memory(mut self, pin_memory: bool) -> Self {
+        self.pin_memory = pin_memory;
+        self.pin_fn = if pin_memory {
+            let f: PinFn<C::Batch> = Arc::new(|b: C::Batch, t: &PinTarget| b.pin_memory(t));
+            Some(f)
+        } else {
+            None
+        };
+        self
+    }
+}

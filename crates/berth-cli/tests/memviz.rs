@@ -333,6 +333,10 @@ fn large_snapshot_is_downsampled_to_a_bounded_page() {
     std::fs::write(&input, dump_snapshot(&snap)).unwrap();
     let html = memviz(&input, &out);
     assert_self_contained(&html);
+    eprintln!(
+        "the page for {n_trace} trace entries is {} bytes",
+        html.len()
+    );
     assert!(
         html.len() < 8 << 20,
         "the page is {} bytes; the bound is 8 MiB",

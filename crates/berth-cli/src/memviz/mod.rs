@@ -282,3 +282,54 @@ pub fn run(args: MemvizArgs) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use berth_alloc::snapshot::{TraceAction, TraceEntry};
+
+    #[test]
+    fn embedded_data_cannot_close_its_script_element() {
+        let snap = MemorySnapshot {
+            device_traces: vec![vec![TraceEntry {
+                action: TraceAction::Alloc,
+                addr: 16,
+                size: 8,
+                stream: berth_alloc::backend::StreamId(0),
+                time_us: 0,
+            }]],
+            ..MemorySnapshot::default()
+        };
+        // The page's title is the file's name (a path cannot hold `</`, but it can hold `<`).
+        let path = Path::new("/tmp/x<!--<script>.pickle");
+        let html = render(&page_data(&snap, path, None).unwrap());
+        assert_eq!(html.matches("<script").count(), 2);
+        assert!(html.contains(r#""title":"x\u003c!--\u003cscript>.pickle""#));
+    }
+
+    #[test]
+    fn devices_with_data_are_listed_once() {
+        let mut snap = MemorySnapshot {
+            device_traces: vec![vec![], vec![], vec![]],
+            ..MemorySnapshot::default()
+        };
+        assert!(devices(&snap).is_empty());
+        assert!(matches!(
+            page_data(&snap, Path::new("s"), None),
+            Err(MemvizError::Empty { .. })
+        ));
+        snap.device_traces[2].push(TraceEntry {
+            action: TraceAction::Alloc,
+            addr: 1,
+            size: 1,
+            stream: berth_alloc::backend::StreamId(0),
+            time_us: 0,
+        });
+        assert_eq!(devices(&snap), vec![2]);
+        let err = page_data(&snap, Path::new("s"), Some(0)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--device 0: the snapshot has no segments or trace entries for device 0 (it has data for device 2)"
+        );
+    }
+}

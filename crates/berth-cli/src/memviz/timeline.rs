@@ -15,8 +15,9 @@
 //!
 //! 1. The steps are grouped into at most [`MAX_COLUMNS`] columns (about one pixel each at full
 //!    width). Per column the page gets the highest allocated and reserved bytes reached in it,
-//!    so a short peak still shows, and a block's offset is sampled once per column (at its
-//!    end), so a block has at most one vertex pair per column.
+//!    so a short peak still shows, and a block's offset is sampled once per column (where it
+//!    stood when the column began; a block freed in a column is drawn through it), so a block
+//!    has at most one vertex pair per column.
 //! 2. Only blocks at least 1/[`VISIBLE_FRACTION`] of the peak tall (about half a pixel on a
 //!    500-pixel plot) are drawn one by one. Everything else is the grey area under the
 //!    columns' allocated line; hovering it says how many blocks were live.
@@ -448,5 +449,135 @@ pub fn build(snapshot: &MemorySnapshot, device: usize) -> Timeline {
         peak_reserved_bytes: clamp_u64(peak_reserved),
         oom_columns: oom_cols,
         start_us,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use berth_alloc::backend::StreamId;
+    use berth_alloc::snapshot::{BlockInfo, SegmentInfo, SegmentType, TraceEntry};
+
+    fn e(action: TraceAction, addr: u64, size: u64) -> TraceEntry {
+        TraceEntry {
+            action,
+            addr,
+            size,
+            stream: StreamId(0),
+            time_us: addr as i64,
+        }
+    }
+
+    fn snapshot(trace: Vec<TraceEntry>, live: &[(u64, u64)]) -> MemorySnapshot {
+        let blocks: Vec<BlockInfo> = live
+            .iter()
+            .map(|&(address, size)| BlockInfo {
+                address,
+                size,
+                requested_size: size,
+                state: BlockState::ActiveAllocated,
+            })
+            .collect();
+        MemorySnapshot {
+            segments: vec![SegmentInfo {
+                device: 0,
+                address: 0,
+                total_size: 1 << 20,
+                allocated_size: 0,
+                active_size: 0,
+                requested_size: 0,
+                stream: StreamId(0),
+                segment_type: SegmentType::Large,
+                segment_pool_id: (0, 0),
+                is_expandable: false,
+                blocks,
+            }],
+            device_traces: vec![trace],
+            ..MemorySnapshot::default()
+        }
+    }
+
+    #[test]
+    fn freeing_a_lower_block_moves_the_ones_above_down() {
+        use TraceAction::{Alloc, FreeCompleted, FreeRequested};
+        let s = snapshot(
+            vec![
+                e(Alloc, 100, 10),
+                e(Alloc, 200, 20),
+                e(FreeRequested, 100, 10),
+                e(FreeCompleted, 100, 10),
+                e(Alloc, 300, 1),
+            ],
+            &[(200, 20), (300, 1)],
+        );
+        let t = build(&s, 0);
+        assert_eq!(t.steps, 4);
+        assert_eq!(
+            t.blocks, 3,
+            "the live blocks are in the trace, not before it"
+        );
+        assert_eq!(t.peak_bytes, 30);
+        assert_eq!(t.columns.alloc_end, vec![10, 30, 20, 21]);
+        let a = &t.bands[0];
+        assert_eq!((a.x0, a.x1, a.points.clone()), (0, 3, vec![0, 0]));
+        assert_eq!(a.free_requested_us, Some(100));
+        let b = &t.bands[1];
+        assert_eq!((b.x0, b.x1), (1, 4));
+        // Freed in column 2, block 100 is drawn through it; block 200 moves down after it.
+        assert_eq!(b.points, vec![1, 10, 3, 0]);
+        assert_eq!(b.free_us, None, "still live");
+        assert_eq!(t.bands[2].points, vec![3, 20]);
+    }
+
+    #[test]
+    fn blocks_from_before_the_trace_start_at_the_bottom() {
+        use TraceAction::{Alloc, FreeCompleted, SegmentAlloc};
+        // 500 was allocated before the trace and is freed in it; 900 is live in the snapshot
+        // with no alloc in the trace.
+        let s = snapshot(
+            vec![
+                e(SegmentAlloc, 0, 1 << 20),
+                e(Alloc, 100, 10),
+                e(FreeCompleted, 500, 5),
+                e(Alloc, 300, 1),
+            ],
+            &[(900, 7), (100, 10), (300, 1)],
+        );
+        let t = build(&s, 0);
+        assert_eq!(t.blocks, 4);
+        assert_eq!(t.columns.alloc_max, vec![22, 22, 18]);
+        assert_eq!(t.columns.alloc_end, vec![22, 17, 18]);
+        assert_eq!(t.columns.reserved_max, vec![1 << 20; 3]);
+        let addrs: Vec<&str> = t.bands.iter().map(|b| b.addr.as_str()).collect();
+        let order = ["0x384", "0x1f4", "0x64", "0x12c"];
+        assert_eq!(addrs, order, "live, then freed, then the trace's");
+        assert_eq!(t.bands[2].points, vec![0, 12, 2, 7]);
+    }
+
+    #[test]
+    fn a_second_alloc_at_a_live_address_ends_the_first() {
+        use TraceAction::Alloc;
+        let s = snapshot(vec![e(Alloc, 100, 10), e(Alloc, 100, 4)], &[]);
+        let t = build(&s, 0);
+        assert_eq!(t.steps, 3);
+        assert_eq!(t.columns.alloc_end, vec![10, 0, 4]);
+    }
+
+    #[test]
+    fn long_traces_fall_into_bounded_columns() {
+        let trace: Vec<TraceEntry> = (0..20_000u64)
+            .flat_map(|i| {
+                [
+                    e(TraceAction::Alloc, 1000 + i, 1 + i % 7),
+                    e(TraceAction::FreeCompleted, 1000 + i, 1 + i % 7),
+                ]
+            })
+            .collect();
+        let t = build(&snapshot(trace, &[]), 0);
+        assert_eq!(t.steps, 40_000);
+        assert_eq!(t.columns.step.len(), MAX_COLUMNS);
+        assert_eq!(t.peak_bytes, 7);
+        assert_eq!(t.columns.alloc_max.iter().max(), Some(&7));
+        assert!(t.bands.len() <= MAX_BANDS);
     }
 }

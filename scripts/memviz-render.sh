@@ -2,8 +2,9 @@
 # The browser check of `berth memviz`: writes the page for a snapshot, renders it in headless
 # Chromium, and checks that the page drew its views. The page's script marks the DOM after
 # drawing (<body data-timeline="drawn" data-segments="drawn">, and a title ending in
-# "[timeline drawn: N blocks]"); --dump-dom reads that back. Also checks that the file holds no
-# URL, and writes a screenshot.
+# "[timeline drawn: N blocks]"); --dump-dom reads that back, with the page's hover self-test
+# (both views' tooltips name a block). Also checks that the file holds no URL, and writes a
+# screenshot.
 #
 # Usage: scripts/memviz-render.sh [SNAPSHOT] [SCREENSHOT.png]
 #   SNAPSHOT    default crates/berth-alloc/tests/data/two_stream_pipeline.snapshot.pickle
@@ -59,13 +60,22 @@ flags=(--headless --no-sandbox --disable-gpu --hide-scrollbars --no-first-run
     --user-data-dir="$profile" --window-size=1400,980 --virtual-time-budget=10000)
 url="file://$html"
 
-dom="$("$browser" "${flags[@]}" --dump-dom "$url" 2>/dev/null)"
+# `#selftest` makes the page also hover once over its largest block and its first segment and
+# record both tooltips' first lines in <body data-timeline-hover=... data-segment-hover=...>.
+dom="$("$browser" "${flags[@]}" --dump-dom "$url#selftest" 2>/dev/null)"
 # Here-strings, not pipes: `grep -q` stops reading early, which fails a pipe under pipefail.
 title="$(grep -o '<title>[^<]*</title>' <<<"$dom" | head -1 || true)"
 if ! grep -q 'data-timeline="drawn"' <<<"$dom" \
     || ! grep -q 'data-segments="drawn"' <<<"$dom" \
     || ! grep -q 'timeline drawn: [0-9]* blocks' <<<"$title"; then
     echo "memviz-render: FAIL: the page did not mark its views drawn (title: ${title:-none})" >&2
+    exit 1
+fi
+hover="$(grep -o 'data-timeline-hover="[^"]*"' <<<"$dom" || true)"
+seg_hover="$(grep -o 'data-segment-hover="[^"]*"' <<<"$dom" || true)"
+if ! grep -q 'data-timeline-hover="block 0x' <<<"$hover" \
+    || ! grep -Eq 'data-segment-hover="(block|[0-9]+ blocks from) 0x' <<<"$seg_hover"; then
+    echo "memviz-render: FAIL: hovering did not show a block (${hover:-no timeline tooltip}; ${seg_hover:-no segment tooltip})" >&2
     exit 1
 fi
 
@@ -75,4 +85,7 @@ if [ ! -s "$shot" ]; then
     echo "memviz-render: FAIL: $browser wrote no screenshot to $shot" >&2
     exit 1
 fi
-echo "memviz-render: ok: $($browser --version 2>/dev/null | head -1) drew $html ${title}; screenshot $shot"
+echo "memviz-render: ok: $("$browser" --version 2>/dev/null | head -1) drew $html ${title}"
+echo "   $(grep -o 'data-timeline-ms="[^"]*"' <<<"$dom" || true) (one draw of the timeline)"
+echo "   hover: ${hover}; ${seg_hover}"
+echo "   screenshot: $shot"

@@ -159,6 +159,7 @@
   }
 
   function drawTimeline() {
+    const started = performance.now();
     tl.w = Math.max(320, tl.plot.clientWidth);
     tl.h = tl.plot.clientHeight || 420;
     tl.ctx = sizeCanvas(tl.canvas, tl.w, tl.h);
@@ -220,6 +221,7 @@
     drawTimelineAxes(ctx);
     document.body.dataset.timeline = 'drawn';
     document.body.dataset.timelineBands = String(drawn);
+    document.body.dataset.timelineMs = (performance.now() - started).toFixed(1);
     document.title = `berth memviz: ${D.title} [timeline drawn: ${drawn} blocks]`;
   }
 
@@ -279,13 +281,17 @@
     }
     const col = timelineColumn(mx);
     const bytes = (tl.padT + plotH() - my) / plotH() * tl.ymax;
+    // The block under the pointer, or else the nearest within 2 pixels (thin blocks).
     let hit = null;
+    let best = 2 * tl.ymax / plotH();
     for (const b of T.bands) {
       if (b.x0 > col || b.x1 <= col) continue;
       const off = offsetAt(b, col);
-      if (bytes >= off && bytes < off + b.size) {
+      const d = bytes < off ? off - bytes : bytes >= off + b.size ? bytes - off - b.size : -1;
+      if (d < best) {
         hit = b;
-        break;
+        best = d;
+        if (d < 0) break;
       }
     }
     const lines = [];
@@ -311,6 +317,17 @@
     showTip(ev, lines.join('\n'));
   }
 
+  // Redraws at most once per frame while zooming or panning.
+  let drawQueued = false;
+  function queueDraw() {
+    if (drawQueued) return;
+    drawQueued = true;
+    window.requestAnimationFrame(() => {
+      drawQueued = false;
+      drawTimeline();
+    });
+  }
+
   function zoomTimeline(ev) {
     ev.preventDefault();
     const r = tl.hl.getBoundingClientRect();
@@ -321,8 +338,7 @@
     v0 = Math.min(Math.max(0, v0), nCols - span2);
     tl.v0 = v0;
     tl.v1 = v0 + span2;
-    drawTimeline();
-    timelineHover(ev);
+    queueDraw();
   }
 
   tl.hl.addEventListener('mousemove', (ev) => {
@@ -332,7 +348,9 @@
       const v0 = Math.min(Math.max(0, tl.drag.v0 - d), nCols - span);
       tl.v0 = v0;
       tl.v1 = v0 + span;
-      drawTimeline();
+      queueDraw();
+      hideTip();
+      return;
     }
     timelineHover(ev);
   });
@@ -478,4 +496,34 @@
   });
   drawTimeline();
   drawSegments();
+
+  // With `#selftest` in the URL (scripts/memviz-render.sh), hover once over the drawn block
+  // covering the most pixels and once over the first segment, and record the tooltips in the
+  // DOM, so a headless browser can check that hovering works.
+  if (window.location.hash === '#selftest') {
+    const r = tl.hl.getBoundingClientRect();
+    let big = null;
+    const area = (b) => (b.x1 - b.x0) * b.size;
+    for (const b of T.bands) {
+      if (big === null || area(b) > area(big)) big = b;
+    }
+    if (big !== null) {
+      const col = Math.floor((big.x0 + big.x1 - 1) / 2);
+      tl.hl.dispatchEvent(new MouseEvent('mousemove', {
+        clientX: r.left + xOf(col + 0.5),
+        clientY: r.top + yOf(offsetAt(big, col) + big.size / 2),
+      }));
+      document.body.dataset.timelineHover = tooltip.textContent.split('\n')[0];
+    }
+    if (rows.length > 0) {
+      const sr = seg.canvas.getBoundingClientRect();
+      const { x0, w } = barGeometry();
+      seg.canvas.dispatchEvent(new MouseEvent('mousemove', {
+        clientX: sr.left + x0 + w / 2,
+        clientY: sr.top + ROW_H / 2,
+      }));
+      document.body.dataset.segmentHover = tooltip.textContent.split('\n')[0];
+    }
+    hideTip();
+  }
 }());

@@ -76,8 +76,9 @@ impl Run {
                     r[2] = if r[3] == STATE_ALLOCATED { r[1] } else { 0 };
                     r[3] = STATE_MERGED;
                 }
-                r[1] = (e[0] + e[1]).saturating_sub(r[0]);
-                r[2] += allocated;
+                // Saturating: a damaged snapshot may hold sizes near 2^64.
+                r[1] = e[0].saturating_add(e[1]).saturating_sub(r[0]);
+                r[2] = r[2].saturating_add(allocated);
                 r[4] += 1;
             }
         }

@@ -429,6 +429,13 @@ fn bad_input_is_a_one_line_error() {
     );
     assert!(!out.exists(), "no page is written on error");
 
+    // `-o` is the snapshot: refused, and the snapshot is kept.
+    std::fs::write(path("keep.pickle"), &bytes).unwrap();
+    let (code, err) = fails(&["memviz", &path("keep.pickle"), "-o", &path("keep.pickle")]);
+    assert_eq!(code, 2);
+    assert!(err.contains("that is the snapshot itself"), "{err}");
+    assert_eq!(std::fs::read(path("keep.pickle")).unwrap(), bytes);
+
     // The output cannot be written: a failure (1), not bad input.
     let (code, err) = fails(&["memviz", real_s, "-o", dir.to_str().unwrap()]);
     assert_eq!(code, 1);

@@ -87,6 +87,12 @@ pub enum MemvizError {
         /// The devices with data, in words.
         available: String,
     },
+    /// `-o` names the snapshot itself, which writing the page would destroy.
+    #[error("-o {}: that is the snapshot itself; write the page to another file", path.display())]
+    OutputIsInput {
+        /// The file.
+        path: PathBuf,
+    },
     /// The HTML file cannot be written.
     #[error("cannot write {}: {source}", path.display())]
     Write {
@@ -259,6 +265,11 @@ pub fn render(data: &PageData) -> String {
 /// Every [`MemvizError`].
 pub fn run(args: MemvizArgs) -> anyhow::Result<()> {
     let snapshot = load(&args.snapshot)?;
+    if let (Ok(a), Ok(b)) = (args.snapshot.canonicalize(), args.output.canonicalize()) {
+        if a == b {
+            return Err(MemvizError::OutputIsInput { path: args.output }.into());
+        }
+    }
     let data = page_data(&snapshot, &args.snapshot, args.device)?;
     let html = render(&data);
     std::fs::write(&args.output, &html).map_err(|source| MemvizError::Write {

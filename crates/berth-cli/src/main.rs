@@ -18,8 +18,10 @@
 //!                      +-- berth-torch (PyTorch's pluggable CUDA allocator)
 //! ```
 //!
-//! It defines no `Note [..]`s; the notes it follows are listed in the library crates' docs. Its
-//! API docs are not built (`doc = false`: the binary's name, `berth`, is the library's).
+//! It defines two notes, both of `berth memviz`: `Note [Timeline downsampling]`
+//! (`memviz/timeline.rs`) and `Note [Segment downsampling]` (`memviz/segments.rs`); the notes
+//! it follows are listed in the library crates' docs. Its API docs are not built
+//! (`doc = false`: the binary's name, `berth`, is the library's).
 
 use clap::{Parser, Subcommand};
 

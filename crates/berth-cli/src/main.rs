@@ -1,7 +1,8 @@
 //! `berth`: the command-line tool of berth.
 //!
 //! Subcommands: `info` (devices), `train` / `eval` (the Fashion-MNIST main job), `replay`
-//! (PyTorch allocator traces through berth's allocators) and `bench` (measurements).
+//! (PyTorch allocator traces through berth's allocators), `bench` (measurements) and `memviz`
+//! (a memory snapshot as one self-contained HTML page).
 //! Errors print one line and exit with status 2 (usage and input errors) or 1 (failures).
 //! Output into a closed pipe (`berth ... | head -1`) ends the program quietly, as it ends `cat`:
 //! see [`restore_sigpipe`].
@@ -17,13 +18,16 @@
 //!                      +-- berth-torch (PyTorch's pluggable CUDA allocator)
 //! ```
 //!
-//! It defines no `Note [..]`s; the notes it follows are listed in the library crates' docs. Its
-//! API docs are not built (`doc = false`: the binary's name, `berth`, is the library's).
+//! It defines two notes, both of `berth memviz`: `Note [Timeline downsampling]`
+//! (`memviz/timeline.rs`) and `Note [Segment downsampling]` (`memviz/segments.rs`); the notes
+//! it follows are listed in the library crates' docs. Its API docs are not built
+//! (`doc = false`: the binary's name, `berth`, is the library's).
 
 use clap::{Parser, Subcommand};
 
 mod bench;
 mod info;
+mod memviz;
 mod replay;
 mod replay_cuda;
 mod replay_torch;
@@ -49,6 +53,9 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Run a benchmark.
     Bench(bench::BenchArgs),
+    /// Write a memory snapshot (PyTorch's `_dump_snapshot` pickle or berth's) as one
+    /// self-contained HTML page: the active-memory timeline and the segments.
+    Memviz(memviz::MemvizArgs),
 }
 
 fn main() {
@@ -61,6 +68,7 @@ fn main() {
         Command::Eval(a) => train::run_eval(a),
         Command::Replay(a) => replay::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Memviz(a) => memviz::run(a),
     };
     if let Err(err) = result {
         eprintln!("berth: error: {}", error_line(&err));
@@ -212,9 +220,15 @@ pub fn whole_usize(
     }
 }
 
-/// Exit status for an error: 2 for bad user input (the error chain holds a [`UsageError`]), 1 otherwise.
+/// Exit status for an error: 2 for bad user input (the error chain holds a [`UsageError`] or an
+/// input [`memviz::MemvizError`]), 1 otherwise.
 fn exit_code(err: &anyhow::Error) -> i32 {
-    if err.chain().any(|e| e.is::<UsageError>()) {
+    let input = |e: &(dyn std::error::Error + 'static)| {
+        e.is::<UsageError>()
+            || e.downcast_ref::<memviz::MemvizError>()
+                .is_some_and(memviz::MemvizError::is_input)
+    };
+    if err.chain().any(input) {
         2
     } else {
         1

@@ -1,0 +1,346 @@
+//! `berth memviz`: one self-contained HTML page showing a memory snapshot, as PyTorch's
+//! `memory_viz` does.
+//!
+//! The input is a `torch.cuda.memory._dump_snapshot` pickle, PyTorch's own or the one
+//! `berth train --memory-snapshot` writes (both read by [`berth_alloc::pickle::load_snapshot`]).
+//! The page has two views:
+//!
+//! - the **active-memory timeline** ([`timeline`]): allocated bytes over the trace, stacked
+//!   per block, with the reserved bytes as a line and `oom` entries as markers; hover for a
+//!   block's address, size, stream and times;
+//! - the **segment view** ([`segments`]): every segment as a row of its blocks, allocated,
+//!   pending free or free; hover for address, size and state.
+//!
+//! The data are computed here and embedded as JSON in a `<script type="application/json">`
+//! element; the page's script and style are inline (`memviz.js`, `memviz.css`), and nothing
+//! in the file refers to the network. What a screen could not show is merged before it is
+//! written (Note [Timeline downsampling], Note [Segment downsampling]), so the page stays
+//! responsive and its size bounded for snapshots of any length.
+
+pub mod segments;
+pub mod timeline;
+
+use std::path::{Path, PathBuf};
+
+use berth_alloc::pickle::{load_snapshot, PickleError};
+use berth_alloc::snapshot::MemorySnapshot;
+use serde::Serialize;
+
+/// Arguments of `berth memviz`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MemvizArgs {
+    /// A memory snapshot: a `torch.cuda.memory._dump_snapshot` pickle, or the file
+    /// `berth train --memory-snapshot` writes.
+    #[arg(value_name = "SNAPSHOT")]
+    pub snapshot: PathBuf,
+    /// The HTML file to write (self-contained: open it in any browser, offline).
+    #[arg(short, long, value_name = "OUT.html")]
+    pub output: PathBuf,
+    /// The device to show (default: the first device with segments or trace entries).
+    #[arg(long, value_name = "INDEX")]
+    pub device: Option<usize>,
+}
+
+/// What can go wrong in `berth memviz`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemvizError {
+    /// The snapshot file cannot be read (missing, a directory, no permission).
+    #[error("cannot read snapshot {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not a snapshot pickle (neither PyTorch's nor berth's).
+    #[error(
+        "{}: not a memory snapshot (expected a torch.cuda.memory._dump_snapshot pickle or \
+         the file `berth train --memory-snapshot` writes): {source}",
+        path.display()
+    )]
+    NotASnapshot {
+        /// The file.
+        path: PathBuf,
+        /// What the pickle reader found.
+        source: PickleError,
+    },
+    /// The snapshot holds no segments and no trace entries: nothing to draw.
+    #[error(
+        "{}: the snapshot is empty (no segments and no trace entries on any device); take it \
+         after allocating, with history recorded (torch.cuda.memory._record_memory_history(), \
+         or berth train --memory-snapshot)",
+        path.display()
+    )]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// `--device` names a device the snapshot has nothing for.
+    #[error(
+        "--device {device}: the snapshot has no segments or trace entries for device {device} \
+         (it has data for {available})"
+    )]
+    NoSuchDevice {
+        /// The index asked for.
+        device: usize,
+        /// The devices with data, in words.
+        available: String,
+    },
+    /// `-o` names the snapshot itself, which writing the page would destroy.
+    #[error("-o {}: that is the snapshot itself; write the page to another file", path.display())]
+    OutputIsInput {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The HTML file cannot be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl MemvizError {
+    /// Whether the error is the user's input (exit status 2) rather than a failure (1).
+    pub fn is_input(&self) -> bool {
+        !matches!(self, MemvizError::Write { .. })
+    }
+}
+
+/// The page's HTML skeleton; `/*BERTH_MEMVIZ_CSS*/`, `/*BERTH_MEMVIZ_JS*/` and
+/// `/*BERTH_MEMVIZ_DATA*/` are replaced.
+const TEMPLATE: &str = include_str!("template.html");
+/// The page's style.
+const CSS: &str = include_str!("memviz.css");
+/// The page's script (plain JavaScript, canvas drawing).
+const JS: &str = include_str!("memviz.js");
+
+/// Counts of what the snapshot holds for the device shown (COUNT each).
+#[derive(Debug, Serialize)]
+pub struct Counts {
+    /// Segments.
+    pub segments: usize,
+    /// Blocks over all segments.
+    pub blocks: usize,
+    /// Entries of the device's trace.
+    pub trace_entries: usize,
+}
+
+/// Everything embedded in the page.
+#[derive(Debug, Serialize)]
+pub struct PageData {
+    /// The snapshot's file name.
+    pub title: String,
+    /// The device shown.
+    pub device: usize,
+    /// Devices with data.
+    pub devices: Vec<usize>,
+    /// What the snapshot holds for the device.
+    pub counts: Counts,
+    /// Bytes of all segments of the device.
+    pub reserved_bytes: u64,
+    /// Bytes of `active_allocated` blocks of the device.
+    pub allocated_bytes: u64,
+    /// The active-memory timeline.
+    pub timeline: timeline::Timeline,
+    /// The segment view's rows.
+    pub segments: Vec<segments::SegmentRow>,
+}
+
+/// Reads a snapshot file.
+///
+/// # Errors
+/// [`MemvizError::Read`] when the file cannot be read, [`MemvizError::NotASnapshot`] when it is
+/// not a snapshot pickle.
+pub fn load(path: &Path) -> Result<MemorySnapshot, MemvizError> {
+    let bytes = std::fs::read(path).map_err(|source| MemvizError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    load_snapshot(&bytes).map_err(|source| MemvizError::NotASnapshot {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The devices with segments or trace entries, in order.
+pub fn devices(snapshot: &MemorySnapshot) -> Vec<usize> {
+    let mut d: Vec<usize> = snapshot
+        .segments
+        .iter()
+        .filter_map(|s| usize::try_from(s.device).ok())
+        .chain(
+            snapshot
+                .device_traces
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| !t.is_empty())
+                .map(|(i, _)| i),
+        )
+        .collect();
+    d.sort_unstable();
+    d.dedup();
+    d
+}
+
+/// The data of the page for `device` of `snapshot` (`title` names the file).
+///
+/// # Errors
+/// [`MemvizError::Empty`] when the snapshot has nothing on any device,
+/// [`MemvizError::NoSuchDevice`] when `device` is given and has nothing.
+pub fn page_data(
+    snapshot: &MemorySnapshot,
+    path: &Path,
+    device: Option<usize>,
+) -> Result<PageData, MemvizError> {
+    let devices = devices(snapshot);
+    let Some(&first) = devices.first() else {
+        return Err(MemvizError::Empty {
+            path: path.to_owned(),
+        });
+    };
+    let device = match device {
+        None => first,
+        Some(d) if devices.contains(&d) => d,
+        Some(d) => {
+            let list: Vec<String> = devices.iter().map(ToString::to_string).collect();
+            return Err(MemvizError::NoSuchDevice {
+                device: d,
+                available: format!("device {}", list.join(", ")),
+            });
+        }
+    };
+    let segs = snapshot
+        .segments
+        .iter()
+        .filter(|s| usize::try_from(s.device).ok() == Some(device));
+    let counts = Counts {
+        segments: segs.clone().count(),
+        blocks: segs.clone().map(|s| s.blocks.len()).sum(),
+        trace_entries: snapshot.device_traces.get(device).map_or(0, Vec::len),
+    };
+    let reserved_bytes = segs
+        .clone()
+        .map(|s| s.total_size)
+        .fold(0, u64::saturating_add);
+    let allocated_bytes = segs.map(|s| s.allocated_size).fold(0, u64::saturating_add);
+    let title = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    Ok(PageData {
+        title,
+        device,
+        devices,
+        counts,
+        reserved_bytes,
+        allocated_bytes,
+        timeline: timeline::build(snapshot, device),
+        segments: segments::build(snapshot, device),
+    })
+}
+
+/// The JSON of `data`, safe inside a `<script>` element: every `<` is written `\u003c`, so
+/// no string can close the element (`</script>`) or open a comment.
+fn embedded_json(data: &PageData) -> String {
+    // Serializing plain structs of numbers and strings cannot fail.
+    let json = serde_json::to_string(data).unwrap_or_else(|_| "null".to_owned());
+    json.replace('<', "\\u003c")
+}
+
+/// The whole HTML page for `data`.
+pub fn render(data: &PageData) -> String {
+    TEMPLATE
+        .replacen("/*BERTH_MEMVIZ_CSS*/", CSS, 1)
+        .replacen("/*BERTH_MEMVIZ_JS*/", JS, 1)
+        .replacen("/*BERTH_MEMVIZ_DATA*/", &embedded_json(data), 1)
+}
+
+/// Runs `berth memviz`.
+///
+/// # Errors
+/// Every [`MemvizError`].
+pub fn run(args: MemvizArgs) -> anyhow::Result<()> {
+    let snapshot = load(&args.snapshot)?;
+    if let (Ok(a), Ok(b)) = (args.snapshot.canonicalize(), args.output.canonicalize()) {
+        if a == b {
+            return Err(MemvizError::OutputIsInput { path: args.output }.into());
+        }
+    }
+    let data = page_data(&snapshot, &args.snapshot, args.device)?;
+    let html = render(&data);
+    std::fs::write(&args.output, &html).map_err(|source| MemvizError::Write {
+        path: args.output.clone(),
+        source,
+    })?;
+    let t = &data.timeline;
+    println!(
+        "wrote {} ({} KiB): device {}, {} segments, {} blocks, {} trace entries; timeline of {} \
+         steps in {} columns, {} of {} blocks drawn one by one",
+        args.output.display(),
+        html.len().div_ceil(1024),
+        data.device,
+        data.counts.segments,
+        data.counts.blocks,
+        data.counts.trace_entries,
+        t.steps,
+        t.columns.step.len(),
+        t.bands.len(),
+        t.blocks,
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use berth_alloc::snapshot::{TraceAction, TraceEntry};
+
+    #[test]
+    fn embedded_data_cannot_close_its_script_element() {
+        let snap = MemorySnapshot {
+            device_traces: vec![vec![TraceEntry {
+                action: TraceAction::Alloc,
+                addr: 16,
+                size: 8,
+                stream: berth_alloc::backend::StreamId(0),
+                time_us: 0,
+            }]],
+            ..MemorySnapshot::default()
+        };
+        // The page's title is the file's name (a path cannot hold `</`, but it can hold `<`).
+        let path = Path::new("/tmp/x<!--<script>.pickle");
+        let html = render(&page_data(&snap, path, None).unwrap());
+        assert_eq!(html.matches("<script").count(), 2);
+        assert!(html.contains(r#""title":"x\u003c!--\u003cscript>.pickle""#));
+    }
+
+    #[test]
+    fn devices_with_data_are_listed_once() {
+        let mut snap = MemorySnapshot {
+            device_traces: vec![vec![], vec![], vec![]],
+            ..MemorySnapshot::default()
+        };
+        assert!(devices(&snap).is_empty());
+        assert!(matches!(
+            page_data(&snap, Path::new("s"), None),
+            Err(MemvizError::Empty { .. })
+        ));
+        snap.device_traces[2].push(TraceEntry {
+            action: TraceAction::Alloc,
+            addr: 1,
+            size: 1,
+            stream: berth_alloc::backend::StreamId(0),
+            time_us: 0,
+        });
+        assert_eq!(devices(&snap), vec![2]);
+        let err = page_data(&snap, Path::new("s"), Some(0)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--device 0: the snapshot has no segments or trace entries for device 0 (it has data for device 2)"
+        );
+    }
+}

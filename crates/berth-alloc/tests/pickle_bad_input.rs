@@ -246,3 +246,34 @@ proptest! {
         let _ = from_slice(&data);
     }
 }
+
+/// A snapshot whose `allocator_settings.garbage_collection_threshold` is not a threshold (NaN,
+/// negative, 1 or more) is refused, naming the field: a NaN loaded as-is made the settings
+/// unequal to themselves, so dumping and loading the snapshot changed it (found by the `pickle`
+/// fuzz target).
+#[test]
+fn pickle_snapshot_refuses_a_threshold_that_is_not_one() {
+    for bad in [f64::NAN, -0.5, 1.0, f64::INFINITY] {
+        let snap = PickleValue::dict([
+            ("segments", PickleValue::List(vec![])),
+            (
+                "allocator_settings",
+                PickleValue::dict([("garbage_collection_threshold", PickleValue::Float(bad))]),
+            ),
+        ]);
+        let err = snapshot_from_value(&snap).unwrap_err();
+        assert!(
+            matches!(&err, PickleError::Schema { path, .. }
+                if path == "allocator_settings.garbage_collection_threshold"),
+            "{bad}: {err}"
+        );
+    }
+    let ok = PickleValue::dict([
+        ("segments", PickleValue::List(vec![])),
+        (
+            "allocator_settings",
+            PickleValue::dict([("garbage_collection_threshold", PickleValue::Float(0.0))]),
+        ),
+    ]);
+    assert!(snapshot_from_value(&ok).is_ok());
+}

@@ -396,7 +396,14 @@ fn settings_from(f: &Field<'_>) -> Result<AllocatorConfig, PickleError> {
         };
     }
     if let Some(g) = f.opt_key("garbage_collection_threshold") {
-        c.garbage_collection_threshold = g.value.as_f64().ok_or_else(|| g.err("a float"))?;
+        // PyTorch writes 0.0 when the option is unset and accepts only 0 < t < 1 when set; a
+        // NaN read from a file made the loaded settings unequal to themselves (found by fuzzing:
+        // dump, then load, changed the snapshot).
+        let t = g.value.as_f64().ok_or_else(|| g.err("a float"))?;
+        if !(0.0..1.0).contains(&t) {
+            return Err(g.err("a float in [0, 1) (0 when unset)"));
+        }
+        c.garbage_collection_threshold = t;
     }
     for (key, slot) in [
         ("expandable_segments", &mut c.expandable_segments),

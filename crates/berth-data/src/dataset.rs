@@ -166,7 +166,9 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
 /// # Examples
 /// Sharding by worker, so that the workers' streams together are the data once (the pattern of
 /// PyTorch's `IterableDataset` docs):
-/// ```ignore
+/// ```
+/// use berth_data::{worker_info, CollateFn, DataError, IterableDataLoaderBuilder, IterableDataset};
+///
 /// struct Range(usize);
 /// impl IterableDataset for Range {
 ///     type Item = usize;
@@ -175,6 +177,16 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
 ///         Box::new((0..self.0).skip(id).step_by(n).map(Ok))
 ///     }
 /// }
+///
+/// // Two workers, batches of 2 formed in each worker, taken round-robin.
+/// let collate = CollateFn(|v: Vec<usize>| Ok::<_, DataError>(v));
+/// let loader = IterableDataLoaderBuilder::with_collate(Range(7), collate)
+///     .batch_size(2)
+///     .num_workers(2)
+///     .build()?;
+/// let batches: Vec<Vec<usize>> = loader.iter().collect::<Result<_, _>>()?;
+/// assert_eq!(batches, [vec![0, 2], vec![1, 3], vec![4, 6], vec![5]]);
+/// # Ok::<(), DataError>(())
 /// ```
 pub trait IterableDataset: Send + Sync + 'static {
     /// One sample.

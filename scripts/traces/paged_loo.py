@@ -38,7 +38,7 @@ for w, m in modes.items():
 runs = defaultdict(dict)  # config -> trace -> record
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    runs[(r["headroom_div"], r["calls_per_20mib"], r.get("unit_mib", 64))][r["trace"]] = r
+    runs[(r["headroom_div"], r["calls_per_20mib"], r.get("unit_mib", 64), r.get("churn_div", 0))][r["trace"]] = r
 
 
 def judge(trace, r):
@@ -55,20 +55,20 @@ def score(config, traces):
     logs = []
     for t in traces:
         w, m = judge(t, runs[config][t])
-        logs.append(math.log(max(w, 1e-6)) + m * math.log(PENALTY))
+        logs.append(math.log(max(w, 1e-6)) + (m > 0) * math.log(PENALTY))
     return math.exp(sum(logs) / len(logs))
 
 
 traces = sorted(t for t in ref if all(t in v for v in runs.values()))
 configs = sorted(runs)
-print(f"{len(traces)} traces, {len(configs)} configurations (headroom_div × calls_per_20mib × unit MiB).\n")
-print("| left out | chosen on the others (headroom_div, calls per 20 MiB, unit MiB) | left-out waste | left-out misses |")
+print(f"{len(traces)} traces, {len(configs)} configurations (headroom_div × calls_per_20mib × unit MiB × churn_div).\n")
+print("| left out | chosen on the others (headroom_div, calls per 20 MiB, unit MiB, churn_div) | left-out waste | left-out misses |")
 print("|---|---|---|---|")
 for t in traces:
     rest = [x for x in traces if x != t]
     best = min(configs, key=lambda c: score(c, rest))
     w, m = judge(t, runs[best][t])
-    print(f"| {t} | {best[0]}, {best[1]}, {best[2]} | {w:.2%} | {m} |")
+    print(f"| {t} | {best[0]}, {best[1]}, {best[2]}, {best[3]} | {w:.2%} | {m} |")
 
 
 def summary(c, label):
@@ -84,5 +84,5 @@ def summary(c, label):
 
 print()
 summary(min(configs, key=lambda c: score(c, traces)), "chosen on all traces")
-if (8, 1.5, 64) in runs:
-    summary((8, 1.5, 64), "today's constants")
+if (8, 1.5, 64, 4) in runs:
+    summary((8, 1.5, 64, 4), "today's constants")

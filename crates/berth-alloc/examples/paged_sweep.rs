@@ -1,14 +1,14 @@
 //! Replays every trace under `tests/data` with `paged` for a grid of its constants
 //! ([`PagedTuning`]) and prints one JSON line per (trace, constants): peak requested, peak
 //! reserved and device calls of a first pass, and the device calls of two more passes on the
-//! same allocator (`warm_calls`). `scripts/traces/paged_loo.py` turns the lines into the
-//! leave-one-out table.
+//! same allocator (`warm_calls`), and the peak reserved after all three (`final_peak`).
+//! `scripts/traces/paged_loo.py` turns the lines into the leave-one-out table.
 //!
 //! Usage, with comma-separated grids of the constants (defaults `0,4,8,16,32,64`,
-//! `1,1.5,2,3,4` and `64`) and, optionally, a part of the trace names to keep:
+//! `1,1.5,2,3,4`, `64` and `4`) and, optionally, a part of the trace names to keep:
 //!
 //! ```text
-//! cargo run --release -p berth-alloc --example paged_sweep -- [HEADROOM_DIVS] [CALLS] [UNIT_MIB] [NAME]
+//! cargo run --release -p berth-alloc --example paged_sweep -- [HEADROOM_DIVS] [CALLS] [UNIT_MIB] [CHURN_DIVS] [NAME]
 //! ```
 
 use std::path::Path;
@@ -16,7 +16,7 @@ use std::path::Path;
 use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::replay::CompiledTrace;
 use berth_alloc::trace::read_trace;
-use berth_alloc::{PagedBestFit, PagedTuning};
+use berth_alloc::{DeviceAllocator, PagedBestFit, PagedTuning};
 
 fn grid<T: std::str::FromStr>(arg: Option<String>, default: &str) -> Vec<T> {
     arg.as_deref()
@@ -34,6 +34,7 @@ fn main() {
     let divs: Vec<u64> = grid(args.next(), "0,4,8,16,32,64");
     let calls: Vec<f64> = grid(args.next(), "1,1.5,2,3,4");
     let units: Vec<u64> = grid(args.next(), "64");
+    let churns: Vec<u64> = grid(args.next(), "4");
     let only = args.next().unwrap_or_default();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
@@ -51,16 +52,18 @@ fn main() {
             .and_then(|n| n.strip_suffix(".trace.json.gz"))
             .unwrap_or("?")
             .to_owned();
-        for (&headroom_div, &calls_per_20mib, &unit_mib) in divs
+        for (&headroom_div, &calls_per_20mib, &unit_mib, &churn_div) in divs
             .iter()
             .flat_map(|d| calls.iter().map(move |c| (d, c)))
             .flat_map(|(d, c)| units.iter().map(move |u| (d, c, u)))
+            .flat_map(|(d, c, u)| churns.iter().map(move |k| (d, c, u, k)))
         {
             {
                 let tuning = PagedTuning {
                     headroom_div,
                     calls_per_20mib,
                     max_unit_bytes: unit_mib << 20,
+                    churn_div,
                 };
                 let alloc =
                     PagedBestFit::with_tuning(SimBackend::new(SimBackend::H200_BYTES), tuning)
@@ -73,8 +76,8 @@ fn main() {
                     .map(|_| compiled.replay(&alloc).expect("replay").device_calls)
                     .sum();
                 println!(
-                    "{{\"trace\":\"{name}\",\"headroom_div\":{headroom_div},\"calls_per_20mib\":{calls_per_20mib},\"unit_mib\":{unit_mib},\"peak_requested\":{},\"peak_reserved\":{},\"device_calls\":{},\"warm_calls\":{warm},\"ops\":{}}}",
-                    r.peak_requested, r.peak_reserved, r.device_calls, r.ops
+                    "{{\"trace\":\"{name}\",\"headroom_div\":{headroom_div},\"calls_per_20mib\":{calls_per_20mib},\"unit_mib\":{unit_mib},\"churn_div\":{churn_div},\"peak_requested\":{},\"peak_reserved\":{},\"device_calls\":{},\"warm_calls\":{warm},\"ops\":{},\"final_peak\":{}}}",
+                    r.peak_requested, r.peak_reserved, r.device_calls, r.ops, alloc.stats().max_memory_reserved()
                 );
             }
         }

@@ -52,9 +52,15 @@ pub(crate) struct State<E> {
     units: Units,
     /// Longest mapping unit in bytes (a multiple of the page size).
     max_unit: u64,
-    /// Step 3's headroom divisor (0: none) and step 4's call budget (`Note [Paged best fit]`).
+    /// Step 3's headroom divisor (0: none), step 4's call budget and step 5's churn divisor
+    /// (0: off) (`Note [Paged best fit]`).
     headroom_div: u64,
     calls_per_20mib: f64,
+    churn_div: u64,
+    /// Step 5: bytes the headroom has grown by, learned from reclaims that repeated.
+    churn_extra: u64,
+    /// Step 5: the live peak when step 3 last unmapped anything (`u64::MAX` before it first did).
+    live_peak_at_reclaim: u64,
     arenas: Vec<Arena>,
     /// The index in `arenas` of each stream's arena: found in O(1), however many streams (a
     /// linear scan made 40,000 streams quadratic).
@@ -107,6 +113,9 @@ impl<E> State<E> {
             max_unit: page_up(max_unit.clamp(page, 1 << 62), page),
             headroom_div: tuning.headroom_div,
             calls_per_20mib: tuning.calls_per_20mib,
+            churn_div: tuning.churn_div,
+            churn_extra: 0,
+            live_peak_at_reclaim: u64::MAX,
             arenas: Vec::new(),
             arena_of: std::collections::HashMap::new(),
             live: AddrMap::default(),
@@ -268,9 +277,14 @@ impl<E> State<E> {
             }
         }
         // `Note [Paged best fit]`, step 3: unmap elsewhere only beyond the high-water mark
-        // and the headroom over the live peak.
+        // and the headroom over the live peak (grown by step 5's learned churn).
         let extra = self.live_peak.checked_div(self.headroom_div).unwrap_or(0);
-        let headroom = page_up(self.live_peak + extra, page);
+        let headroom = page_up(
+            self.live_peak
+                .saturating_add(extra)
+                .saturating_add(self.churn_extra),
+            page,
+        );
         let mut limit = self.high_water.max(headroom);
         if let Some(cap) = self.cap {
             limit = limit.min(cap);
@@ -278,7 +292,17 @@ impl<E> State<E> {
         if self.pages.mapped + need > limit
             && (in_budget || self.cap.is_some_and(|c| self.pages.mapped + need > c))
         {
-            self.reclaim(backend, self.pages.mapped + need - limit, (lo, hi))?;
+            let freed = self.reclaim(backend, self.pages.mapped + need - limit, (lo, hi))?;
+            // Step 5: a reclaim with no new live peak since the last one is the workload
+            // repeating, not growing: what it unmapped is likely mapped again next time.
+            if freed > 0 {
+                if self.live_peak <= self.live_peak_at_reclaim {
+                    self.churn_extra = self
+                        .churn_extra
+                        .saturating_add(freed.checked_div(self.churn_div).unwrap_or(0));
+                }
+                self.live_peak_at_reclaim = self.live_peak;
+            }
         }
         let stream = self.arenas[ai].stream;
         if let Some(cap) = self.cap {

@@ -1,4 +1,4 @@
-//! Allocator speed: each real trace replayed with a warm cache through PyTorch's policy
+//! Allocator speed: each real trace (every committed one) replayed with a warm cache through PyTorch's policy
 //! ([`CachingAllocator`]) and berth's own ([`PagedBestFit`]), and the cost of one
 //! allocate + free pair with 100 / 10k / 100k blocks live.
 //!
@@ -16,13 +16,31 @@ use berth_alloc::trace::read_trace;
 use berth_alloc::{DeviceAllocator, DevicePtr, PagedBestFit, StreamId, TraceAction};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
-const TRACES: [&str; 5] = [
-    "bert_varlen_train",
-    "gpt2_generate",
-    "gpt2_train",
-    "resnet50_train",
-    "two_stream_pipeline",
-];
+/// The trace directory: `BERTH_TRACE_DIR`, or the committed traces of `tests/data`.
+fn trace_dir() -> PathBuf {
+    std::env::var_os("BERTH_TRACE_DIR").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data"),
+        PathBuf::from,
+    )
+}
+
+/// Every `*.trace.json.gz` in [`trace_dir`], by name.
+fn traces() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(trace_dir())
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|n| n.strip_suffix(".trace.json.gz"))
+                        .map(str::to_owned)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
 
 /// One operation of a pre-digested trace: allocate into a slot, or free a slot.
 #[derive(Clone, Copy)]
@@ -40,11 +58,7 @@ enum Op {
 /// The trace's `alloc` / `free_completed` rows as slot operations (the replay rules of
 /// `berth_alloc::replay`), so the timed loop does no hashing of its own.
 fn ops_of(name: &str) -> Option<(Vec<Op>, usize)> {
-    let dir = std::env::var_os("BERTH_TRACE_DIR").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data"),
-        PathBuf::from,
-    );
-    let path = dir.join(format!("{name}.trace.json.gz"));
+    let path = trace_dir().join(format!("{name}.trace.json.gz"));
     let trace = read_trace(&path).ok()?;
     let mut slots = std::collections::HashMap::new();
     let mut ops = Vec::new();
@@ -117,8 +131,8 @@ fn policies() -> Vec<(&'static str, Box<dyn DeviceAllocator>)> {
 }
 
 fn bench_traces(c: &mut Criterion) {
-    for name in TRACES {
-        let Some((ops, slots)) = ops_of(name) else {
+    for name in traces() {
+        let Some((ops, slots)) = ops_of(&name) else {
             eprintln!("skipping {name}: tests/data/{name}.trace.json.gz not readable");
             continue;
         };

@@ -5,10 +5,10 @@
 //! `scripts/traces/paged_loo.py` turns the lines into the leave-one-out table.
 //!
 //! Usage, with comma-separated grids of the constants (defaults `0,4,8,16,32,64`,
-//! `1,1.5,2,3,4`, `64` and `4`) and, optionally, a part of the trace names to keep:
+//! `1,1.5,2,3,4`, `64`, `4` and `4`) and, optionally, a part of the trace names to keep:
 //!
 //! ```text
-//! cargo run --release -p berth-alloc --example paged_sweep -- [HEADROOM_DIVS] [CALLS] [UNIT_MIB] [CHURN_DIVS] [NAME]
+//! cargo run --release -p berth-alloc --example paged_sweep -- [HEADROOM_DIVS] [CALLS] [UNIT_MIB] [CHURN_DIVS] [RUN_UNITS] [NAME]
 //! ```
 
 use std::path::Path;
@@ -35,6 +35,7 @@ fn main() {
     let calls: Vec<f64> = grid(args.next(), "1,1.5,2,3,4");
     let units: Vec<u64> = grid(args.next(), "64");
     let churns: Vec<u64> = grid(args.next(), "4");
+    let run_units: Vec<u64> = grid(args.next(), "4");
     let only = args.next().unwrap_or_default();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
@@ -52,11 +53,12 @@ fn main() {
             .and_then(|n| n.strip_suffix(".trace.json.gz"))
             .unwrap_or("?")
             .to_owned();
-        for (&headroom_div, &calls_per_20mib, &unit_mib, &churn_div) in divs
+        for (&headroom_div, &calls_per_20mib, &unit_mib, &churn_div, &max_run_units) in divs
             .iter()
             .flat_map(|d| calls.iter().map(move |c| (d, c)))
             .flat_map(|(d, c)| units.iter().map(move |u| (d, c, u)))
             .flat_map(|(d, c, u)| churns.iter().map(move |k| (d, c, u, k)))
+            .flat_map(|(d, c, u, k)| run_units.iter().map(move |n| (d, c, u, k, n)))
         {
             {
                 let tuning = PagedTuning {
@@ -64,6 +66,7 @@ fn main() {
                     calls_per_20mib,
                     max_unit_bytes: unit_mib << 20,
                     churn_div,
+                    max_run_units,
                 };
                 let alloc =
                     PagedBestFit::with_tuning(SimBackend::new(SimBackend::H200_BYTES), tuning)
@@ -76,7 +79,7 @@ fn main() {
                     .map(|_| compiled.replay(&alloc).expect("replay").device_calls)
                     .sum();
                 println!(
-                    "{{\"trace\":\"{name}\",\"headroom_div\":{headroom_div},\"calls_per_20mib\":{calls_per_20mib},\"unit_mib\":{unit_mib},\"churn_div\":{churn_div},\"peak_requested\":{},\"peak_reserved\":{},\"device_calls\":{},\"warm_calls\":{warm},\"ops\":{},\"final_peak\":{}}}",
+                    "{{\"trace\":\"{name}\",\"headroom_div\":{headroom_div},\"calls_per_20mib\":{calls_per_20mib},\"unit_mib\":{unit_mib},\"churn_div\":{churn_div},\"run_units\":{max_run_units},\"peak_requested\":{},\"peak_reserved\":{},\"device_calls\":{},\"warm_calls\":{warm},\"ops\":{},\"final_peak\":{}}}",
                     r.peak_requested, r.peak_reserved, r.device_calls, r.ops, alloc.stats().max_memory_reserved()
                 );
             }

@@ -2,9 +2,10 @@
 //! issue 3, and its stream, error and `empty_cache` behaviour on `SimBackend`.
 
 use berth_alloc::backend::sim::SimBackend;
+use berth_alloc::paged::MAX_RUN_UNITS;
 use berth_alloc::replay::{replay, ReplayReport};
 use berth_alloc::trace::read_trace;
-use berth_alloc::{AllocError, DeviceAllocator, DevicePtr, PagedBestFit, StreamId};
+use berth_alloc::{AllocError, DeviceAllocator, DevicePtr, PagedBestFit, PagedTuning, StreamId};
 
 use crate::util::{trace_path, MIB, TRACES};
 
@@ -271,11 +272,22 @@ fn paged_random_ops_keep_invariants() {
     assert_eq!(alloc.stats().memory_allocated(), 0);
 }
 
-/// `Note [Mapping units]`: a 4 GiB block is mapped as 64 units of 64 MiB, one `map` call and
-/// one backend mapping each; a 3 MiB block as one unit.
+/// `Note [Mapping units]`: with no bound on units per run, a 4 GiB block is mapped as 64 units
+/// of 64 MiB, one `map` call and one backend mapping each; a 3 MiB block as one unit. With the
+/// default bound of 2 units per run, the 4 GiB block is 2 units of 2 GiB.
 #[test]
 fn paged_maps_a_big_block_as_few_bounded_units() {
     let alloc = PagedBestFit::new(SimBackend::new(16 << 30)).unwrap();
+    let big = alloc.raw_alloc(4 << 30, StreamId::DEFAULT).unwrap();
+    let mappings = alloc.backend().mappings();
+    assert_eq!(mappings.len(), MAX_RUN_UNITS as usize);
+    assert!(mappings.iter().all(|&(_, n)| n == 2 << 30), "{mappings:?}");
+    alloc.raw_delete(big).unwrap();
+    let tuning = PagedTuning {
+        max_run_units: 0,
+        ..PagedTuning::default()
+    };
+    let alloc = PagedBestFit::with_tuning(SimBackend::new(16 << 30), tuning).unwrap();
     let big = alloc.raw_alloc(4 << 30, StreamId::DEFAULT).unwrap();
     let sim = alloc.backend();
     assert_eq!((sim.counts().map, alloc.device_calls()), (64, 64));
@@ -301,7 +313,12 @@ fn paged_maps_a_big_block_as_few_bounded_units() {
 #[test]
 fn paged_unmaps_whole_free_units_only() {
     for (unit, pinned, unmaps) in [(64 * MIB, 64 * MIB, 1), (1 << 30, 1 << 30, 0)] {
-        let alloc = PagedBestFit::with_max_unit(SimBackend::new(16 << 30), unit).unwrap();
+        let tuning = PagedTuning {
+            max_unit_bytes: unit,
+            max_run_units: 0,
+            ..PagedTuning::default()
+        };
+        let alloc = PagedBestFit::with_tuning(SimBackend::new(16 << 30), tuning).unwrap();
         let (s0, s1) = (StreamId(0), StreamId(1));
         let a = alloc.raw_alloc(1 << 30, s0).unwrap();
         let units = (1 << 30) / unit;

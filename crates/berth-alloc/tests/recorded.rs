@@ -159,21 +159,19 @@ fn expandable_segments_are_exact_on_every_recorded_trace() {
 /// `paged` per committed trace (the five first traces and the ten recorded): first-pass peak
 /// reserved, device calls (map + unmap), and the device calls of two more passes on the same
 /// allocator. These pin today's policy so that every change to it shows here; see
-/// `tests/data/README.md` for how they compare with PyTorch's modes (on `lstm_varlen_train`
-/// paged reserves 1.6% more than expandable segments, with 141 device calls against PyTorch's 28
-/// segments).
+/// `tests/data/README.md` for how they compare with PyTorch's modes.
 const PAGED: [(&str, u64, u64, u64); 15] = [
-    ("bert_varlen_train", 16_210_984_960, 343, 0),
-    ("detection_varsize_train", 7_000_293_376, 299, 0),
-    ("embedding_recsys_train", 2_854_223_872, 70, 0),
+    ("bert_varlen_train", 16_210_984_960, 238, 0),
+    ("detection_varsize_train", 7_000_293_376, 293, 0),
+    ("embedding_recsys_train", 2_854_223_872, 46, 0),
     ("finetune_reload_weights", 4_456_448_000, 276, 0),
     ("gpt2_generate", 734_003_200, 88, 0),
-    ("gpt2_train", 9_206_497_280, 310, 0),
-    ("llm_ckpt_varlen_train", 5_377_097_728, 264, 8),
+    ("gpt2_train", 9_206_497_280, 257, 0),
+    ("llm_ckpt_varlen_train", 5_377_097_728, 233, 7),
     ("llm_kvcache_varbatch_generate", 660_602_880, 74, 0),
-    ("lstm_varlen_train", 6_958_350_336, 141, 0),
-    ("resnet50_train", 5_966_397_440, 165, 0),
-    ("segmentation_varsize_train", 6_641_680_384, 215, 0),
+    ("lstm_varlen_train", 6_851_395_584, 36, 0),
+    ("resnet50_train", 5_966_397_440, 145, 0),
+    ("segmentation_varsize_train", 6_641_680_384, 203, 0),
     ("three_stream_overlap", 400_556_032, 20, 0),
     ("two_stream_pipeline", 291_504_128, 22, 0),
     ("unet_diffusion_train", 2_009_071_616, 60, 1),
@@ -181,10 +179,11 @@ const PAGED: [(&str, u64, u64, u64); 15] = [
 ];
 
 /// Two warm passes (the same allocator replaying the trace again, as a training loop repeats
-/// its step) make at most one device call per 2000 operations each on every committed trace:
-/// a call costs tens of microseconds on a GPU, so more would cost over 10 ns per operation.
+/// its step) make at most one device call per 5000 operations each on every committed trace:
+/// a call cost about 47 µs on the H200 host (`BENCHMARKS.md`), so more would cost over 9 ns
+/// per operation.
 #[test]
-fn paged_warm_passes_stay_under_one_device_call_per_2000_operations() {
+fn paged_warm_passes_stay_under_one_device_call_per_5000_operations() {
     for (name, _, _, warm) in PAGED {
         let Some(path) = trace_path(name) else {
             continue;
@@ -197,7 +196,7 @@ fn paged_warm_passes_stay_under_one_device_call_per_2000_operations() {
             .map(|_| compiled.replay(&alloc).unwrap().device_calls)
             .sum();
         assert_eq!(calls, warm, "{name}");
-        assert!(calls <= 2 * compiled.ops() / 2000, "{name}: {calls} calls");
+        assert!(calls <= 2 * compiled.ops() / 5000, "{name}: {calls} calls");
     }
 }
 
@@ -236,25 +235,18 @@ fn paged_peaks_and_calls_on_every_recorded_trace() {
             misses.push((name, "device calls over 4 x PyTorch's segments"));
         }
     }
-    if trace_path(PAGED[8].0).is_some() {
-        assert_eq!(
-            misses,
-            [
-                (
-                    "lstm_varlen_train",
-                    "peak reserved over expandable segments'"
-                ),
-                (
-                    "lstm_varlen_train",
-                    "device calls over 4 x PyTorch's segments"
-                ),
-            ]
-        );
-    }
+    // `lstm_varlen_train`: 6,851,395,584 bytes against expandable segments' 6,847,201,280.
+    assert_eq!(
+        misses,
+        [(
+            "lstm_varlen_train",
+            "peak reserved over expandable segments'"
+        )]
+    );
 }
 
 /// Step 5 of `Note [Paged best fit]`: `unet_diffusion_train` unmaps free units in every pass
-/// once its live peak stops growing; learning headroom from those repeats stops the churn
+/// once its live peak stops growing; learning headroom from those repeats cuts the churn
 /// (21 device calls in two warm passes without it, 1 with it) for the same first-pass peak.
 #[test]
 fn paged_learns_headroom_from_unmaps_that_repeat() {

@@ -50,8 +50,10 @@ pub(crate) struct State<E> {
     pages: PageMap,
     /// The mapping units: what each `map` call mapped (`Note [Mapping units]`).
     units: Units,
-    /// Longest mapping unit in bytes (a multiple of the page size).
+    /// Longest mapping unit in bytes (a multiple of the page size), unless a run would take
+    /// more than `max_run_units` units (0: no such bound) (`Note [Mapping units]`).
     max_unit: u64,
+    max_run_units: u64,
     /// Step 3's headroom divisor (0: none), step 4's call budget and step 5's churn divisor
     /// (0: off) (`Note [Paged best fit]`).
     headroom_div: u64,
@@ -111,6 +113,7 @@ impl<E> State<E> {
             pages: PageMap::new(page),
             units: Units::default(),
             max_unit: page_up(max_unit.clamp(page, 1 << 62), page),
+            max_run_units: tuning.max_run_units,
             headroom_div: tuning.headroom_div,
             calls_per_20mib: tuning.calls_per_20mib,
             churn_div: tuning.churn_div,
@@ -317,8 +320,10 @@ impl<E> State<E> {
             return Err(self.oom(backend, need, requested, None));
         }
         // Cut lazily: the list of units is never held, whatever the size of the runs.
-        let max_unit = self.max_unit;
-        let units = runs.iter().flat_map(|&(a, b)| cut(a, b, page, max_unit));
+        let (max_unit, count) = (self.max_unit, self.max_run_units);
+        let units = runs
+            .iter()
+            .flat_map(|&(a, b)| cut(a, b, page, max_unit, count));
         let mut done: Vec<(u64, u64)> = Vec::new();
         for (a, b) in units {
             let mut result = vm(backend).map(DevicePtr(a), (b - a) as usize, stream);

@@ -5,12 +5,23 @@
 use std::collections::BTreeMap;
 
 /// Splits the page-aligned run `[a, b)` into mapping units of at most `max` bytes (a multiple
-/// of `page`; `Note [Mapping units]`): runs up to `max` stay whole, longer ones are cut into
-/// `⌈len / max⌉` units of equal size in pages (the first ones one page longer when the pages
-/// do not divide evenly). Returns `(start, end)` pairs in address order, in bytes.
-pub(crate) fn cut(a: u64, b: u64, page: u64, max: u64) -> impl Iterator<Item = (u64, u64)> {
+/// of `page`), and into at most `count` units when `count` > 0 (`Note [Mapping units]`): runs
+/// up to `max` stay whole, longer ones are cut into `⌈len / max⌉` units (at most `count`) of
+/// equal size in pages (the first ones one page longer when the pages do not divide evenly).
+/// Returns `(start, end)` pairs in address order, in bytes.
+pub(crate) fn cut(
+    a: u64,
+    b: u64,
+    page: u64,
+    max: u64,
+    count: u64,
+) -> impl Iterator<Item = (u64, u64)> {
     let pages = (b - a) / page;
-    let per = (max / page).max(1);
+    let per = (max / page).max(1).max(
+        pages
+            .checked_div(count)
+            .map_or(0, |_| pages.div_ceil(count)),
+    );
     let n = pages.div_ceil(per).max(1);
     let (q, r) = (pages / n, pages % n);
     (0..n).scan(a, move |at, i| {
@@ -100,7 +111,7 @@ mod tests {
 
     #[test]
     fn short_runs_stay_whole_long_ones_are_cut_evenly() {
-        let all = |a, b, max| cut(a, b, P, max).collect::<Vec<_>>();
+        let all = |a, b, max| cut(a, b, P, max, 0).collect::<Vec<_>>();
         assert_eq!(all(0, 3 * P, 32 * P), vec![(0, 3 * P)]);
         assert_eq!(all(0, 32 * P, 32 * P), vec![(0, 32 * P)]);
         // 33 pages, at most 32 per unit: 17 + 16.
@@ -111,6 +122,24 @@ mod tests {
         assert!(units.iter().all(|&(a, b)| b - a == 32 * P));
         assert_eq!((units[0].0, units[63].1), (10 * P, 2058 * P));
         assert!(units.windows(2).all(|w| w[0].1 == w[1].0));
+    }
+
+    #[test]
+    fn long_runs_are_cut_into_at_most_count_units() {
+        let all = |a, b, count| cut(a, b, P, 32 * P, count).collect::<Vec<_>>();
+        // 2048 pages at most 32 per unit but at most 4 units: 4 units of 512 pages.
+        let units = all(0, 2048 * P, 4);
+        assert_eq!(units.len(), 4);
+        assert!(units.iter().all(|&(a, b)| b - a == 512 * P));
+        // 130 pages, at most 4 units: 33 + 33 + 32 + 32 (⌈130 / 4⌉ = 33 pages per unit).
+        let units = all(0, 130 * P, 4);
+        assert_eq!(
+            units.iter().map(|(a, b)| (b - a) / P).collect::<Vec<_>>(),
+            vec![33, 33, 32, 32]
+        );
+        // Under 4 × 32 pages the 32-page bound decides: 100 pages are 4 units of 25.
+        assert_eq!(all(0, 100 * P, 4).len(), 4);
+        assert_eq!(all(0, 40 * P, 4), vec![(0, 20 * P), (20 * P, 40 * P)]);
     }
 
     #[test]

@@ -165,6 +165,12 @@ impl<E> State<E> {
         backend: &B,
         stream: StreamId,
     ) -> Result<usize, AllocError> {
+        // Most programs allocate on one stream: the last arena needs no hashing.
+        if let Some(i) = self.arenas.len().checked_sub(1) {
+            if self.arenas[i].stream == stream {
+                return Ok(i);
+            }
+        }
         if let Some(&i) = self.arena_of.get(&stream) {
             return Ok(i);
         }

@@ -17,7 +17,7 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The trace, written to a file and read back with serde_json.
+/// The trace, written to a file and read back with `serde_json`.
 fn exported(p: &profiler::Profile, name: &str) -> Value {
     let path =
         std::env::temp_dir().join(format!("berth-profiler-{}-{name}.json", std::process::id()));

@@ -338,7 +338,7 @@ fn dtoh(
                     // SAFETY: `hptr` is the fresh pinned block of `dst` (`nbytes` bytes),
                     // kept from reuse by `record_stream` and from host access by the pending
                     // event; `sptr` is `nbytes` bytes of `src`'s live device storage.
-                    Ok(unsafe { copy_dtoh_async(hptr, sptr, nbytes, &stream)? })
+                    unsafe { copy_dtoh_async(hptr, sptr, nbytes, &stream) }.map_err(Into::into)
                 })?;
                 let _ = host_allocator()?.record_stream(hptr, stream.device_stream());
                 dst.add_pending_work(pending_after(&stream)?);
@@ -352,7 +352,8 @@ fn dtoh(
         let mut guard = dst.write_host("to")?;
         profiled_copy(CopyKind::DeviceToHost, nbytes, false, true, &stream, || {
             // SAFETY: `sptr` is `nbytes` bytes of `src`'s live device storage.
-            Ok(unsafe { stage_dtoh(&mut guard.bytes_mut()[..nbytes], sptr, &stream)? })
+            unsafe { stage_dtoh(&mut guard.bytes_mut()[..nbytes], sptr, &stream) }
+                .map_err(Into::into)
         })?;
     }
     Ok(dst)
@@ -559,7 +560,8 @@ fn dtod(src: &Tensor, from: usize, to: usize, offset: usize, nbytes: usize) -> R
                 // SAFETY: `dst` is a fresh allocation of `nbytes` bytes on `to`; `sptr` is
                 // `nbytes` bytes of `src`'s live storage on the same device, ordered on the same
                 // stream.
-                Ok(unsafe { copy_dtod_async(dst.data_ptr(), sptr, nbytes, &stream)? })
+                unsafe { copy_dtod_async(dst.data_ptr(), sptr, nbytes, &stream) }
+                    .map_err(Into::into)
             },
         )?;
     } else {
@@ -570,7 +572,8 @@ fn dtod(src: &Tensor, from: usize, to: usize, offset: usize, nbytes: usize) -> R
             // SAFETY: `dst` is a fresh allocation of `nbytes` bytes on `to`; `sptr` is
             // `nbytes` bytes of `src`'s live storage on `from`, kept from reuse by
             // `record_stream` below.
-            Ok(unsafe { copy_peer_async(dst.data_ptr(), from, sptr, nbytes, &stream)? })
+            unsafe { copy_peer_async(dst.data_ptr(), from, sptr, nbytes, &stream) }
+                .map_err(Into::into)
         })?;
         if let Some(mem) = src.storage().device_memory() {
             if let Some(cm) = mem.as_any().downcast_ref::<CudaMemory>() {

@@ -1,9 +1,7 @@
 //! Device time of ops and copies, from pairs of timing events recorded around them on their
 //! stream, put on the host clock of the records when the profile stops.
 //!
-//! Note [Device clock]
-//! ~~~~~~~~~~~~~~~~~~~
-//! CUDA events give durations between two events of one device (`cuEventElapsedTime`,
+//! Note [Device clock]: CUDA events give durations between two events of one device (`cuEventElapsedTime`,
 //! <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html>), not wall-clock
 //! times. Nothing is synchronised while the profile runs (that would change what it
 //! measures): at the end, each device is synchronised, one more event `B` is recorded on its

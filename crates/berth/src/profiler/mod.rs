@@ -35,9 +35,7 @@
 //! # Ok::<(), berth::Error>(())
 //! ```
 //!
-//! Note [Profiler off costs one load]
-//! ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-//! Every kernel call goes through [`kernels_for`](crate::device_kernels::kernels_for), which
+//! Note [Profiler off costs one load]: every kernel call goes through [`kernels_for`](crate::device_kernels::kernels_for), which
 //! does one relaxed load of a global flag before anything else; with the flag clear it
 //! returns the device's kernels as before. With it set, it returns a profiling wrapper of
 //! them (one per device and op name, made once), which records the call. Storages, copies and

@@ -83,7 +83,7 @@ pub(crate) fn open_stack() -> Vec<String> {
 
 /// A span of device time: when a stream ran a piece of work, on the host clock of the records
 /// (nanoseconds), aligned at the end of the profile (see `Note [Device clock]` in
-/// [`super::device_time`]).
+/// `src/profiler/device_time.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceSpan {
     /// The CUDA device index.

@@ -135,9 +135,22 @@ pub(crate) fn copy_end(
     }
 }
 
+thread_local! {
+    /// Set while the profiler itself waits (its clocks), so those waits are not recorded.
+    static INTERNAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` as the profiler's own work: host waits inside are not recorded.
+pub(crate) fn internal<R>(f: impl FnOnce() -> R) -> R {
+    let was = INTERNAL.with(|i| i.replace(true));
+    let r = f();
+    INTERNAL.with(|i| i.set(was));
+    r
+}
+
 /// The [`HostWaitHook`](crate::cuda::HostWaitHook) the profiler installs.
 pub(crate) fn host_wait(point: Option<&'static str>) {
-    if !super::is_active() {
+    if !super::is_active() || INTERNAL.with(std::cell::Cell::get) {
         return;
     }
     let stack = record::open_stack();

@@ -129,6 +129,9 @@ impl ProfilerBuilder {
         let _ = crate::cuda::set_host_wait_hook(hooks::host_wait);
         drop(record::take());
         device_time::clear();
+        if self.cuda {
+            device_time::begin();
+        }
         record::RECORD_SHAPES.store(self.record_shapes, Ordering::Relaxed);
         record::PROFILE_MEMORY.store(self.profile_memory, Ordering::Relaxed);
         record::PROFILE_CUDA.store(self.cuda, Ordering::Relaxed);
@@ -191,8 +194,8 @@ pub struct Profiler {
 }
 
 impl Profiler {
-    /// Stops profiling and returns the records. Device time is resolved here: each CUDA
-    /// device that ran profiled work is synchronised once (`Note [Device clock]` in
+    /// Stops profiling and returns the records. The device time still pending is resolved
+    /// here: each CUDA device with such work is synchronised once (`Note [Device clock]` in
     /// `device_time.rs`).
     ///
     /// # Errors
@@ -290,7 +293,7 @@ pub fn record_function(name: impl Into<String>) -> RecordFunction {
         return RecordFunction { open: None };
     }
     let name = name.into();
-    record::open(&name);
+    record::open(name.clone());
     RecordFunction {
         open: Some((name, record::now_ns())),
     }

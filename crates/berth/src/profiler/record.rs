@@ -2,6 +2,7 @@
 //! profiler is active (see `Note [Profiler off costs one load]` in [`super`]).
 
 use crate::{DType, Device};
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,7 +39,7 @@ thread_local! {
     static THREAD: Cell<u64> = const { Cell::new(0) };
     /// The names of the ops and ranges open on this thread, innermost last: what a host
     /// sync is blamed on.
-    static OPEN: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    static OPEN: RefCell<Vec<Cow<'static, str>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// This thread's profiler id (1, 2, ... in the order threads first recorded something); the
@@ -64,9 +65,9 @@ pub(crate) fn thread_names() -> BTreeMap<u64, String> {
     lock(&THREAD_NAMES).clone()
 }
 
-/// Marks `name` open on this thread until [`close`].
-pub(crate) fn open(name: &str) {
-    OPEN.with(|o| o.borrow_mut().push(name.to_owned()));
+/// Marks `name` open on this thread until [`close`] (an op's name: no allocation).
+pub(crate) fn open(name: impl Into<Cow<'static, str>>) {
+    OPEN.with(|o| o.borrow_mut().push(name.into()));
 }
 
 /// Closes the innermost open op or range of this thread.
@@ -78,7 +79,7 @@ pub(crate) fn close() {
 
 /// The ops and ranges open on this thread, outermost first.
 pub(crate) fn open_stack() -> Vec<String> {
-    OPEN.with(|o| o.borrow().clone())
+    OPEN.with(|o| o.borrow().iter().map(|n| n.to_string()).collect())
 }
 
 /// A span of device time: when a stream ran a piece of work, on the host clock of the records

@@ -12,7 +12,8 @@ time; a prefetch stream is any other stream that ran host-to-device copies.
 For every step N it prints the time the prefetch-stream copies overlap step N's kernels on the
 compute stream (step N's kernels: the device spans of the host ops run inside the "step N"
 range), which copies those were (by their index among the prefetch copies), and how long step
-N's kernels ran; then the totals: prefetch copy time, the part of it that overlapped any
+N's kernels ran; per copy, the step its host call came before and the steps whose kernels it
+overlapped; then the totals: prefetch copy time, the part of it that overlapped any
 compute kernel, and the share. With --json the last line is one JSON object with the same
 figures. A CPU trace has no stream tracks: the script says so and exits 0.
 """
@@ -104,6 +105,24 @@ def main(argv):
         per_step.append({"step": n, "kernels": len(ks), "kernel_us": kt,
                          "overlapping_copies": which, "overlap_us": ov})
         print(f"{n:>8} {len(ks):>8} {kt:>10.1f} {','.join(map(str, which)) or '-':>12} {ov:>11.1f}")
+    # Each prefetch copy: the step its host call came before (the prefetcher queues batch
+    # N+1 when it hands out batch N, so a copy issued before step N's range carries batch N+1),
+    # and the steps whose kernels it overlapped.
+    host_copy_ts = {e["args"]["correlation"]: e["ts"] for e in events if e.get("cat") == "copy"}
+    per_copy = []
+    print(f"{'copy':>6} {'issued before step':>19} {'dur us':>8} {'overlap us':>11}  overlapped steps")
+    for i, c in enumerate(prefetch):
+        ts = host_copy_ts.get(c["args"].get("correlation"))
+        before = next((n for n, r in steps if ts is not None and r["ts"] >= ts), None)
+        hits = {}
+        for n, ks in by_step.items():
+            o = sum(overlap(c["ts"], c["ts"] + c["dur"], k["ts"], k["ts"] + k["dur"]) for k in ks)
+            if o > 0:
+                hits[n] = o
+        per_copy.append({"copy": i, "issued_before_step": before, "dur_us": c["dur"],
+                         "overlap_us": sum(hits.values()), "overlapped_steps": sorted(hits)})
+        print(f"{i:>6} {'-' if before is None else before:>19} {c['dur']:>8.1f} "
+              f"{sum(hits.values()):>11.1f}  {','.join(map(str, sorted(hits))) or '-'}")
     copy_us = sum(c["dur"] for c in prefetch)
     overlapped = 0.0
     for c in prefetch:
@@ -115,7 +134,8 @@ def main(argv):
     if as_json:
         print(json.dumps({"trace": args[0], "stream_tracks": len(streams),
                           "prefetch_copies": len(prefetch), "prefetch_copy_us": copy_us,
-                          "overlap_us": overlapped, "overlap_share": share, "steps": per_step}))
+                          "overlap_us": overlapped, "overlap_share": share, "steps": per_step,
+                          "copies": per_copy}))
     return 0
 
 

@@ -337,6 +337,24 @@ fn profile_writes_a_trace_of_the_steps_after_warm_up_and_prints_the_table() {
     assert!(events
         .iter()
         .any(|e| e["ph"] == "C" && e["name"] == "allocated_bytes"));
+    // The GPU check's overlap script reads a CPU trace too (and says there is nothing to
+    // overlap); skipped where there is no python3.
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/profile-overlap.py"
+    );
+    if let Ok(o) = Command::new("python3").arg(script).arg(&path).output() {
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{text} {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            text.contains("no stream tracks") && text.contains("a CPU trace"),
+            "{text}"
+        );
+    }
     std::fs::remove_file(&path).ok();
 }
 

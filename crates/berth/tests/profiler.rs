@@ -403,29 +403,37 @@ fn cuda_profile_has_stream_tracks_copies_device_time_and_counters() {
     let profile = p.stop().unwrap();
     assert_eq!(v, 256.0 * 256.0 * 256.0);
     let trace = exported(&profile, "cuda");
-    // Copies: the pinned batch on the side stream, the staged pageable one on the current.
+    // Copies: the pinned batch on the side stream, the staged pageable one and item()'s
+    // copy back on the current stream.
     let r = profile.records();
-    assert_eq!(r.copies.len(), 2, "{:?}", r.copies);
-    let (batch, staged) = (&r.copies[0], &r.copies[1]);
+    assert_eq!(r.copies.len(), 3, "{:?}", r.copies);
+    let (batch, staged, back) = (&r.copies[0], &r.copies[1], &r.copies[2]);
     assert_eq!(
-        (batch.kind, batch.pinned, batch.bytes),
-        (CopyKind::HostToDevice, true, 256 * 256 * 4)
+        (batch.kind, batch.pinned, batch.bytes, batch.blocking),
+        (CopyKind::HostToDevice, true, 256 * 256 * 4, false)
     );
     assert_eq!(batch.stream, side.as_raw());
     assert_eq!(
-        (staged.pinned, staged.bytes, staged.blocking),
-        (false, 4096, true)
+        (staged.kind, staged.pinned, staged.bytes, staged.blocking),
+        (CopyKind::HostToDevice, false, 4096, true)
+    );
+    assert_eq!(
+        (back.kind, back.bytes, back.blocking),
+        (CopyKind::DeviceToHost, 4, true)
     );
     assert!(batch.gbps().unwrap() > 0.0);
-    // Separate stream tracks: the copy on one, the kernels on the other.
+    assert!(r.copies.iter().all(|c| c.device_span.is_some()));
+    // Separate stream tracks: the batch copy on one, the kernels on the other.
     let memcpy = with_cat(&trace, "gpu_memcpy");
     let kernels = with_cat(&trace, "kernel");
-    assert_eq!(memcpy.len(), 2);
-    let names: Vec<&str> = kernels
-        .iter()
-        .map(|k| k["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["matmul", "relu", "sum"]);
+    assert_eq!(memcpy.len(), 3);
+    for name in ["matmul", "relu", "sum"] {
+        assert_eq!(
+            kernels.iter().filter(|k| k["name"] == name).count(),
+            1,
+            "{name}"
+        );
+    }
     assert!(kernels
         .iter()
         .all(|k| k["pid"] == 1 && k["dur"].as_f64().unwrap() > 0.0));
@@ -435,15 +443,21 @@ fn cuda_profile_has_stream_tracks_copies_device_time_and_counters() {
         &memcpy[0]["tid"], compute_tid,
         "the side stream has its own track"
     );
+    assert_eq!(
+        &memcpy[1]["tid"], compute_tid,
+        "the staged copy ran on the current stream"
+    );
     let stream_tracks = events(&trace)
         .iter()
         .filter(|e| e["ph"] == "M" && e["name"] == "thread_name" && e["pid"] == 1)
         .count();
     assert_eq!(stream_tracks, 2);
-    // The copy ran before the matmul that waited for it.
+    // The matmul waited for the batch copy.
+    let matmul = kernels.iter().find(|k| k["name"] == "matmul").unwrap();
     let copy_end = memcpy[0]["ts"].as_f64().unwrap() + memcpy[0]["dur"].as_f64().unwrap();
-    assert!(copy_end <= kernels[0]["ts"].as_f64().unwrap() + 1.0);
-    // Counters of cuda:0 equal the allocator's stats after each statement.
+    assert!(copy_end <= matmul["ts"].as_f64().unwrap() + 1.0);
+    // Counters of cuda:0 equal the allocator's stats after each event, and the last one
+    // equals memory_allocated / memory_reserved read by this test.
     let counter = |name: &str| -> Vec<u64> {
         events(&trace)
             .iter()
@@ -451,28 +465,39 @@ fn cuda_profile_has_stream_tracks_copies_device_time_and_counters() {
             .map(|e| e["args"]["bytes"].as_u64().unwrap())
             .collect()
     };
-    let allocs: Vec<_> = r.memory.iter().filter(|m| m.device == dev).collect();
-    assert_eq!(
-        counter("allocated_bytes"),
-        allocs.iter().map(|m| m.allocated_bytes).collect::<Vec<_>>()
-    );
-    assert_eq!(
-        counter("reserved_bytes"),
-        allocs.iter().map(|m| m.reserved_bytes).collect::<Vec<_>>()
-    );
-    let last = allocs.last().unwrap();
+    let on_dev: Vec<_> = r.memory.iter().filter(|m| m.device == dev).collect();
+    let col =
+        |f: fn(&&berth::profiler::MemoryRecord) -> u64| on_dev.iter().map(f).collect::<Vec<_>>();
+    assert_eq!(counter("allocated_bytes"), col(|m| m.allocated_bytes));
+    assert_eq!(counter("reserved_bytes"), col(|m| m.reserved_bytes));
+    let last = on_dev.last().unwrap();
     assert_eq!(
         (last.allocated_bytes, last.reserved_bytes),
         *seen.last().unwrap()
     );
-    for w in allocs.windows(2) {
-        let (a, b) = (w[0], w[1]);
-        let delta = b.allocated_bytes as i64 - a.allocated_bytes as i64;
-        match b.action {
-            MemoryAction::SegmentMap | MemoryAction::SegmentUnmap => assert_eq!(delta, 0),
-            _ => assert!(delta.unsigned_abs() >= b.bytes, "{b:?} after {a:?}"),
-        }
+    // Each alloc or free moves allocated bytes by at least its size (the allocator rounds).
+    let blocks: Vec<_> = on_dev
+        .iter()
+        .filter(|m| matches!(m.action, MemoryAction::Alloc | MemoryAction::Free))
+        .collect();
+    for w in blocks.windows(2) {
+        let delta = w[1].allocated_bytes as i64 - w[0].allocated_bytes as i64;
+        assert!(
+            delta.unsigned_abs() >= w[1].bytes,
+            "{:?} after {:?}",
+            w[1],
+            w[0]
+        );
+        assert_eq!(delta > 0, w[1].action == MemoryAction::Alloc, "{:?}", w[1]);
     }
+    assert_eq!(
+        blocks
+            .iter()
+            .filter(|m| m.action == MemoryAction::Free)
+            .count(),
+        3,
+        "x, y and the staged copy freed"
+    );
     // The host waits: the blocking pageable copy, and item()'s copy to the host (op `to`)
     // in the range it ran in.
     let points: Vec<_> = r.syncs.iter().filter_map(|s| s.point).collect();

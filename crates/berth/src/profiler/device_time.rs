@@ -51,6 +51,8 @@ struct State {
     pending: VecDeque<Pending>,
     pool: HashMap<usize, Vec<Event>>,
     resolved: Vec<(Target, DeviceSpan)>,
+    /// The pending length at which completed pairs are resolved next.
+    next_resolve: usize,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -99,6 +101,7 @@ pub(crate) fn begin() {
         s.pending.clear();
         s.resolved.clear();
         s.clocks.clear();
+        s.next_resolve = RESOLVE_AT;
         for d in crate::cuda::initialized_devices() {
             let _ = ensure_clock(s, d);
         }
@@ -143,8 +146,9 @@ pub(crate) fn finish(target: Target, stream: &Stream, start: Event) {
             start,
             end,
         });
-        if s.pending.len() >= RESOLVE_AT {
+        if s.pending.len() >= s.next_resolve.max(RESOLVE_AT) {
             resolve_completed(s);
+            s.next_resolve = s.pending.len() + RESOLVE_AT;
         }
     });
 }
@@ -176,17 +180,17 @@ fn settle(s: &mut State, p: Pending) {
     pool.push(p.end);
 }
 
-/// Resolves the oldest pairs whose end event completed (queries only, never a wait).
+/// Resolves the oldest pairs, up to the first whose end event has not completed (queries
+/// only, never a wait; the caller spaces the calls out, so each pair is queried about once).
 fn resolve_completed(s: &mut State) {
-    let mut keep = VecDeque::with_capacity(s.pending.len());
     while let Some(p) = s.pending.pop_front() {
         if p.end.query().unwrap_or(false) {
             settle(s, p);
         } else {
-            keep.push_back(p);
+            s.pending.push_front(p);
+            break;
         }
     }
-    s.pending = keep;
 }
 
 /// Waits for the devices with pending pairs, resolves them all and puts every span on its

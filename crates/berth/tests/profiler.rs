@@ -167,7 +167,7 @@ fn memory_counters_equal_the_allocator_stats_at_each_point() {
         .collect();
     assert_eq!(
         actions,
-        ["alloc", "alloc", "alloc", "alloc", "free", "alloc", "free", "free", "free"],
+        ["start", "alloc", "alloc", "alloc", "free", "alloc", "free", "free", "free"],
         "the start sample, then every alloc and free"
     );
     let m = &profile.records().memory;

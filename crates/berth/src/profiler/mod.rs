@@ -159,7 +159,7 @@ fn initial_memory() -> Vec<MemoryRecord> {
     let host = crate::storage::host_memory_allocated() as u64;
     let mut out = vec![MemoryRecord {
         device: crate::Device::Cpu,
-        action: MemoryAction::Alloc,
+        action: MemoryAction::Start,
         bytes: 0,
         allocated_bytes: host,
         reserved_bytes: host,
@@ -170,7 +170,7 @@ fn initial_memory() -> Vec<MemoryRecord> {
         if let Some((allocated_bytes, reserved_bytes)) = hooks::cuda_stats(d) {
             out.push(MemoryRecord {
                 device: crate::Device::Cuda(d as u16),
-                action: MemoryAction::Alloc,
+                action: MemoryAction::Start,
                 bytes: 0,
                 allocated_bytes,
                 reserved_bytes,
@@ -240,7 +240,8 @@ pub struct Profile {
 
 impl Profile {
     /// The typed records. Times are nanoseconds on the profile's clock; the first memory
-    /// record of each device (`bytes == 0`) is its statistics when the profile started.
+    /// record of each device in use ([`MemoryAction::Start`]) is its statistics when the
+    /// profile started.
     pub fn records(&self) -> &Records {
         &self.records
     }

@@ -199,6 +199,9 @@ impl CopyRecord {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum MemoryAction {
+    /// The allocator's statistics when the profile started (`bytes` is 0): where the counter
+    /// tracks begin.
+    Start,
     /// A tensor storage was allocated.
     Alloc,
     /// A tensor storage was freed (returned to its allocator).
@@ -210,9 +213,11 @@ pub enum MemoryAction {
 }
 
 impl MemoryAction {
-    /// The lowercase name used in traces (`alloc`, `free`, `segment_map`, `segment_unmap`).
+    /// The lowercase name used in traces (`start`, `alloc`, `free`, `segment_map`,
+    /// `segment_unmap`).
     pub fn name(self) -> &'static str {
         match self {
+            MemoryAction::Start => "start",
             MemoryAction::Alloc => "alloc",
             MemoryAction::Free => "free",
             MemoryAction::SegmentMap => "segment_map",

@@ -318,6 +318,66 @@ fn one_profiler_at_a_time_and_nothing_when_off() {
     );
 }
 
+/// A subscriber of the user's own (here a minimal one, on this thread) sees each op as a
+/// `tracing` span of target `berth::profiler` named `op`, with the op's name as a field.
+#[test]
+fn a_users_tracing_subscriber_sees_the_ops() {
+    use std::sync::Arc;
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata, Subscriber};
+
+    #[derive(Default)]
+    struct Seen(Mutex<Vec<(String, String)>>);
+    struct Names<'a>(&'a mut String);
+    impl Visit for Names<'_> {
+        fn record_str(&mut self, f: &Field, v: &str) {
+            if f.name() == "name" {
+                self.0.push_str(v);
+            }
+        }
+        fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+    }
+    struct Collect(Arc<Seen>);
+    impl Subscriber for Collect {
+        fn enabled(&self, m: &Metadata<'_>) -> bool {
+            m.target() == "berth::profiler"
+        }
+        fn new_span(&self, a: &Attributes<'_>) -> Id {
+            let mut name = String::new();
+            a.record(&mut Names(&mut name));
+            let mut seen = self.0 .0.lock().unwrap();
+            seen.push((a.metadata().name().to_owned(), name));
+            Id::from_u64(seen.len() as u64)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &Event<'_>) {}
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    let _g = serial();
+    let seen = Arc::new(Seen::default());
+    let p = profiler::profile().start().unwrap();
+    tracing::subscriber::with_default(Collect(seen.clone()), || {
+        let a = Tensor::ones(&[3], DType::F32, Device::Cpu).unwrap();
+        let _b = a.exp().unwrap();
+    });
+    let profile = p.stop().unwrap();
+    let spans = seen.0.lock().unwrap().clone();
+    let want: Vec<(String, String)> = [("op", "ones"), ("op", "exp")]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(spans, want);
+    assert_eq!(
+        profile.records().ops.len(),
+        2,
+        "and the profiler has them too"
+    );
+}
+
 /// The trace is the JSON object format with `traceEvents`, and every event has the fields
 /// the viewers require.
 #[test]

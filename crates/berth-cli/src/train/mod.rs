@@ -294,11 +294,13 @@ pub fn train_on(
         // took the NaN of the first LOG_EVERY - 1 steps for a diverged model).
         let mut shown_loss: Option<f64> = None;
         for (i, batch) in data::device_batches(&loader, device)?.enumerate() {
+            // The step's range covers the batch's normalisation and the step; the prefetcher's
+            // copy of the next batch is queued in the loop's `next()`, before the range.
+            let range = prof.before_step(steps)?;
             let (x, y) = data::to_device(
                 batch.with_context(|| format!("epoch {epoch}, batch {i}"))?,
                 device,
             )?;
-            let range = prof.before_step(steps)?;
             train_step(&model, &mut opt, &x, &y, &loss_sum)?;
             drop(range);
             prof.after_step()?;

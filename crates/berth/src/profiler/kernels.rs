@@ -19,9 +19,11 @@ struct Profiled {
     op: &'static str,
 }
 
-type Key = (usize, &'static str);
+/// A device kind's kernels (by their [`DeviceKernels::kind`]: `cpu` or `cuda`) and an op name.
+/// Not the kernels' address: both are zero-sized statics, which may share one.
+type Key = (Device, &'static str);
 
-/// The wrappers, one per (kernels, op name): a few dozen in all, made once and kept.
+/// The wrappers, one per (device kind, op name): a few dozen in all, made once and kept.
 static WRAPPERS: OnceLock<Mutex<HashMap<Key, &'static Profiled>>> = OnceLock::new();
 
 /// `inner` for the front-end op `op`, profiled.
@@ -29,10 +31,7 @@ pub(crate) fn wrap(
     inner: &'static dyn DeviceKernels,
     op: &'static str,
 ) -> &'static dyn DeviceKernels {
-    let key = (
-        (inner as *const dyn DeviceKernels).cast::<()>() as usize,
-        op,
-    );
+    let key = (inner.kind(), op);
     let map = WRAPPERS.get_or_init(|| Mutex::new(HashMap::new()));
     let mut map = record::lock(map);
     *map.entry(key)

@@ -62,7 +62,7 @@ impl KeyAverages {
     }
 
     /// The rows sorted by `sort_by` (largest first), at most `row_limit`, as a text table
-    /// with a totals line (times in IEC-free SI units: `us`, `ms`, `s`; bytes in IEC units).
+    /// with a totals line (times in `us`, `ms` or `s`; bytes in IEC units, `MiB`).
     pub fn table(&self, sort_by: SortBy, row_limit: usize) -> String {
         let mut rows: Vec<&KeyAverage> = self.rows.iter().collect();
         let k = |r: &KeyAverage| match sort_by {

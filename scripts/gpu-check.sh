@@ -54,9 +54,10 @@ set -u
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # PARTS picks what runs (all by default), so the work can be split over several calls of at
-# most 10 minutes each: tests bench train replay alloc torch seeds live (live: PyTorch
-# programs on berth's allocators through the berth_torch wheel, scripts/torch-live.sh).
-PARTS=" ${PARTS:-tests bench train replay alloc torch seeds live} "
+# most 10 minutes each: tests bench train replay alloc torch seeds live profile (live: PyTorch
+# programs on berth's allocators through the berth_torch wheel, scripts/torch-live.sh;
+# profile: berth train with and without --profile, scripts/profile-overlap.py).
+PARTS=" ${PARTS:-tests bench train replay alloc torch seeds live profile} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 .gpu/berth info | tee "$OUT/info.txt"
 status=0
@@ -169,6 +170,36 @@ fi
 if want torch && [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
   timeout 240 python3 .gpu/shared/bench/torch_baseline.py > "$OUT/torch-baseline.json" 2>"$OUT/torch-baseline.err"
 fi
+# The profiler (issue 16): `berth train --device cuda:0` with the profiler off, on for a few
+# steps after the warm-up (the trace comes back: profile-trace.json), and on for every step
+# (its trace stays in /tmp: large). profile-overlap.txt is the time the prefetch-stream batch
+# copies overlap the compute stream's kernels, per profiled step and in total
+# (scripts/profile-overlap.py); profile-summary.json the epoch times of the three runs and the
+# slowdown with every step profiled (epochs 2 and on: epoch 1 compiles the kernels).
+if want profile; then
+  timeout 200 .gpu/berth train --device cuda:0 --epochs 4 --json > "$OUT/profile-off.json" 2>"$OUT/profile-off.err" || status=1
+  timeout 200 .gpu/berth train --device cuda:0 --epochs 4 --json --profile "$OUT/profile-trace.json" > "$OUT/profile-steps.json" 2>"$OUT/profile-steps.err" || status=1
+  timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all.json --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all.json" 2>"$OUT/profile-all.err" || status=1
+  ls -l "$OUT/profile-trace.json" /tmp/berth-profile-all.json 2>&1 | tee "$OUT/profile-files.txt"
+  python3 scripts/profile-overlap.py "$OUT/profile-trace.json" --json > "$OUT/profile-overlap.txt" 2>&1 || status=1
+  cat "$OUT/profile-overlap.txt"
+  python3 scripts/profile-overlap.py /tmp/berth-profile-all.json --json 2>&1 | tail -1 > "$OUT/profile-overlap-all.json" || status=1
+  python3 - "$OUT" <<'PY' | tee "$OUT/profile-summary.json"
+import json, os, sys
+out = sys.argv[1]
+runs = {}
+for tag in ("off", "steps", "all"):
+    try:
+        runs[tag] = json.load(open(os.path.join(out, f"profile-{tag}.json")))["epoch_seconds"]
+    except Exception as e:
+        runs[tag] = str(e)
+def later(v):
+    return sum(v[1:]) / len(v[1:]) if isinstance(v, list) and len(v) > 1 else None
+off, on = later(runs["off"]), later(runs["all"])
+print(json.dumps({"epoch_seconds": runs, "epochs_2_on_mean_s": {k: later(v) for k, v in runs.items()},
+                  "slowdown_every_step_profiled": (on / off - 1) if off and on else None}))
+PY
+fi
 python3 - "$OUT" <<'PY'
 import json, sys, os
 out = sys.argv[1]
@@ -210,3 +241,4 @@ echo
 echo "Run on the GPU machine (run tool, carry [\".gpu\"]):"
 echo "  bash .gpu/run.sh                      (everything; over 10 minutes on one call, so split:)"
 echo "  PARTS='tests alloc seeds' bash .gpu/run.sh;  PARTS='bench train replay' bash .gpu/run.sh;  PARTS=torch bash .gpu/run.sh"
+echo "  PARTS=profile bash .gpu/run.sh        (the profiler: train with and without --profile, copy/compute overlap)"

@@ -287,3 +287,81 @@ fn meta_summary_opens_with_what_it_predicts() {
         "{first}"
     );
 }
+
+/// `--profile` writes a Chrome trace of the profiled steps (after the warm-up) and prints the
+/// `key_averages()` table (to stderr under `--json`, so stdout stays one JSON object).
+#[test]
+fn profile_writes_a_trace_of_the_steps_after_warm_up_and_prints_the_table() {
+    let path = std::env::temp_dir().join(format!("berth-profile-{}.json", std::process::id()));
+    let out = berth(&[
+        "train",
+        "--device",
+        "cpu",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "1000",
+        "--json",
+        "--profile",
+        path.to_str().unwrap(),
+        "--profile-warmup",
+        "2",
+        "--profile-steps",
+        "3",
+    ]);
+    let v = json_of(&out);
+    assert_eq!(v["device"], "cpu");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("profile of 3 steps after 2 warm-up steps"),
+        "{stderr}"
+    );
+    for col in ["Name", "CPU total", "# of Calls", "matmul"] {
+        assert!(stderr.contains(col), "{stderr}");
+    }
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let steps: Vec<&str> = events
+        .iter()
+        .filter(|e| e["cat"] == "user_annotation")
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(steps, ["step 2", "step 3", "step 4"]);
+    // Three steps of the same model: every op name appears a multiple of three times.
+    let matmuls = events
+        .iter()
+        .filter(|e| e["cat"] == "cpu_op" && e["name"] == "matmul")
+        .count();
+    assert!(matmuls > 0 && matmuls % 3 == 0, "{matmuls} matmuls");
+    assert!(events
+        .iter()
+        .any(|e| e["ph"] == "C" && e["name"] == "allocated_bytes"));
+    // The GPU check's overlap script reads a CPU trace too (and says there is nothing to
+    // overlap); skipped where there is no python3.
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/profile-overlap.py"
+    );
+    if let Ok(o) = Command::new("python3").arg(script).arg(&path).output() {
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{text} {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            text.contains("no stream tracks") && text.contains("a CPU trace"),
+            "{text}"
+        );
+    }
+    std::fs::remove_file(&path).ok();
+}
+
+#[test]
+fn profile_on_meta_is_a_usage_error() {
+    assert_usage_error(
+        &["train", "--device", "meta", "--profile", "/tmp/p.json"],
+        "--profile with --device meta",
+    );
+}

@@ -96,6 +96,6 @@ pub use memory::{
 pub use pinned::CudaHostBackend;
 pub use stream::{current_stream, current_stream_of_current_device, Stream, StreamGuard};
 pub use sync_debug::{
-    get_sync_debug_mode, host_waits, set_sync_debug_mode, sync_point, take_sync_reports,
-    thread_host_waits, SyncDebugMode,
+    get_sync_debug_mode, host_waits, set_host_wait_hook, set_sync_debug_mode, sync_point,
+    take_sync_reports, thread_host_waits, HostWaitHook, SyncDebugMode,
 };

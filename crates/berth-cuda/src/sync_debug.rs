@@ -15,6 +15,20 @@
 use crate::CudaError;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// A function told about every host wait: the sync point's op (`Some("item")`) or `None` for
+/// a wait the caller asked for by name (`synchronize()`). berth's profiler installs one.
+pub type HostWaitHook = fn(Option<&'static str>);
+
+static HOOK: OnceLock<HostWaitHook> = OnceLock::new();
+
+/// Installs the process's [`HostWaitHook`], called on the waiting thread right before each
+/// host wait is counted. Only the first call installs; later calls return `false`. The hook
+/// runs on every wait, so it must be cheap (berth's profiler checks one flag and returns).
+pub fn set_host_wait_hook(hook: HostWaitHook) -> bool {
+    HOOK.set(hook).is_ok()
+}
 
 /// What to do at a sync point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -67,8 +81,17 @@ pub fn take_sync_reports() -> Vec<&'static str> {
     REPORTS.with(|r| std::mem::take(&mut *r.borrow_mut()))
 }
 
-/// Counts one host wait (explicit or not).
+/// Counts one host wait asked for by name (`synchronize()`).
 pub(crate) fn count_host_wait() {
+    count_wait(None);
+}
+
+/// Counts one host wait, `op` naming the sync point (`None`: asked for by name), after telling
+/// the [`HostWaitHook`].
+fn count_wait(op: Option<&'static str>) {
+    if let Some(hook) = HOOK.get() {
+        hook(op);
+    }
     HOST_WAITS.fetch_add(1, Ordering::Relaxed);
     THREAD_WAITS.with(|w| w.set(w.get() + 1));
 }
@@ -91,7 +114,7 @@ pub fn sync_point(op: &'static str) -> Result<(), CudaError> {
             return Err(CudaError::SyncDebug { op });
         }
     }
-    count_host_wait();
+    count_wait(Some(op));
     Ok(())
 }
 

@@ -274,16 +274,25 @@ fn cuda_kernels() -> &'static dyn DeviceKernels {
 /// # Errors
 /// [`Error::NoMetaImpl`] for meta (a front-end without a meta rule), `DeviceNotAvailable` for
 /// mps.
+///
+/// While a profiler is active the kernels come wrapped, recording each call
+/// (`Note [Profiler off costs one load]` in [`crate::profiler`]).
 pub fn kernels_for(device: Device, op: &'static str) -> Result<&'static dyn DeviceKernels> {
-    match device.kind() {
-        crate::DeviceKind::Cpu => Ok(&crate::cpu::CpuKernels),
-        crate::DeviceKind::Cuda => Ok(cuda_kernels()),
-        crate::DeviceKind::Meta => Err(Error::NoMetaImpl { op }),
-        _ => Err(Error::DeviceNotAvailable {
-            device,
-            reason: "no kernels for this device kind on this platform".into(),
-        }),
+    let k: &'static dyn DeviceKernels = match device.kind() {
+        crate::DeviceKind::Cpu => &crate::cpu::CpuKernels,
+        crate::DeviceKind::Cuda => cuda_kernels(),
+        crate::DeviceKind::Meta => return Err(Error::NoMetaImpl { op }),
+        _ => {
+            return Err(Error::DeviceNotAvailable {
+                device,
+                reason: "no kernels for this device kind on this platform".into(),
+            })
+        }
+    };
+    if crate::profiler::is_active() {
+        return Ok(crate::profiler::kernels::wrap(k, op));
     }
+    Ok(k)
 }
 
 /// Allocate an output tensor of `shape`/`dtype` on `device` (meta: no memory). Every tensor

@@ -12,6 +12,8 @@
 //!   agree); [`device_kernels::DeviceKernels`]: what a device implements (CPU here, CUDA in
 //!   [`cuda`]).
 //! - [`nn`]: `Module`, `Linear`, state dicts in safetensors files.
+//! - [`profiler`]: `torch.profiler` for berth: ops, copies, device time, allocator events and
+//!   host waits, exported as a Chrome trace and a `key_averages()` table.
 //!
 //! # Where this crate sits
 //! ```text
@@ -28,6 +30,8 @@
 //! # Design notes
 //! - `Note [Meta storage]`: `src/meta_plan.rs` ([`meta_plan`])
 //! - `Note [Kernel modules]`: `src/cuda/kernels/mod.rs`
+//! - `Note [Profiler off costs one load]`: `src/profiler/mod.rs` ([`profiler`])
+//! - `Note [Device clock]`: `src/profiler/device_time.rs`
 //!
 //! The allocator's notes are listed in [`berth_alloc`]'s docs, the driver layer's in
 //! [`berth_cuda`]'s.
@@ -48,6 +52,7 @@ pub mod layout;
 pub mod meta_plan;
 pub mod nn;
 pub mod ops;
+pub mod profiler;
 pub mod random;
 pub mod storage;
 mod tensor;

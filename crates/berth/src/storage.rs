@@ -57,6 +57,9 @@ pub fn reset_peak_host_memory_stats() {
 fn host_account_add(bytes: usize) {
     let now = HOST_CURRENT.fetch_add(bytes, Ordering::Relaxed) + bytes;
     HOST_PEAK.fetch_max(now, Ordering::Relaxed);
+    if crate::profiler::is_active() {
+        crate::profiler::hooks::host_memory(true, bytes, now);
+    }
 }
 
 /// Device work that must finish before the host touches a storage's memory (an event, a
@@ -496,7 +499,12 @@ impl Drop for Storage {
             if !pinned {
                 let _ = self.wait_pending();
             }
-            HOST_CURRENT.fetch_sub(self.nbytes, Ordering::Relaxed);
+            let now = HOST_CURRENT
+                .fetch_sub(self.nbytes, Ordering::Relaxed)
+                .wrapping_sub(self.nbytes);
+            if crate::profiler::is_active() {
+                crate::profiler::hooks::host_memory(false, self.nbytes, now);
+            }
         }
     }
 }

@@ -176,6 +176,9 @@ mod tests {
             data_dir: None,
             json: true,
             memory_snapshot: None,
+            profile: None,
+            profile_warmup: 20,
+            profile_steps: 5,
         }
     }
 

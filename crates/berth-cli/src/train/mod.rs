@@ -9,6 +9,7 @@
 mod data;
 mod meta;
 mod mlp;
+mod profile;
 mod report;
 
 use std::path::PathBuf;
@@ -69,6 +70,19 @@ pub struct TrainArgs {
     /// PyTorch's `memory_viz`). CUDA only.
     #[arg(long, value_name = "PATH")]
     pub memory_snapshot: Option<PathBuf>,
+    /// Profile `--profile-steps` steps after `--profile-warmup` steps with `berth::profiler`,
+    /// write the Chrome trace (Perfetto, `chrome://tracing`) to this file and print the
+    /// `key_averages()` table.
+    #[arg(long, value_name = "PATH")]
+    pub profile: Option<PathBuf>,
+    /// Steps run before `--profile` starts recording.
+    #[arg(long, default_value_t = 20, allow_negative_numbers = true,
+          value_parser = crate::whole_number("--profile-warmup", "the number of warm-up steps", 0, 20))]
+    pub profile_warmup: u64,
+    /// Steps `--profile` records (0: every step after the warm-up, to the end of training).
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true,
+          value_parser = crate::whole_number("--profile-steps", "the number of profiled steps", 0, 5))]
+    pub profile_steps: u64,
 }
 
 /// Entries of allocator history kept for `--memory-snapshot` (PyTorch's default `max_entries`).
@@ -192,6 +206,9 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         .into());
     }
     if device == Device::Meta {
+        if args.profile.is_some() {
+            return Err(UsageError("--profile with --device meta: meta tensors run no kernels to profile; train on cpu or cuda".into()).into());
+        }
         if args.save.is_some() {
             return Err(UsageError("--save with --device meta: meta tensors have no values to save; train on cpu or cuda".into()).into());
         }
@@ -254,6 +271,13 @@ pub fn train_on(
         }
         _ => None,
     };
+    let mut prof = profile::StepProfiler::new(
+        args.profile.clone(),
+        args.profile_warmup,
+        args.profile_steps,
+        device.is_cuda(),
+        args.json,
+    );
     let waits_before = report::host_waits();
     let mut epochs = Vec::with_capacity(args.epochs);
     let mut steps = 0u64;
@@ -270,11 +294,16 @@ pub fn train_on(
         // took the NaN of the first LOG_EVERY - 1 steps for a diverged model).
         let mut shown_loss: Option<f64> = None;
         for (i, batch) in data::device_batches(&loader, device)?.enumerate() {
+            // The step's range covers the batch's normalisation and the step; the prefetcher's
+            // copy of the next batch is queued in the loop's `next()`, before the range.
+            let range = prof.before_step(steps)?;
             let (x, y) = data::to_device(
                 batch.with_context(|| format!("epoch {epoch}, batch {i}"))?,
                 device,
             )?;
             train_step(&model, &mut opt, &x, &y, &loss_sum)?;
+            drop(range);
+            prof.after_step()?;
             seen += y.numel();
             steps += 1;
             if i % report::LOG_EVERY == report::LOG_EVERY - 1 {
@@ -311,6 +340,7 @@ pub fn train_on(
         }
         epochs.push(e);
     }
+    prof.finish()?;
     let memory = mem.finish(device)?;
     if let (Some(i), Some(path)) = (snapshot_device, &args.memory_snapshot) {
         let snapshot = berth::cuda::memory_snapshot(i)?;

@@ -30,8 +30,10 @@ use super::hostmem::{Mapping, Pages};
 use super::memory::{allocator, host_allocator};
 use super::{current_stream, CudaError, Event, Stream};
 use crate::alloc::Allocation;
+use crate::profiler::{hooks, CopyKind};
 use crate::storage::{DeviceMemory, ExternalHostMemory, PendingWork};
 use crate::{Device, Result, Storage, Tensor};
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 pub use super::copy::{copy_dtod_raw, DTOH_STAGING_CHUNK_BYTES, STAGING_CHUNK_BYTES};
@@ -39,7 +41,9 @@ pub use super::copy::{copy_dtod_raw, DTOH_STAGING_CHUNK_BYTES, STAGING_CHUNK_BYT
 /// A device allocation held by a tensor storage; returns to its caching allocator on drop.
 #[derive(Debug)]
 pub struct CudaMemory {
-    alloc: Allocation,
+    // Dropped by hand in `Drop`, so the profiler reads the allocator's statistics after the
+    // free.
+    alloc: ManuallyDrop<Allocation>,
     device: usize,
     len: usize,
 }
@@ -54,6 +58,41 @@ impl CudaMemory {
     pub fn device_index(&self) -> usize {
         self.device
     }
+}
+
+impl Drop for CudaMemory {
+    fn drop(&mut self) {
+        let reserved_before = crate::profiler::is_active()
+            .then(|| hooks::cuda_stats(self.device).map(|(_, r)| r))
+            .flatten();
+        // SAFETY: `alloc` is dropped here once and never used again.
+        unsafe { ManuallyDrop::drop(&mut self.alloc) };
+        if let Some(before) = reserved_before {
+            hooks::cuda_memory(false, self.device, self.len, before);
+        }
+    }
+}
+
+/// Runs the copy `f` of `bytes` bytes on `stream`, recorded by the profiler when one is
+/// active (`pinned`: one DMA from or to pinned memory, else staged; `blocking`: `f` returns
+/// once the data landed).
+fn profiled_copy<R>(
+    kind: CopyKind,
+    bytes: usize,
+    pinned: bool,
+    blocking: bool,
+    stream: &Stream,
+    f: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    if !crate::profiler::is_active() {
+        return f();
+    }
+    let start = hooks::copy_start(kind, bytes, stream);
+    let r = f();
+    if r.is_ok() {
+        hooks::copy_end(start, kind, bytes, pinned, blocking, stream);
+    }
+    r
 }
 
 // SAFETY: the allocation is live device memory of `device`, `len` bytes, owned by this value
@@ -105,11 +144,16 @@ fn pending_after(stream: &Stream) -> Result<Arc<dyn PendingWork>> {
 /// out-of-memory) converted into [`crate::Error`].
 pub fn alloc_storage(device: usize, nbytes: usize) -> Result<Storage> {
     let stream = current_stream(device)?;
-    let alloc = allocator(device)?
+    let allocator = allocator(device)?;
+    let reserved_before = crate::profiler::is_active().then(|| allocator.stats().memory_reserved());
+    let alloc = allocator
         .allocate(nbytes, stream.id())
         .map_err(|source| CudaError::Alloc { device, source })?;
+    if let Some(before) = reserved_before {
+        hooks::cuda_memory(true, device, nbytes, before);
+    }
     Ok(Storage::device(Box::new(CudaMemory {
-        alloc,
+        alloc: ManuallyDrop::new(alloc),
         device,
         len: nbytes,
     })))
@@ -239,26 +283,39 @@ fn htod_into(
     if !non_blocking {
         super::sync_point("copy_htod")?;
     }
-    if let Some(ext) = storage.external_host_memory().filter(|e| e.is_pinned()) {
-        let guard = storage.read_host("to")?;
-        let sptr = guard.bytes()[offset..].as_ptr();
-        // SAFETY: the source is `nbytes` bytes of a pinned block that stays out of reuse
-        // until the copy ran (`record_stream` below) and whose host writes wait for it (the
-        // pending event); `dptr` is the fresh allocation `dst`, of `nbytes` bytes on `dev`.
-        unsafe { copy_htod_async(dptr, sptr, nbytes, stream)? };
-        drop(guard);
-        // Keep the pinned block from reuse until the copy ran, and make host writes wait.
-        let _ = host_allocator()?.record_stream(ext.as_ptr(), stream.device_stream());
-        storage.add_pending_work(pending_after(stream)?);
-    } else {
-        let guard = storage.read_host("to")?;
-        let bytes = &guard.bytes()[offset..offset + nbytes];
-        // SAFETY: `dptr` is the fresh allocation `dst`, of `nbytes` bytes on `dev`.
-        unsafe { stage_htod(dptr, bytes, stream)? };
-    }
-    if !non_blocking {
-        stream.synchronize_uncounted()?;
-    }
+    let pinned = storage.external_host_memory().filter(|e| e.is_pinned());
+    let kind = CopyKind::HostToDevice;
+    profiled_copy(
+        kind,
+        nbytes,
+        pinned.is_some(),
+        !non_blocking,
+        stream,
+        || {
+            if let Some(ext) = pinned {
+                let guard = storage.read_host("to")?;
+                let sptr = guard.bytes()[offset..].as_ptr();
+                // SAFETY: the source is `nbytes` bytes of a pinned block that stays out of reuse
+                // until the copy ran (`record_stream` below) and whose host writes wait for it
+                // (the pending event); `dptr` is the fresh allocation `dst`, of `nbytes` bytes on
+                // `dev`.
+                unsafe { copy_htod_async(dptr, sptr, nbytes, stream)? };
+                drop(guard);
+                // Keep the pinned block from reuse until the copy ran, and make host writes wait.
+                let _ = host_allocator()?.record_stream(ext.as_ptr(), stream.device_stream());
+                storage.add_pending_work(pending_after(stream)?);
+            } else {
+                let guard = storage.read_host("to")?;
+                let bytes = &guard.bytes()[offset..offset + nbytes];
+                // SAFETY: `dptr` is the fresh allocation `dst`, of `nbytes` bytes on `dev`.
+                unsafe { stage_htod(dptr, bytes, stream)? };
+            }
+            if !non_blocking {
+                stream.synchronize_uncounted()?;
+            }
+            Ok(())
+        },
+    )?;
     Ok(dst)
 }
 
@@ -276,10 +333,13 @@ fn dtoh(
         if nbytes > 0 {
             let ext = dst.external_host_memory().map(|e| e.as_ptr());
             if let Some(hptr) = ext {
-                // SAFETY: `hptr` is the fresh pinned block of `dst` (`nbytes` bytes), kept
-                // from reuse by `record_stream` and from host access by the pending event;
-                // `sptr` is `nbytes` bytes of `src`'s live device storage.
-                unsafe { copy_dtoh_async(hptr, sptr, nbytes, &stream)? };
+                let kind = CopyKind::DeviceToHost;
+                profiled_copy(kind, nbytes, true, false, &stream, || {
+                    // SAFETY: `hptr` is the fresh pinned block of `dst` (`nbytes` bytes),
+                    // kept from reuse by `record_stream` and from host access by the pending
+                    // event; `sptr` is `nbytes` bytes of `src`'s live device storage.
+                    unsafe { copy_dtoh_async(hptr, sptr, nbytes, &stream) }.map_err(Into::into)
+                })?;
                 let _ = host_allocator()?.record_stream(hptr, stream.device_stream());
                 dst.add_pending_work(pending_after(&stream)?);
             }
@@ -290,8 +350,11 @@ fn dtoh(
     let dst = host_destination(nbytes)?;
     if nbytes > 0 {
         let mut guard = dst.write_host("to")?;
-        // SAFETY: `sptr` is `nbytes` bytes of `src`'s live device storage.
-        unsafe { stage_dtoh(&mut guard.bytes_mut()[..nbytes], sptr, &stream)? };
+        profiled_copy(CopyKind::DeviceToHost, nbytes, false, true, &stream, || {
+            // SAFETY: `sptr` is `nbytes` bytes of `src`'s live device storage.
+            unsafe { stage_dtoh(&mut guard.bytes_mut()[..nbytes], sptr, &stream) }
+                .map_err(Into::into)
+        })?;
     }
     Ok(dst)
 }
@@ -358,17 +421,27 @@ pub fn copy_to_host(dst: &Tensor, src: &Tensor) -> Result<()> {
     let pinned = storage.is_pinned();
     let mut guard = storage.write_host("copy_")?;
     let out = &mut guard.bytes_mut()[at..at + c.nbytes];
-    if pinned {
-        // SAFETY: `out` is `c.nbytes` bytes of `dst`'s pinned storage, write-locked by
-        // `guard` until the synchronisation below; `sptr` is `c.nbytes` bytes of the
-        // contiguous source's live device storage.
-        unsafe { copy_dtoh_async(out.as_mut_ptr(), sptr, c.nbytes, &c.stream)? };
-        c.stream.synchronize_uncounted()?;
-        Ok(())
-    } else {
-        // SAFETY: `sptr` is `c.nbytes` bytes of the contiguous source's live device storage.
-        unsafe { stage_dtoh(out, sptr, &c.stream) }.map_err(Into::into)
-    }
+    profiled_copy(
+        CopyKind::DeviceToHost,
+        c.nbytes,
+        pinned,
+        true,
+        &c.stream,
+        || {
+            if pinned {
+                // SAFETY: `out` is `c.nbytes` bytes of `dst`'s pinned storage, write-locked by
+                // `guard` until the synchronisation below; `sptr` is `c.nbytes` bytes of the
+                // contiguous source's live device storage.
+                unsafe { copy_dtoh_async(out.as_mut_ptr(), sptr, c.nbytes, &c.stream)? };
+                c.stream.synchronize_uncounted()?;
+                Ok(())
+            } else {
+                // SAFETY: `sptr` is `c.nbytes` bytes of the contiguous source's live device
+                // storage.
+                unsafe { stage_dtoh(out, sptr, &c.stream) }.map_err(Into::into)
+            }
+        },
+    )
 }
 
 /// Blocking copy of host tensor `src` into the existing CUDA tensor `dst` (`dst.copy_(src)`):
@@ -387,16 +460,28 @@ pub fn copy_from_host(dst: &Tensor, src: &Tensor) -> Result<()> {
     let storage = c.src.storage();
     let guard = storage.read_host("copy_")?;
     let bytes = &guard.bytes()[at..at + c.nbytes];
-    if storage.is_pinned() {
-        // SAFETY: `bytes` is read-locked by `guard` until the synchronisation below; `dptr`
-        // is `c.nbytes` bytes of `dst`'s contiguous device storage on the stream's device.
-        unsafe { copy_htod_async(dptr, bytes.as_ptr(), c.nbytes, &c.stream)? };
-    } else {
-        // SAFETY: `dptr` is `c.nbytes` bytes of `dst`'s contiguous device storage on the stream's device.
-        unsafe { stage_htod(dptr, bytes, &c.stream)? };
-    }
-    // The source stays read-locked until the copies from it ran.
-    c.stream.synchronize_uncounted()?;
+    let pinned = storage.is_pinned();
+    profiled_copy(
+        CopyKind::HostToDevice,
+        c.nbytes,
+        pinned,
+        true,
+        &c.stream,
+        || {
+            if pinned {
+                // SAFETY: `bytes` is read-locked by `guard` until the synchronisation below;
+                // `dptr` is `c.nbytes` bytes of `dst`'s contiguous device storage on the stream's
+                // device.
+                unsafe { copy_htod_async(dptr, bytes.as_ptr(), c.nbytes, &c.stream)? };
+            } else {
+                // SAFETY: `dptr` is `c.nbytes` bytes of `dst`'s contiguous device storage on the
+                // stream's device.
+                unsafe { stage_htod(dptr, bytes, &c.stream)? };
+            }
+            // The source stays read-locked until the copies from it ran.
+            Ok(c.stream.synchronize_uncounted()?)
+        },
+    )?;
     drop(guard);
     Ok(())
 }
@@ -465,16 +550,31 @@ fn dtod(src: &Tensor, from: usize, to: usize, offset: usize, nbytes: usize) -> R
     }
     let sptr = src.storage().data_ptr() + offset as u64;
     if from == to {
-        // SAFETY: `dst` is a fresh allocation of `nbytes` bytes on `to`; `sptr` is `nbytes`
-        // bytes of `src`'s live storage on the same device, ordered on the same stream.
-        unsafe { copy_dtod_async(dst.data_ptr(), sptr, nbytes, &stream)? };
+        profiled_copy(
+            CopyKind::DeviceToDevice,
+            nbytes,
+            true,
+            false,
+            &stream,
+            || {
+                // SAFETY: `dst` is a fresh allocation of `nbytes` bytes on `to`; `sptr` is
+                // `nbytes` bytes of `src`'s live storage on the same device, ordered on the same
+                // stream.
+                unsafe { copy_dtod_async(dst.data_ptr(), sptr, nbytes, &stream) }
+                    .map_err(Into::into)
+            },
+        )?;
     } else {
         // The copy runs on the destination's stream: make it wait for the source's work.
         let src_stream = current_stream(from)?;
         stream.wait_stream(&src_stream)?;
-        // SAFETY: `dst` is a fresh allocation of `nbytes` bytes on `to`; `sptr` is `nbytes`
-        // bytes of `src`'s live storage on `from`, kept from reuse by `record_stream` below.
-        unsafe { copy_peer_async(dst.data_ptr(), from, sptr, nbytes, &stream)? };
+        profiled_copy(CopyKind::Peer, nbytes, true, false, &stream, || {
+            // SAFETY: `dst` is a fresh allocation of `nbytes` bytes on `to`; `sptr` is
+            // `nbytes` bytes of `src`'s live storage on `from`, kept from reuse by
+            // `record_stream` below.
+            unsafe { copy_peer_async(dst.data_ptr(), from, sptr, nbytes, &stream) }
+                .map_err(Into::into)
+        })?;
         if let Some(mem) = src.storage().device_memory() {
             if let Some(cm) = mem.as_any().downcast_ref::<CudaMemory>() {
                 let _ = cm.allocation().record_stream(stream.id());

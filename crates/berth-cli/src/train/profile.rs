@@ -1,0 +1,117 @@
+//! `berth train --profile PATH`: profiles a few training steps after a warm-up with
+//! [`berth::profiler`] (CPU and CUDA activities, shapes, memory), each step a
+//! `record_function("step N")` range, then writes the Chrome trace to `PATH` and prints the
+//! `key_averages()` table.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use berth::profiler::{self, ProfilerActivity, RecordFunction, SortBy};
+
+/// Rows of the printed table.
+const TABLE_ROWS: usize = 25;
+
+/// The profiler of a training run: idle until the warm-up steps are done, active for the
+/// profiled steps, then done.
+pub struct StepProfiler {
+    path: Option<PathBuf>,
+    warmup: u64,
+    steps: u64,
+    cuda: bool,
+    json: bool,
+    active: Option<profiler::Profiler>,
+    profiled: u64,
+}
+
+impl StepProfiler {
+    /// A profiler writing to `path` (none: never profiles) after `warmup` steps, for `steps`
+    /// steps (0: until the end of training).
+    pub fn new(path: Option<PathBuf>, warmup: u64, steps: u64, cuda: bool, json: bool) -> Self {
+        StepProfiler {
+            path,
+            warmup,
+            steps,
+            cuda,
+            json,
+            active: None,
+            profiled: 0,
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.steps != 0 && self.profiled >= self.steps
+    }
+
+    /// Called before global step `step` (0-based): starts the profiler at the end of the
+    /// warm-up and returns the step's range while profiling.
+    ///
+    /// # Errors
+    /// Another profiler is active.
+    pub fn before_step(&mut self, step: u64) -> anyhow::Result<Option<RecordFunction>> {
+        if self.path.is_none() || self.done() || step < self.warmup {
+            return Ok(None);
+        }
+        if self.active.is_none() {
+            let mut activities = vec![ProfilerActivity::Cpu];
+            if self.cuda {
+                activities.push(ProfilerActivity::Cuda);
+            }
+            self.active = Some(
+                profiler::profile()
+                    .activities(&activities)
+                    .record_shapes(true)
+                    .profile_memory(true)
+                    .start()?,
+            );
+        }
+        Ok(Some(profiler::record_function(format!("step {step}"))))
+    }
+
+    /// Called after a step that [`StepProfiler::before_step`] profiled: stops and writes once
+    /// the profiled steps are done.
+    ///
+    /// # Errors
+    /// Writing the trace.
+    pub fn after_step(&mut self) -> anyhow::Result<()> {
+        if self.active.is_some() {
+            self.profiled += 1;
+            if self.done() {
+                self.finish()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops an active profiler, writes its trace and prints its table (to stderr under
+    /// `--json`, so stdout stays one JSON object).
+    ///
+    /// # Errors
+    /// Writing the trace.
+    pub fn finish(&mut self) -> anyhow::Result<()> {
+        let (Some(p), Some(path)) = (self.active.take(), &self.path) else {
+            return Ok(());
+        };
+        let profile = p.stop()?;
+        profile
+            .export_chrome_trace(path)
+            .with_context(|| format!("writing the profile to {}", path.display()))?;
+        let sort = if self.cuda {
+            SortBy::DeviceTotal
+        } else {
+            SortBy::CpuTotal
+        };
+        let table = profile.key_averages().table(sort, TABLE_ROWS);
+        let head = format!(
+            "profile of {} steps after {} warm-up steps: {} (open it in https://ui.perfetto.dev or chrome://tracing)",
+            self.profiled,
+            self.warmup,
+            path.display()
+        );
+        if self.json {
+            eprintln!("{head}\n{table}");
+        } else {
+            println!("{head}\n{table}");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,235 @@
+//! Device time of ops and copies, from pairs of timing events recorded around them on their
+//! stream, put on the host clock of the records.
+//!
+//! Note [Device clock]: CUDA events give durations between two events of one device
+//! (`cuEventElapsedTime`, <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html>),
+//! not wall-clock times. So each device gets a *reference* event `R` the first time the
+//! profile times work on it (at `start()` for devices already in use): `R` is recorded on the
+//! device's current stream and waited for, and the host time `t_R` is read right after. Every
+//! event `e` of that device then sits at `t_R + elapsed(R, e)`. The error is the latency of
+//! that one wait (a few microseconds), the same for every event of a device, so overlaps
+//! between streams are exact to the events' resolution (about half a microsecond; `f32`
+//! milliseconds lose a few microseconds after a minute). Nothing else waits while the profile
+//! runs: pairs whose end event has completed are resolved as the list grows (a query, no
+//! wait), and their events go back to a pool, so a long profile creates no events in its
+//! steady state and holds a bounded number; `stop()` waits for the rest.
+
+use super::record::{self, DeviceSpan, Records};
+use crate::cuda::{current_stream, Event, Stream};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+/// What a pair of events times.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Target {
+    /// `Records::ops[i]`.
+    Op(usize),
+    /// `Records::copies[i]`.
+    Copy(usize),
+}
+
+/// Timing events around one piece of device work.
+#[derive(Debug)]
+struct Pending {
+    target: Target,
+    device: usize,
+    stream: u64,
+    start: Event,
+    end: Event,
+}
+
+/// A device's reference event and its host time.
+#[derive(Debug)]
+struct Clock {
+    reference: Event,
+    t_ref_ns: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    clocks: HashMap<usize, Clock>,
+    pending: VecDeque<Pending>,
+    pool: HashMap<usize, Vec<Event>>,
+    resolved: Vec<(Target, DeviceSpan)>,
+    /// The pending length at which completed pairs are resolved next.
+    next_resolve: usize,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+/// Pending pairs beyond which completed ones are resolved and recycled.
+const RESOLVE_AT: usize = 1024;
+/// Events made ready per device when a profile starts.
+const POOL_START: usize = 512;
+
+fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    let mut g = record::lock(&STATE);
+    f(g.get_or_insert_with(State::default))
+}
+
+/// Makes the reference event of `device` if it has none (one wait, not recorded as a host
+/// wait of the program), and fills its event pool.
+fn ensure_clock(s: &mut State, device: usize) -> Option<()> {
+    if s.clocks.contains_key(&device) {
+        return Some(());
+    }
+    let stream = current_stream(device).ok()?;
+    let pool = s.pool.entry(device).or_default();
+    while pool.len() < POOL_START {
+        // Recording makes the driver event; the wait below covers these records too.
+        let e = Event::new(true);
+        e.record_on(&stream).ok()?;
+        pool.push(e);
+    }
+    let reference = Event::new(true);
+    reference.record_on(&stream).ok()?;
+    super::hooks::internal(|| reference.synchronize()).ok()?;
+    let t_ref_ns = record::now_ns();
+    s.clocks.insert(
+        device,
+        Clock {
+            reference,
+            t_ref_ns,
+        },
+    );
+    Some(())
+}
+
+/// Called when a profile starts: references for the devices already in use.
+pub(crate) fn begin() {
+    with(|s| {
+        s.pending.clear();
+        s.resolved.clear();
+        s.clocks.clear();
+        s.next_resolve = RESOLVE_AT;
+        for d in crate::cuda::initialized_devices() {
+            let _ = ensure_clock(s, d);
+        }
+    });
+}
+
+fn take_recorded(s: &mut State, stream: &Stream) -> Option<Event> {
+    let e = s
+        .pool
+        .get_mut(&stream.device())
+        .and_then(Vec::pop)
+        .unwrap_or_else(|| Event::new(true));
+    e.record_on(stream).ok().map(|()| e)
+}
+
+/// The start event of a piece of work about to be queued on `stream`; `None` when events
+/// cannot be recorded there (then the work has no device time).
+pub(crate) fn start(stream: &Stream) -> Option<Event> {
+    with(|s| {
+        ensure_clock(s, stream.device())?;
+        take_recorded(s, stream)
+    })
+}
+
+/// [`start`] on the current stream of CUDA device `device`.
+pub(crate) fn start_current(device: usize) -> Option<(Stream, Event)> {
+    let stream = current_stream(device).ok()?;
+    let e = start(&stream)?;
+    Some((stream, e))
+}
+
+/// Records the end event on `stream` and files the pair for `target`.
+pub(crate) fn finish(target: Target, stream: &Stream, start: Event) {
+    with(|s| {
+        let Some(end) = take_recorded(s, stream) else {
+            return;
+        };
+        s.pending.push_back(Pending {
+            target,
+            device: stream.device(),
+            stream: stream.as_raw(),
+            start,
+            end,
+        });
+        if s.pending.len() >= s.next_resolve.max(RESOLVE_AT) {
+            resolve_completed(s);
+            s.next_resolve = s.pending.len() + RESOLVE_AT;
+        }
+    });
+}
+
+/// Resolves `p` against its device's clock and returns its events to the pool.
+fn settle(s: &mut State, p: Pending) {
+    if let Some(c) = s.clocks.get(&p.device) {
+        let at = |e: &Event| -> Option<u64> {
+            let ms = c.reference.elapsed_time(e).ok()?;
+            Some(
+                c.t_ref_ns
+                    .saturating_add((f64::from(ms) * 1e6).max(0.0) as u64),
+            )
+        };
+        if let (Some(start_ns), Some(end_ns)) = (at(&p.start), at(&p.end)) {
+            s.resolved.push((
+                p.target,
+                DeviceSpan {
+                    device: p.device,
+                    stream: p.stream,
+                    start_ns,
+                    end_ns: end_ns.max(start_ns),
+                },
+            ));
+        }
+    }
+    let pool = s.pool.entry(p.device).or_default();
+    pool.push(p.start);
+    pool.push(p.end);
+}
+
+/// Resolves the oldest pairs, up to the first whose end event has not completed (queries
+/// only, never a wait; the caller spaces the calls out, so each pair is queried about once).
+fn resolve_completed(s: &mut State) {
+    while let Some(p) = s.pending.pop_front() {
+        if p.end.query().unwrap_or(false) {
+            settle(s, p);
+        } else {
+            s.pending.push_front(p);
+            break;
+        }
+    }
+}
+
+/// Waits for the devices with pending pairs, resolves them all and puts every span on its
+/// record; the clocks are dropped (the next profile makes new ones).
+pub(crate) fn resolve(records: &mut Records) {
+    with(|s| {
+        let mut devices: Vec<usize> = s.pending.iter().map(|p| p.device).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        for d in devices {
+            let _ = super::hooks::internal(|| crate::cuda::synchronize(d));
+        }
+        while let Some(p) = s.pending.pop_front() {
+            settle(s, p);
+        }
+        for (target, span) in s.resolved.drain(..) {
+            match target {
+                Target::Op(i) => {
+                    if let Some(op) = records.ops.get_mut(i) {
+                        op.device_span = Some(span);
+                    }
+                }
+                Target::Copy(i) => {
+                    if let Some(c) = records.copies.get_mut(i) {
+                        c.device_span = Some(span);
+                    }
+                }
+            }
+        }
+        s.clocks.clear();
+    });
+}
+
+/// Drops every pending pair (a profile abandoned before its end); their events are not
+/// reused, as they may still be queued.
+pub(crate) fn clear() {
+    with(|s| {
+        s.pending.clear();
+        s.resolved.clear();
+        s.clocks.clear();
+    });
+}

@@ -42,6 +42,7 @@ pub mod idx;
 mod iter;
 mod iterable;
 mod loader;
+mod options;
 pub mod pin;
 mod pinned_default;
 pub mod prefetch;

@@ -199,14 +199,43 @@ pub(crate) fn unary(op: UnaryOp, dst: View<'_>, src: Option<View<'_>>) -> Result
     Ok(())
 }
 
+/// Runs `$body` with `$k` bound to `$op`, as a constant for the four arithmetic ops: the
+/// per-element `match` on the op in [`Scalar::binary`] then folds away and the loop
+/// vectorises (with the op as a runtime value it stays in the loop: the SGD update of a
+/// 784 × 256 weight took 2.9 ms a step on one core instead of about 0.1 ms).
+macro_rules! with_const_binop {
+    ($op:expr, $k:ident => $body:expr) => {
+        match $op {
+            BinaryOp::Add => {
+                const $k: BinaryOp = BinaryOp::Add;
+                $body
+            }
+            BinaryOp::Sub => {
+                const $k: BinaryOp = BinaryOp::Sub;
+                $body
+            }
+            BinaryOp::Mul => {
+                const $k: BinaryOp = BinaryOp::Mul;
+                $body
+            }
+            BinaryOp::Div => {
+                const $k: BinaryOp = BinaryOp::Div;
+                $body
+            }
+            #[allow(non_snake_case)]
+            $k => $body,
+        }
+    };
+}
+
 pub(crate) fn binary(
     op: BinaryOp,
     dst: View<'_>,
     lhs: Option<View<'_>>,
     rhs: View<'_>,
 ) -> Result<()> {
-    with_repr!(dst.dtype, T => {
-        let f = |a: T, b: T| T::from_c(<T as Num>::C::binary(op, a.to_c(), b.to_c()));
+    with_const_binop!(op, K => with_repr!(dst.dtype, T => {
+        let f = |a: T, b: T| T::from_c(<T as Num>::C::binary(K, a.to_c(), b.to_c()));
         let r = In::new(rhs, op.name())?;
         let b = r.typed::<T>();
         match lhs {
@@ -220,7 +249,7 @@ pub(crate) fn binary(
                 apply2(w.typed_mut::<T>(), dst.layout, b, rhs.layout, b, rhs.layout, |d, y, _| f(d, y));
             }
         }
-    });
+    }));
     Ok(())
 }
 
@@ -231,27 +260,36 @@ pub(crate) fn scalar(
     scalar: f64,
     scalar_first: bool,
 ) -> Result<()> {
-    with_repr!(dst.dtype, T => {
+    with_const_binop!(op, K => with_repr!(dst.dtype, T => {
         let s = <T as Num>::C::from_f64(scalar);
-        let f = move |x: T| {
-            let x = x.to_c();
-            T::from_c(if scalar_first { <T as Num>::C::binary(op, s, x) } else { <T as Num>::C::binary(op, x, s) })
-        };
-        match src {
-            Some(src) => {
-                let r = In::new(src, op.name())?;
-                let mut w = dst.storage.write_host(op.name())?;
-                let a = r.typed::<T>();
-                apply2(w.typed_mut::<T>(), dst.layout, a, src.layout, a, src.layout, |_, x, _| f(x));
-            }
-            None => {
-                let mut w = dst.storage.write_host(op.name())?;
-                let one = [0u8];
-                let l = dummy(dst.layout.shape());
-                apply2(w.typed_mut::<T>(), dst.layout, &one, &l, &one, &l, |d, _, _| f(d));
-            }
+        // The operand order is chosen once, outside the loop.
+        let first = move |x: T| T::from_c(<T as Num>::C::binary(K, s, x.to_c()));
+        let second = move |x: T| T::from_c(<T as Num>::C::binary(K, x.to_c(), s));
+        macro_rules! go {
+            ($f:expr) => {{
+                let f = $f;
+                match src {
+                    Some(src) => {
+                        let r = In::new(src, op.name())?;
+                        let mut w = dst.storage.write_host(op.name())?;
+                        let a = r.typed::<T>();
+                        apply2(w.typed_mut::<T>(), dst.layout, a, src.layout, a, src.layout, |_, x, _| f(x));
+                    }
+                    None => {
+                        let mut w = dst.storage.write_host(op.name())?;
+                        let one = [0u8];
+                        let l = dummy(dst.layout.shape());
+                        apply2(w.typed_mut::<T>(), dst.layout, &one, &l, &one, &l, |d, _, _| f(d));
+                    }
+                }
+            }};
         }
-    });
+        if scalar_first {
+            go!(first)
+        } else {
+            go!(second)
+        }
+    }));
     Ok(())
 }
 

@@ -10,6 +10,7 @@ mod data;
 mod meta;
 mod mlp;
 mod report;
+mod resident;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -50,6 +51,11 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 2, allow_negative_numbers = true,
           value_parser = crate::whole_usize("--workers", "the number of worker threads", 0, 2))]
     pub workers: usize,
+    /// Keep the whole training split in memory, normalised once, and gather each batch by
+    /// shuffled index instead of using the DataLoader (an expert's loop; `torch_train.py
+    /// --modes resident`). Same batches in the same order as with workers. CPU only.
+    #[arg(long)]
+    pub resident: bool,
     /// Seed of the model's initialisation and of the shuffle.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true,
           value_parser = crate::whole_number("--seed", "the seed", 0, 0))]
@@ -242,9 +248,23 @@ pub fn train_on(
     let mut g = Generator::new(args.seed);
     let model = Mlp::new(args.hidden, device, &mut g)?;
     let mut opt = Sgd::new(args.lr, args.momentum);
-    let loader = data::train_loader(train, args.batch_size, args.workers, args.seed, device)?;
+    let resident = if args.resident {
+        Some(resident::Resident::new(
+            train,
+            args.batch_size,
+            args.seed,
+            device,
+        )?)
+    } else {
+        None
+    };
+    // No loader (and no workers) for a resident run.
+    let workers = if resident.is_some() { 0 } else { args.workers };
+    let loader = data::train_loader(train, args.batch_size, workers, args.seed, device)?;
     let test_loader = data::eval_loader(test, data::EVAL_BATCH, device)?;
-    let steps_per_epoch = loader.len();
+    let steps_per_epoch = resident
+        .as_ref()
+        .map_or(loader.len(), resident::Resident::len);
     let timer = report::EpochTimer::new(device)?;
     let mem = MemoryReport::start(device)?;
     let snapshot_device = match (&args.memory_snapshot, report::cuda_index(device)) {
@@ -269,11 +289,23 @@ pub fn train_on(
         // None until the first read: the bar says "loss …" then, not "loss NaN" (a new user
         // took the NaN of the first LOG_EVERY - 1 steps for a diverged model).
         let mut shown_loss: Option<f64> = None;
-        for (i, batch) in data::device_batches(&loader, device)?.enumerate() {
-            let (x, y) = data::to_device(
-                batch.with_context(|| format!("epoch {epoch}, batch {i}"))?,
-                device,
-            )?;
+        let order = resident.as_ref().map(resident::Resident::epoch_order);
+        let mut batches = match &resident {
+            Some(_) => None,
+            None => Some(data::device_batches(&loader, device)?),
+        };
+        for i in 0..steps_per_epoch {
+            let (x, y) = match (&resident, &order, &mut batches) {
+                (Some(r), Some(order), _) => r.batch(order, i)?,
+                (_, _, Some(it)) => {
+                    let Some(batch) = it.next() else { break };
+                    data::to_device(
+                        batch.with_context(|| format!("epoch {epoch}, batch {i}"))?,
+                        device,
+                    )?
+                }
+                _ => unreachable!("a resident split or a loader"),
+            };
             train_step(&model, &mut opt, &x, &y, &loss_sum)?;
             seen += y.numel();
             steps += 1;

@@ -28,6 +28,7 @@
 //! # Design notes
 //! - `Note [Meta storage]`: `src/meta_plan.rs` ([`meta_plan`])
 //! - `Note [Kernel modules]`: `src/cuda/kernels/mod.rs`
+//! - `Note [Small matmuls]`: `src/cpu/matmul.rs` (how many threads a host `gemm` gets)
 //!
 //! The allocator's notes are listed in [`berth_alloc`]'s docs, the driver layer's in
 //! [`berth_cuda`]'s.

@@ -6,7 +6,9 @@
 # writing logs and one comparison table to $OUT.
 #
 # Usage: scripts/gpu-check.sh            (then run the printed command with carry [".gpu"])
-# Env:   CARGO_TARGET_DIR (default target/gpu-check), SHARED (default ../shared or /work/shared)
+# Env:   CARGO_TARGET_DIR (default target/gpu-check), SHARED (default ../shared or /work/shared),
+#        BERTH_ONLY=1 (stage the berth binary and the shared scripts only: no test executables,
+#        no criterion bench, no wheel; enough for PARTS='loader train bench seeds')
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Absolute, so that the wheel build (run from crates/berth-torch) shares this target directory.
@@ -25,25 +27,30 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] != ["bin"]:
         print(m["package_id"].split("#")[0].split("/")[-1].split("@")[0] + "-" + m["target"]["name"] + "\t" + m["executable"])'
 }
+TESTS=(); BENCHES=()
+if [ "${BERTH_ONLY:-0}" != 1 ]; then
 mapfile -t TESTS < <(cargo test --release -p berth-cuda -p berth -p berth-data --no-run --message-format=json 2>/dev/null | executables)
 mapfile -t BENCHES < <(cargo bench -p berth-alloc --bench replay --no-run --message-format=json 2>/dev/null | executables)
+fi
 
 rm -rf .gpu && mkdir -p .gpu/shared
 cp "$CARGO_TARGET_DIR/release/berth" .gpu/berth
-for t in "${TESTS[@]}"; do
+for t in ${TESTS[@]+"${TESTS[@]}"}; do
   name="${t%%$'\t'*}"; exe="${t#*$'\t'}"
   case "$name" in *-tour) continue ;; esac   # the README's tour runs in CI, no GPU part
   cp "$exe" ".gpu/test-$name"
 done
-for b in "${BENCHES[@]}"; do
+for b in ${BENCHES[@]+"${BENCHES[@]}"}; do
   cp "${b#*$'\t'}" .gpu/bench-alloc-replay
 done
 cp -r "$SHARED/bench" "$SHARED/traces" .gpu/shared/
 # Every committed trace (the five of ../shared/traces and the ten recorded since) replays.
 cp crates/berth-alloc/tests/data/*.trace.json.gz .gpu/shared/traces/
 # The berth_torch wheel (PyTorch's allocator from berth), for scripts/torch-live.sh.
-command -v maturin >/dev/null || python3 -m pip install -q maturin >&2
-(cd crates/berth-torch && maturin build --release --out "$OLDPWD/.gpu" >&2)
+if [ "${BERTH_ONLY:-0}" != 1 ]; then
+  command -v maturin >/dev/null || python3 -m pip install -q maturin >&2
+  (cd crates/berth-torch && maturin build --release --out "$OLDPWD/.gpu" >&2)
+fi
 # What travels to the GPU machine is capped at 64 MiB with the work tree: drop symbols.
 strip .gpu/berth .gpu/test-* .gpu/bench-* 2>/dev/null || true
 
@@ -54,9 +61,10 @@ set -u
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # PARTS picks what runs (all by default), so the work can be split over several calls of at
-# most 10 minutes each: tests bench train replay alloc torch seeds live profile (live: PyTorch
-# programs on berth's allocators through the berth_torch wheel, scripts/torch-live.sh;
-# profile: berth train with and without --profile, scripts/profile-overlap.py).
+# most 10 minutes each: tests bench train replay alloc torch seeds live profile loader (live:
+# PyTorch programs on berth's allocators through the berth_torch wheel, scripts/torch-live.sh;
+# profile: berth train with and without --profile, scripts/profile-overlap.py; loader: issue 15's
+# DataLoader sweep and the main job on CPU and GPU beside PyTorch, one table).
 PARTS=" ${PARTS:-tests bench train replay alloc torch seeds live profile} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 .gpu/berth info | tee "$OUT/info.txt"
@@ -164,6 +172,67 @@ if want alloc && [ -x .gpu/bench-alloc-replay ]; then
   BERTH_TRACE_DIR=.gpu/shared/traces timeout 400 .gpu/bench-alloc-replay --bench > "$OUT/bench-alloc.txt" 2>&1 || status=1
   grep -E -B1 "time:" "$OUT/bench-alloc.txt" | grep -v '^--'
 fi
+# Issue 15 items 3-4 in one call (PARTS=loader): the DataLoader sweep to the GPU and host-only
+# beside the parallel memcpy of each thread count, the main job on the CPU and the GPU (loader
+# and resident), PyTorch's torch_train.py (both modes, both devices) and the DataLoader part of
+# torch_baseline.py, then one summary table. About 4-6 minutes on the H200 host.
+if want loader; then
+  timeout 200 .gpu/berth bench dataloader --json > "$OUT/loader-bench.jsonl" 2>"$OUT/loader-bench.err" || status=1
+  for dev in cpu cuda:0; do
+    for mode in loader resident; do
+      # --resident gathers on the host: CPU only for now.
+      [ "$dev" != cpu ] && [ "$mode" = resident ] && continue
+      flag=(); [ "$mode" = resident ] && flag=(--resident)
+      timeout 150 .gpu/berth train --device $dev --epochs 5 --json "${flag[@]}" > "$OUT/loader-train-${dev/:/}-$mode.json" 2>"$OUT/loader-train-${dev/:/}-$mode.err" || status=1
+    done
+  done
+  if [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
+    timeout 240 python3 .gpu/shared/bench/torch_train.py data/fashion-mnist --epochs 5 > "$OUT/loader-torch-train.jsonl" 2>"$OUT/loader-torch-train.err" || status=1
+    # Only the DataLoader part of torch_baseline.py (its last section), with its imports.
+    timeout 120 python3 - .gpu/shared/bench/torch_baseline.py > "$OUT/loader-torch-baseline.json" 2>"$OUT/loader-torch-baseline.err" <<'PY' || status=1
+import sys
+src = open(sys.argv[1]).read()
+head, tail = src.split("# allocator latency", 1)[0], src.split("# DataLoader throughput to GPU", 1)[1]
+exec(compile(head + tail, sys.argv[1], "exec"))
+PY
+  fi
+  python3 - "$OUT" <<'PY' | tee "$OUT/loader-summary.md"
+import json, os, sys
+out = sys.argv[1]
+def lines(name):
+    p = os.path.join(out, name)
+    for l in (open(p) if os.path.exists(p) else []):
+        try: yield json.loads(l)
+        except ValueError: pass
+def obj(name):
+    try: return json.load(open(os.path.join(out, name)))
+    except Exception: return {}
+b = list(lines("loader-bench.jsonl"))
+par = {f["memcpy_threads"]: f["gb_per_s"] for f in b if f["target"] == "memcpy" and f.get("memcpy_threads")}
+tdl = obj("loader-torch-baseline.json").get("dataloader_3072f32_b256", {})
+print("| workers | to cuda:0 samples/s (GB/s) | host samples/s (GB/s) | memcpy same threads GB/s | host / memcpy | PyTorch to GPU |")
+print("|---|---|---|---|---|---|")
+ws = sorted({f["workers"] for f in b if f.get("workers") is not None})
+for w in ws:
+    g = next((f for f in b if f["target"] == "cuda:0" and f["workers"] == w), None)
+    h = next((f for f in b if f["target"] == "host" and f["workers"] == w), None)
+    t = tdl.get(f"workers{w}_pin{int(w > 0)}_samples_per_s")
+    fmt = lambda f: f"{f['samples_per_second']/1e6:.2f}M ({f['gb_per_s']:.1f})" if f else "-"
+    print(f"| {w} | {fmt(g)} | {fmt(h)} | {par.get(max(w,1), float('nan')):.1f} | {h['vs_parallel_memcpy']:.2f} | {t/1e6 if t else '-'}{'M' if t else ''} |" if h else f"| {w} | {fmt(g)} | - | - | - | - |")
+print()
+print("| run | samples/s | test accuracy | epoch seconds |")
+print("|---|---|---|---|")
+for dev in ("cpu", "cuda0"):
+    for mode in ("loader", "resident"):
+        d = obj(f"loader-train-{dev}-{mode}.json")
+        if not d:
+            if not (dev != "cpu" and mode == "resident"): print(f"| berth {dev} {mode} | (failed, see .err) | | |")
+            continue
+        print(f"| berth {dev} {mode} | {d.get('samples_per_second', 0):.0f} | {d.get('test_accuracy', 0)*100:.2f}% | {', '.join(f'{s:.2f}' for s in d.get('epoch_seconds', []))} |")
+for d in lines("loader-torch-train.jsonl"):
+    print(f"| PyTorch {d['device']} {d['mode']} (threads {d.get('threads')}) | {d['samples_per_s_steady']:.0f} | {d['test_accuracy']*100:.2f}% | {', '.join(f'{s:.2f}' for s in d['epoch_seconds'])} |")
+PY
+fi
 if want live && python3 -c 'import torch' 2>/dev/null; then
   OUT="$OUT" bash scripts/torch-live.sh || status=1
 fi
@@ -242,3 +311,4 @@ echo "Run on the GPU machine (run tool, carry [\".gpu\"]):"
 echo "  bash .gpu/run.sh                      (everything; over 10 minutes on one call, so split:)"
 echo "  PARTS='tests alloc seeds' bash .gpu/run.sh;  PARTS='bench train replay' bash .gpu/run.sh;  PARTS=torch bash .gpu/run.sh"
 echo "  PARTS=profile bash .gpu/run.sh        (the profiler: train with and without --profile, copy/compute overlap)"
+echo "  PARTS=loader bash .gpu/run.sh         (issue 15: DataLoader sweep + berth train cpu/cuda beside PyTorch, one table)"

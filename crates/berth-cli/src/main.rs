@@ -18,9 +18,10 @@
 //!                      +-- berth-torch (PyTorch's pluggable CUDA allocator)
 //! ```
 //!
-//! It defines two notes, both of `berth memviz`: `Note [Timeline downsampling]`
-//! (`memviz/timeline.rs`) and `Note [Segment downsampling]` (`memviz/segments.rs`); the notes
-//! it follows are listed in the library crates' docs. Its API docs are not built
+//! It defines four notes: two of `berth memviz`, `Note [Timeline downsampling]`
+//! (`memviz/timeline.rs`) and `Note [Segment downsampling]` (`memviz/segments.rs`), and two of
+//! `berth train`, `Note [Fused host SGD]` (`train/mlp.rs`) and `Note [Resident batches]`
+//! (`train/resident.rs`); the notes it follows are listed in the library crates' docs. Its API docs are not built
 //! (`doc = false`: the binary's name, `berth`, is the library's).
 
 use clap::{Parser, Subcommand};

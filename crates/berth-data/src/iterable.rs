@@ -7,7 +7,7 @@
 //! timeout ([`crate::iter`]), pinned collation ([`crate::pin`]) and the collates
 //! ([`DefaultCollate`], [`CollateFn`]); only the fetch differs.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::batch_sampler::BatchSampling;
@@ -16,13 +16,10 @@ use crate::dataset::IterableDataset;
 use crate::error::{DataError, Result};
 use crate::fetch::IterShared;
 use crate::iter::{Core, Epoch, Plan};
-use crate::loader::{
-    check_timeout_needs_workers, resolve_pin, validate_workers, warn_workers_over_cpus,
-};
-use crate::pin::{PinFn, PinMemory, PinTarget};
+use crate::options::{loader_option_setters, LoaderOptions};
+use crate::pin::PinMemory;
 use crate::rng::Generator;
 use crate::sampler::Sampler;
-use crate::worker::WorkerInitFn;
 
 /// Loads batches from an [`IterableDataset`] with PyTorch's `DataLoader` semantics: every worker
 /// iterates its own stream and batches it, the workers' batches are interleaved round-robin, a
@@ -170,21 +167,10 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> Iterator for IterableLoaderIt
 pub struct IterableDataLoaderBuilder<D: IterableDataset, C: CollateItems<D::Item>> {
     dataset: Arc<D>,
     collate: C,
-    batch_size: usize,
-    drop_last: bool,
-    shuffle: bool,
     /// The type names of a `sampler` / `batch_sampler` given (to be refused).
     sampler: Option<&'static str>,
     batch_sampler: Option<&'static str>,
-    num_workers: isize,
-    prefetch_factor: Option<isize>,
-    persistent_workers: bool,
-    pin_memory: bool,
-    pin_fn: Option<PinFn<C::Batch>>,
-    pin_target: Option<PinTarget>,
-    timeout_secs: f64,
-    worker_init_fn: Option<WorkerInitFn>,
-    generator: Option<Generator>,
+    opts: LoaderOptions<C::Batch>,
 }
 
 impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoaderBuilder<D, C> {
@@ -193,39 +179,30 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoaderBuilder<D, 
         IterableDataLoaderBuilder {
             dataset: dataset.into(),
             collate,
-            batch_size: 1,
-            drop_last: false,
-            shuffle: false,
             sampler: None,
             batch_sampler: None,
-            num_workers: 0,
-            prefetch_factor: None,
-            persistent_workers: false,
-            pin_memory: false,
-            pin_fn: None,
-            pin_target: None,
-            timeout_secs: 0.0,
-            worker_init_fn: None,
-            generator: None,
+            opts: LoaderOptions::default(),
         }
     }
 
+    loader_option_setters!();
+
     /// Items per batch, taken from one worker's stream (default 1).
     pub fn batch_size(mut self, batch_size: usize) -> Self {
-        self.batch_size = batch_size;
+        self.opts.batch_size = batch_size;
         self
     }
 
     /// Drops each worker's last partial batch (default false).
     pub fn drop_last(mut self, drop_last: bool) -> Self {
-        self.drop_last = drop_last;
+        self.opts.drop_last = drop_last;
         self
     }
 
     /// Accepted for parity with PyTorch: `shuffle(true)` makes [`build`](Self::build) fail (a
     /// stream has no order to shuffle); `shuffle(false)` is the default.
     pub fn shuffle(mut self, shuffle: bool) -> Self {
-        self.shuffle = shuffle;
+        self.opts.shuffle = shuffle;
         self
     }
 
@@ -242,48 +219,29 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoaderBuilder<D, 
         self
     }
 
-    /// Worker threads (default 0: load on the calling thread). Signed, so that a negative value
-    /// gets PyTorch's error rather than a wrapped integer.
-    pub fn num_workers(mut self, num_workers: isize) -> Self {
-        self.num_workers = num_workers;
-        self
-    }
-
-    /// Batches requested in advance per worker (default 2 with workers; only valid with workers).
-    pub fn prefetch_factor(mut self, prefetch_factor: isize) -> Self {
-        self.prefetch_factor = Some(prefetch_factor);
-        self
-    }
-
     /// Keeps the worker pool alive across epochs (default false; needs workers). Each epoch
     /// still starts a fresh stream in every worker.
     pub fn persistent_workers(mut self, persistent_workers: bool) -> Self {
-        self.persistent_workers = persistent_workers;
-        self
-    }
-
-    /// Seconds to wait for one batch before [`DataError::Timeout`] (default 0: no limit; needs
-    /// workers when positive).
-    pub fn timeout(mut self, seconds: f64) -> Self {
-        self.timeout_secs = seconds;
+        self.opts.persistent_workers = persistent_workers;
         self
     }
 
     /// Called in each worker with its id, after the worker is seeded and before its stream is
     /// started.
     pub fn worker_init_fn(mut self, f: impl Fn(usize) + Send + Sync + 'static) -> Self {
-        self.worker_init_fn = Some(Arc::new(f));
+        self.opts.worker_init_fn = Some(Arc::new(f));
         self
     }
 
     /// The generator for the workers' base seeds (default: a private one seeded from entropy;
     /// see Note [No global RNG]).
     pub fn generator(mut self, generator: Generator) -> Self {
-        self.generator = Some(generator);
+        self.opts.generator = Some(generator);
         self
     }
 
-    /// Replaces the collate (`collate_fn`).
+    /// Replaces the collate (`collate_fn`). A `pin_memory(true)` given before is dropped (it
+    /// was for the old collate's batches): ask for it after the collate.
     pub fn collate<C2: CollateItems<D::Item>>(
         self,
         collate: C2,
@@ -291,20 +249,9 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoaderBuilder<D, 
         IterableDataLoaderBuilder {
             dataset: self.dataset,
             collate,
-            batch_size: self.batch_size,
-            drop_last: self.drop_last,
-            shuffle: self.shuffle,
             sampler: self.sampler,
             batch_sampler: self.batch_sampler,
-            num_workers: self.num_workers,
-            prefetch_factor: self.prefetch_factor,
-            persistent_workers: self.persistent_workers,
-            pin_memory: false,
-            pin_fn: None,
-            pin_target: self.pin_target,
-            timeout_secs: self.timeout_secs,
-            worker_init_fn: self.worker_init_fn,
-            generator: self.generator,
+            opts: self.opts.recollate(),
         }
     }
 
@@ -317,13 +264,6 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoaderBuilder<D, 
         self.collate(CollateFn(f))
     }
 
-    /// The page-locked host memory `pin_memory` collates into (as for
-    /// [`DataLoaderBuilder::pin_memory_target`](crate::DataLoaderBuilder::pin_memory_target)).
-    pub fn pin_memory_target(mut self, target: PinTarget) -> Self {
-        self.pin_target = Some(target);
-        self
-    }
-
     /// Validates the options and builds the loader.
     ///
     /// # Errors
@@ -334,14 +274,10 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoaderBuilder<D, 
     /// PyTorch prints the object), then `batch_size = 0` and a positive `timeout` without
     /// workers.
     pub fn build(self) -> Result<IterableDataLoader<D, C>> {
-        let (num_workers, prefetch_factor, timeout) = validate_workers(
-            self.num_workers,
-            self.prefetch_factor,
-            self.persistent_workers,
-            self.timeout_secs,
-        )?;
+        let mut opts = self.opts;
+        let workers = opts.validated_workers()?;
         // torch/utils/data/dataloader.py, DataLoader.__init__ (the IterableDataset branch).
-        if self.shuffle {
+        if opts.shuffle {
             return Err(DataError::option(
                 "shuffle",
                 "DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle=True",
@@ -359,33 +295,28 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoaderBuilder<D, 
                 format!("DataLoader with IterableDataset: expected unspecified batch_sampler option, but got batch_sampler={name}"),
             ));
         }
-        if self.batch_size == 0 {
+        if opts.batch_size == 0 {
             return Err(DataError::option(
                 "batch_size",
                 "batch_size should be a positive integer value, but got batch_size=0",
             ));
         }
-        check_timeout_needs_workers(self.timeout_secs, num_workers)?;
-        warn_workers_over_cpus(num_workers);
-        let pin = resolve_pin(self.pin_memory, self.pin_fn, self.pin_target);
-        Ok(IterableDataLoader {
-            core: Core {
-                shared: IterShared {
-                    dataset: self.dataset,
-                    collate: Arc::new(self.collate),
-                    pin,
-                    init: self.worker_init_fn,
-                    batch_size: self.batch_size,
-                    drop_last: self.drop_last,
-                },
-                num_workers,
-                prefetch_factor,
-                persistent_workers: self.persistent_workers,
-                timeout,
-                generator: self.generator.unwrap_or_else(Generator::from_entropy),
-                pool: Mutex::new(None),
-            },
-        })
+        opts.check_timeout(&workers)?;
+        let generator = opts
+            .generator
+            .take()
+            .unwrap_or_else(Generator::from_entropy);
+        let (batch_size, drop_last) = (opts.batch_size, opts.drop_last);
+        let (dataset, collate) = (self.dataset, self.collate);
+        let core = opts.into_core(workers, generator, |pin, init| IterShared {
+            dataset,
+            collate: Arc::new(collate),
+            pin,
+            init,
+            batch_size,
+            drop_last,
+        });
+        Ok(IterableDataLoader { core })
     }
 }
 
@@ -398,13 +329,7 @@ where
     /// worker. Without an accelerator (and without
     /// [`pin_memory_target`](Self::pin_memory_target)) this warns once and loads normally.
     pub fn pin_memory(mut self, pin_memory: bool) -> Self {
-        self.pin_memory = pin_memory;
-        self.pin_fn = if pin_memory {
-            let f: PinFn<C::Batch> = Arc::new(|b: C::Batch, t: &PinTarget| b.pin_memory(t));
-            Some(f)
-        } else {
-            None
-        };
+        self.opts.set_pin_memory(pin_memory);
         self
     }
 }

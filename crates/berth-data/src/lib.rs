@@ -29,6 +29,7 @@
 //! - Note [Workers are threads]: `src/worker.rs` ([`worker`]).
 //! - Note [Prefetch stream ordering]: `src/prefetch.rs` ([`prefetch`]).
 //! - Note [Collate into pinned memory]: `src/pin.rs` ([`pin`]).
+//! - Note [Recycled collate buffers]: `src/host_pool.rs` (unpinned batches reuse buffers).
 
 #![deny(missing_docs)]
 
@@ -38,10 +39,12 @@ mod dataset;
 mod error;
 pub mod fashion_mnist;
 mod fetch;
+mod host_pool;
 pub mod idx;
 mod iter;
 mod iterable;
 mod loader;
+mod options;
 pub mod pin;
 mod pinned_default;
 pub mod prefetch;

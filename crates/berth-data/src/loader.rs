@@ -9,10 +9,10 @@ use crate::dataset::Dataset;
 use crate::error::{DataError, Result};
 use crate::fetch::WorkerShared;
 use crate::iter::{Core, LoaderIter};
+use crate::options::{loader_option_setters, LoaderOptions};
 use crate::pin::{PinFn, PinMemory, PinTarget};
 use crate::rng::Generator;
 use crate::sampler::{RandomSampler, Sampler, SequentialSampler};
-use crate::worker::WorkerInitFn;
 
 /// Default `prefetch_factor` with workers: batches loaded in advance per worker.
 pub const DEFAULT_PREFETCH_FACTOR: usize = 2;
@@ -130,20 +130,9 @@ impl<'a, D: Dataset, C: Collate<D>> IntoIterator for &'a DataLoader<D, C> {
 pub struct DataLoaderBuilder<D: Dataset, C: Collate<D>> {
     dataset: Arc<D>,
     collate: C,
-    batch_size: usize,
-    shuffle: bool,
     sampler: Option<Box<dyn Sampler>>,
     batch_sampler: Option<Box<dyn BatchSampling>>,
-    drop_last: bool,
-    num_workers: isize,
-    prefetch_factor: Option<isize>,
-    persistent_workers: bool,
-    pin_memory: bool,
-    pin_fn: Option<PinFn<C::Batch>>,
-    pin_target: Option<PinTarget>,
-    timeout_secs: f64,
-    worker_init_fn: Option<WorkerInitFn>,
-    generator: Option<Generator>,
+    opts: LoaderOptions<C::Batch>,
 }
 
 impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
@@ -152,32 +141,23 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
         DataLoaderBuilder {
             dataset: dataset.into(),
             collate,
-            batch_size: 1,
-            shuffle: false,
             sampler: None,
             batch_sampler: None,
-            drop_last: false,
-            num_workers: 0,
-            prefetch_factor: None,
-            persistent_workers: false,
-            pin_memory: false,
-            pin_fn: None,
-            pin_target: None,
-            timeout_secs: 0.0,
-            worker_init_fn: None,
-            generator: None,
+            opts: LoaderOptions::default(),
         }
     }
 
+    loader_option_setters!();
+
     /// Samples per batch (default 1).
     pub fn batch_size(mut self, batch_size: usize) -> Self {
-        self.batch_size = batch_size;
+        self.opts.batch_size = batch_size;
         self
     }
 
     /// A new random order every epoch (default false).
     pub fn shuffle(mut self, shuffle: bool) -> Self {
-        self.shuffle = shuffle;
+        self.opts.shuffle = shuffle;
         self
     }
 
@@ -195,68 +175,38 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
 
     /// Drops the last partial batch (default false).
     pub fn drop_last(mut self, drop_last: bool) -> Self {
-        self.drop_last = drop_last;
-        self
-    }
-
-    /// Worker threads (default 0: load on the calling thread). Signed, so that a negative value
-    /// gets PyTorch's error rather than a wrapped integer.
-    pub fn num_workers(mut self, num_workers: isize) -> Self {
-        self.num_workers = num_workers;
-        self
-    }
-
-    /// Batches loaded in advance per worker (default 2 with workers; only valid with workers).
-    pub fn prefetch_factor(mut self, prefetch_factor: isize) -> Self {
-        self.prefetch_factor = Some(prefetch_factor);
+        self.opts.drop_last = drop_last;
         self
     }
 
     /// Keeps the worker pool alive across epochs (default false; needs workers).
     pub fn persistent_workers(mut self, persistent_workers: bool) -> Self {
-        self.persistent_workers = persistent_workers;
-        self
-    }
-
-    /// Seconds to wait for one batch before [`DataError::Timeout`] (default 0: no limit; needs
-    /// workers when positive).
-    pub fn timeout(mut self, seconds: f64) -> Self {
-        self.timeout_secs = seconds;
+        self.opts.persistent_workers = persistent_workers;
         self
     }
 
     /// Called in each worker with its id, after the worker is seeded.
     pub fn worker_init_fn(mut self, f: impl Fn(usize) + Send + Sync + 'static) -> Self {
-        self.worker_init_fn = Some(Arc::new(f));
+        self.opts.worker_init_fn = Some(Arc::new(f));
         self
     }
 
     /// The generator for shuffling and worker base seeds (default: a private one seeded from
     /// entropy; see Note [No global RNG]).
     pub fn generator(mut self, generator: Generator) -> Self {
-        self.generator = Some(generator);
+        self.opts.generator = Some(generator);
         self
     }
 
-    /// Replaces the collate (`collate_fn`).
+    /// Replaces the collate (`collate_fn`). A `pin_memory(true)` given before is dropped (it
+    /// was for the old collate's batches): ask for it after the collate.
     pub fn collate<C2: Collate<D>>(self, collate: C2) -> DataLoaderBuilder<D, C2> {
         DataLoaderBuilder {
             dataset: self.dataset,
             collate,
-            batch_size: self.batch_size,
-            shuffle: self.shuffle,
             sampler: self.sampler,
             batch_sampler: self.batch_sampler,
-            drop_last: self.drop_last,
-            num_workers: self.num_workers,
-            prefetch_factor: self.prefetch_factor,
-            persistent_workers: self.persistent_workers,
-            pin_memory: false,
-            pin_fn: None,
-            pin_target: self.pin_target,
-            timeout_secs: self.timeout_secs,
-            worker_init_fn: self.worker_init_fn,
-            generator: self.generator,
+            opts: self.opts.recollate(),
         }
     }
 
@@ -269,13 +219,6 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
         self.collate(CollateFn(f))
     }
 
-    /// The page-locked host memory `pin_memory` collates into. Default: berth's pinned host
-    /// caching allocator when CUDA is available. Tests pass a simulated one.
-    pub fn pin_memory_target(mut self, target: PinTarget) -> Self {
-        self.pin_target = Some(target);
-        self
-    }
-
     /// Validates the options and builds the loader.
     ///
     /// # Errors
@@ -286,23 +229,22 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
     /// `batch_size`/`shuffle`/`sampler`/`drop_last`, `batch_size = 0`; and a positive `timeout`
     /// without workers. [`DataError::Spawn`] is not possible here (workers start lazily).
     pub fn build(self) -> Result<DataLoader<D, C>> {
-        let (num_workers, prefetch_factor, timeout) = validate_workers(
-            self.num_workers,
-            self.prefetch_factor,
-            self.persistent_workers,
-            self.timeout_secs,
-        )?;
-        check_timeout_needs_workers(self.timeout_secs, num_workers)?;
-        if self.sampler.is_some() && self.shuffle {
+        let mut opts = self.opts;
+        let workers = opts.validated_workers()?;
+        opts.check_timeout(&workers)?;
+        if self.sampler.is_some() && opts.shuffle {
             return Err(DataError::option(
                 "sampler",
                 "sampler option is mutually exclusive with shuffle",
             ));
         }
-        let generator = self.generator.unwrap_or_else(Generator::from_entropy);
+        let generator = opts
+            .generator
+            .take()
+            .unwrap_or_else(Generator::from_entropy);
         let batch_sampler: Box<dyn BatchSampling> = match self.batch_sampler {
             Some(bs) => {
-                if self.batch_size != 1 || self.shuffle || self.sampler.is_some() || self.drop_last
+                if opts.batch_size != 1 || opts.shuffle || self.sampler.is_some() || opts.drop_last
                 {
                     return Err(DataError::option(
                         "batch_sampler",
@@ -315,31 +257,23 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
                 let n = self.dataset.len();
                 let sampler: Box<dyn Sampler> = match self.sampler {
                     Some(s) => s,
-                    None if self.shuffle => {
+                    None if opts.shuffle => {
                         Box::new(RandomSampler::new(n, Some(generator.clone())))
                     }
                     None => Box::new(SequentialSampler::new(n)),
                 };
-                Box::new(BatchSampler::new(sampler, self.batch_size, self.drop_last)?)
+                Box::new(BatchSampler::new(sampler, opts.batch_size, opts.drop_last)?)
             }
         };
-        warn_workers_over_cpus(num_workers);
-        let pin = resolve_pin(self.pin_memory, self.pin_fn, self.pin_target);
+        let (dataset, collate) = (self.dataset, self.collate);
+        let core = opts.into_core(workers, generator, |pin, init| WorkerShared {
+            dataset,
+            collate: Arc::new(collate),
+            pin,
+            init,
+        });
         Ok(DataLoader {
-            core: Core {
-                shared: WorkerShared {
-                    dataset: self.dataset,
-                    collate: Arc::new(self.collate),
-                    pin,
-                    init: self.worker_init_fn,
-                },
-                num_workers,
-                prefetch_factor,
-                persistent_workers: self.persistent_workers,
-                timeout,
-                generator,
-                pool: Mutex::new(None),
-            },
+            core,
             batch_sampler: Mutex::new(batch_sampler),
         })
     }
@@ -354,13 +288,7 @@ where
     /// [`PinMemory::pin_memory`] runs in the worker. Without an accelerator (and without
     /// [`pin_memory_target`](Self::pin_memory_target)) this warns once and loads normally.
     pub fn pin_memory(mut self, pin_memory: bool) -> Self {
-        self.pin_memory = pin_memory;
-        self.pin_fn = if pin_memory {
-            let f: PinFn<C::Batch> = Arc::new(|b: C::Batch, t: &PinTarget| b.pin_memory(t));
-            Some(f)
-        } else {
-            None
-        };
+        self.opts.set_pin_memory(pin_memory);
         self
     }
 }

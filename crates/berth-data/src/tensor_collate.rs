@@ -9,14 +9,17 @@ use crate::collate::{Collatable, CollateContext};
 use crate::error::{DataError, Result};
 use crate::pin::{PinMemory, PinTarget};
 
-/// A contiguous host tensor of `shape`/`dtype` for a collate's output: pinned when `ctx` asks.
+/// A contiguous host tensor of `shape`/`dtype` for a collate's output: pinned when `ctx` asks,
+/// else over a recycled pageable buffer (Note [Recycled collate buffers] in `host_pool.rs`).
+/// Its bytes are unspecified: the collate must write every one of them.
 ///
 /// # Errors
-/// The pinned allocator's or the tensor constructor's error.
+/// The pinned allocator's error, [`berth::Error::HostOutOfMemory`], or the tensor
+/// constructor's error.
 pub fn collate_output(shape: &[usize], dtype: DType, ctx: &CollateContext) -> Result<Tensor> {
     match &ctx.pin {
         Some(target) => target.host().empty_pinned(shape, dtype),
-        None => Ok(Tensor::empty(shape, dtype, Device::Cpu)?),
+        None => crate::host_pool::empty_recycled(shape, dtype),
     }
 }
 

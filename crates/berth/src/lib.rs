@@ -32,6 +32,7 @@
 //! - `Note [Kernel modules]`: `src/cuda/kernels/mod.rs`
 //! - `Note [Profiler off costs one load]`: `src/profiler/mod.rs` ([`profiler`])
 //! - `Note [Device clock]`: `src/profiler/device_time.rs`
+//! - `Note [Small matmuls]`: `src/cpu/matmul.rs` (how many threads a host `gemm` gets)
 //!
 //! The allocator's notes are listed in [`berth_alloc`]'s docs, the driver layer's in
 //! [`berth_cuda`]'s.

@@ -1,9 +1,13 @@
 //! `berth bench dataloader`: PyTorch's DataLoader workload (its PyTorch twin: `BENCHMARKS.md`):
 //! a `TensorDataset` of 100,000 × 3072 f32 samples with i64 labels, batch 256, shuffle, for
 //! several worker counts; batches to host memory always, and to the GPU (pinned, copied with
-//! `non_blocking` through the device prefetcher) when one is present. In the same run it times a
-//! plain single-threaded `memcpy` of the same total bytes: the physical limit of a gather on
-//! this machine. Every figure is the median of `--epochs` epochs after one warm-up epoch.
+//! `non_blocking` through the device prefetcher) when one is present. By default it sweeps the
+//! worker counts 0, 1, 2, 4, 8, … up to the cores present (and the core count itself). In the
+//! same run it times a `memcpy` of the same total bytes with one thread and with each thread
+//! count of the sweep (`max(workers, 1)` threads, each copying one contiguous part): the
+//! physical limit of a gather by that many threads on this machine; every host figure is
+//! compared with the memcpy of its own thread count (`vs_parallel_memcpy`). Every figure is the
+//! median of `--epochs` epochs after one warm-up epoch.
 
 use std::time::Instant;
 
@@ -30,8 +34,9 @@ pub struct Args {
     #[arg(long, default_value_t = 256, allow_negative_numbers = true,
           value_parser = crate::whole_usize("--batch-size", "the batch size", 1, 256))]
     pub batch_size: usize,
-    /// Worker counts to measure, comma-separated (each at most 1024).
-    #[arg(long, value_delimiter = ',', default_value = "0,1,2,4", allow_negative_numbers = true,
+    /// Worker counts to measure, comma-separated (each at most 1024). Default: 0, 1, 2, 4, 8,
+    /// … up to the cores present, and the core count itself.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true,
           value_parser = crate::whole_usize("--workers", "the number of worker threads", 0, 4))]
     pub workers: Vec<usize>,
     /// Timed epochs per figure (the median is reported; at most 10000), after one warm-up epoch.
@@ -49,8 +54,28 @@ struct Figure {
     pin_memory: bool,
     samples_per_second: f64,
     gb_per_s: f64,
-    /// This figure's bytes/s over the memcpy's bytes/s of the same run.
+    /// This figure's bytes/s over the single-threaded memcpy's bytes/s of the same run.
     vs_memcpy: f64,
+    /// Threads of the parallel memcpy this figure is compared with (`max(workers, 1)`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memcpy_threads: Option<usize>,
+    /// This figure's bytes/s over the parallel memcpy's with `memcpy_threads` threads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vs_parallel_memcpy: Option<f64>,
+}
+
+/// The default sweep: 0, 1, 2, 4, 8, … while at most `cores`, then `cores` itself.
+fn default_sweep(cores: usize) -> Vec<usize> {
+    let mut v = vec![0];
+    let mut w = 1;
+    while w <= cores {
+        v.push(w);
+        w *= 2;
+    }
+    if v.last() != Some(&cores) && cores > 0 {
+        v.push(cores);
+    }
+    v
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -63,8 +88,12 @@ fn emit(json: bool, f: &Figure) {
         println!("{}", serde_json::to_string(f).unwrap_or_default());
     } else {
         let w = f.workers.map_or("-".to_string(), |w| w.to_string());
+        let par = match (f.memcpy_threads, f.vs_parallel_memcpy) {
+            (Some(t), Some(r)) => format!("  {r:>5.2}x memcpy on {t} threads"),
+            _ => String::new(),
+        };
         println!(
-            "{:<8} workers={:<3} pin_memory={:<5} {:>12.0} samples/s {:>8.2} GB/s  {:>5.2}x memcpy",
+            "{:<8} workers={:<3} pin_memory={:<5} {:>12.0} samples/s {:>8.2} GB/s  {:>5.2}x memcpy{par}",
             f.target, w, f.pin_memory, f.samples_per_second, f.gb_per_s, f.vs_memcpy
         );
     }
@@ -110,6 +139,20 @@ fn memcpy_secs(src: &[u8], dst: &mut [u8]) -> f64 {
     t0.elapsed().as_secs_f64()
 }
 
+/// Seconds of one copy of `src` into `dst` by `threads` threads, each copying one contiguous
+/// part (both buffers fully touched beforehand).
+fn par_memcpy_secs(src: &[u8], dst: &mut [u8], threads: usize) -> f64 {
+    let part = src.len().div_ceil(threads.max(1)).max(1);
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for (d, c) in dst.chunks_mut(part).zip(src.chunks(part)) {
+            s.spawn(move || d.copy_from_slice(c));
+        }
+    });
+    std::hint::black_box(&dst[dst.len() / 2]);
+    t0.elapsed().as_secs_f64()
+}
+
 /// The most timed epochs per figure: the medians keep one timing per epoch, and more than this
 /// measures nothing a median of fewer would not.
 const MAX_EPOCHS: usize = 10_000;
@@ -137,7 +180,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ))
         .into());
     }
-    for &w in &args.workers {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let workers = if args.workers.is_empty() {
+        default_sweep(cores)
+    } else {
+        args.workers.clone()
+    };
+    for &w in &workers {
         crate::check_workers(w)?;
     }
     let (n, f) = (args.samples, args.features);
@@ -145,7 +194,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let y = Tensor::arange(0.0, n as f64, 1.0, DType::I64, Device::Cpu)?;
     let epoch_bytes = (n * f * 4 + n * 8) as f64;
 
-    // The memcpy of the same total bytes, measured in this run.
+    // The memcpy of the same total bytes, measured in this run: one thread, then each thread
+    // count of the sweep.
+    let mut par_bps = std::collections::BTreeMap::new();
     let memcpy_bps = {
         let src = x.storage().read_host("bench")?;
         let src = &src.bytes()[..n * f * 4];
@@ -153,6 +204,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let (dx, _) = dst.split_at_mut(src.len());
         memcpy_secs(src, dx); // warm-up
         let secs = median((0..args.epochs).map(|_| memcpy_secs(src, dx)).collect());
+        for t in workers.iter().map(|&w| w.max(1)) {
+            if par_bps.contains_key(&t) {
+                continue;
+            }
+            par_memcpy_secs(src, dx, t); // warm-up
+            let s = median(
+                (0..args.epochs)
+                    .map(|_| par_memcpy_secs(src, dx, t))
+                    .collect(),
+            );
+            par_bps.insert(t, (n * f * 4) as f64 / s);
+        }
         (n * f * 4) as f64 / secs
     };
     emit(
@@ -165,11 +228,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             samples_per_second: memcpy_bps / (f * 4) as f64,
             gb_per_s: memcpy_bps / 1e9,
             vs_memcpy: 1.0,
+            memcpy_threads: Some(1),
+            vs_parallel_memcpy: None,
         },
     );
+    for (&t, &bps) in &par_bps {
+        emit(
+            args.json,
+            &Figure {
+                bench: "dataloader",
+                target: "memcpy",
+                workers: None,
+                pin_memory: false,
+                samples_per_second: bps / (f * 4) as f64,
+                gb_per_s: bps / 1e9,
+                vs_memcpy: bps / memcpy_bps,
+                memcpy_threads: Some(t),
+                vs_parallel_memcpy: Some(1.0),
+            },
+        );
+    }
 
     let ds = std::sync::Arc::new(TensorDataset::new(vec![x, y])?);
-    for &w in &args.workers {
+    for &w in &workers {
         let dl = DataLoader::<TensorDataset>::builder(std::sync::Arc::clone(&ds))
             .batch_size(args.batch_size)
             .shuffle(true)
@@ -201,6 +282,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 samples_per_second: n as f64 / s,
                 gb_per_s: bps / 1e9,
                 vs_memcpy: bps / memcpy_bps,
+                memcpy_threads: Some(w.max(1)),
+                vs_parallel_memcpy: par_bps.get(&w.max(1)).map(|p| bps / p),
             },
         );
     }
@@ -215,7 +298,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     let device: Device = "cuda:0".parse()?;
-    for &w in &args.workers {
+    for &w in &workers {
         let dl = DataLoader::<TensorDataset>::builder(std::sync::Arc::clone(&ds))
             .batch_size(args.batch_size)
             .shuffle(true)
@@ -249,6 +332,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 samples_per_second: n as f64 / s,
                 gb_per_s: bps / 1e9,
                 vs_memcpy: bps / memcpy_bps,
+                memcpy_threads: None,
+                vs_parallel_memcpy: None,
             },
         );
     }
@@ -267,5 +352,23 @@ mod tests {
         assert!(be.is_out_of_memory(), "{be}");
         assert!(e.to_string().contains("not enough memory"), "{e}");
         assert_eq!(host_buffer(3).unwrap(), vec![1, 1, 1]);
+    }
+
+    #[test]
+    fn the_default_sweep_reaches_the_core_count() {
+        assert_eq!(default_sweep(1), vec![0, 1]);
+        assert_eq!(default_sweep(2), vec![0, 1, 2]);
+        assert_eq!(default_sweep(16), vec![0, 1, 2, 4, 8, 16]);
+        assert_eq!(default_sweep(12), vec![0, 1, 2, 4, 8, 12]);
+    }
+
+    #[test]
+    fn the_parallel_memcpy_copies_every_byte() {
+        let src: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+        for t in [1, 3, 7, 2000] {
+            let mut dst = vec![0u8; 1000];
+            par_memcpy_secs(&src, &mut dst, t);
+            assert_eq!(dst, src, "{t} threads");
+        }
     }
 }

@@ -171,6 +171,7 @@ mod tests {
             lr: 0.05,
             momentum: 0.9,
             workers: 0,
+            resident: false,
             seed: 0,
             save: None,
             data_dir: None,

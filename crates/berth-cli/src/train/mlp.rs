@@ -184,6 +184,9 @@ impl Sgd {
             }
             Some(vs) => {
                 for ((p, g), v) in params.iter().zip(grads).zip(vs.iter()) {
+                    if momentum_step_host(p, g, v, self.momentum, self.lr)? {
+                        continue;
+                    }
                     v.mul_scalar_(self.momentum)?;
                     v.add_(g)?;
                     p.add_scaled_(v, -self.lr)?;
@@ -192,6 +195,59 @@ impl Sgd {
         }
         Ok(())
     }
+}
+
+/// Elements per rayon task of the fused host update (64 KiB of f32 per operand).
+const SGD_CHUNK: usize = 1 << 14;
+
+/// Note [Fused host SGD]: the momentum update as one pass over `p`, `g` and `v` when all three
+/// are contiguous f32 host tensors of one shape in distinct storages; returns whether it ran.
+/// Three tensor ops (`v *= μ`, `v += g`, `p += −lr·v`, the last with a temporary) made five
+/// passes and an allocation: 1.5 ms a step on one core of the 2-core box for the 784 × 256
+/// weight, about half of the step. Each element is computed with the same f32 operations in the
+/// same order as the three ops (`v·μ`, `+ g`, then `p + v·(−lr)`), so the result is bit for
+/// bit the same. Split over rayon in chunks of [`SGD_CHUNK`] elements.
+///
+/// # Errors
+/// A storage that cannot be read or written (never for host tensors).
+fn momentum_step_host(p: &Tensor, g: &Tensor, v: &Tensor, momentum: f64, lr: f64) -> Result<bool> {
+    let fits = |t: &Tensor| {
+        t.device().is_cpu()
+            && t.dtype() == DType::F32
+            && t.is_contiguous()
+            && t.shape() == p.shape()
+    };
+    if !(fits(p) && fits(g) && fits(v))
+        || p.shares_storage(g)
+        || p.shares_storage(v)
+        || g.shares_storage(v)
+    {
+        return Ok(false);
+    }
+    use rayon::prelude::*;
+    let n = p.numel();
+    let (mu, neg_lr) = (momentum as f32, (-lr) as f32);
+    let mut pw = p.storage().write_host("sgd")?;
+    let mut vw = v.storage().write_host("sgd")?;
+    let gr = g.storage().read_host("sgd")?;
+    let pd = &mut pw.typed_mut::<f32>()[p.storage_offset()..p.storage_offset() + n];
+    let vd = &mut vw.typed_mut::<f32>()[v.storage_offset()..v.storage_offset() + n];
+    let gd = &gr.typed::<f32>()[g.storage_offset()..g.storage_offset() + n];
+    let body = |((pc, vc), gc): ((&mut [f32], &mut [f32]), &[f32])| {
+        for ((p, v), &g) in pc.iter_mut().zip(vc.iter_mut()).zip(gc) {
+            *v = *v * mu + g;
+            *p += *v * neg_lr;
+        }
+    };
+    if n >= 4 * SGD_CHUNK {
+        pd.par_chunks_mut(SGD_CHUNK)
+            .zip(vd.par_chunks_mut(SGD_CHUNK))
+            .zip(gd.par_chunks(SGD_CHUNK))
+            .for_each(body);
+    } else {
+        body(((pd, vd), gd));
+    }
+    Ok(true)
 }
 
 /// The hidden width of the MLP a state dict holds, checked before anything is built: the four
@@ -280,6 +336,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The fused host update gives the same bits as the three tensor ops it replaces.
+    #[test]
+    fn fused_host_sgd_matches_the_tensor_ops() {
+        let mut g = Generator::new(3);
+        let n = 5 * SGD_CHUNK + 7; // the parallel path, with a ragged last chunk
+        let r = |g: &mut Generator| Tensor::randn_with(&[n], DType::F32, Device::Cpu, g).unwrap();
+        let (p0, v0, gr) = (r(&mut g), r(&mut g), r(&mut g));
+        let (p1, v1) = (Tensor::clone(&p0).unwrap(), Tensor::clone(&v0).unwrap());
+        assert!(momentum_step_host(&p0, &gr, &v0, 0.9, 0.05).unwrap());
+        v1.mul_scalar_(0.9).unwrap();
+        v1.add_(&gr).unwrap();
+        p1.add_scaled_(&v1, -0.05).unwrap();
+        assert_eq!(p0.to_vec::<f32>().unwrap(), p1.to_vec::<f32>().unwrap());
+        assert_eq!(v0.to_vec::<f32>().unwrap(), v1.to_vec::<f32>().unwrap());
+        // Aliased or non-f32 operands take the tensor ops.
+        assert!(!momentum_step_host(&p0, &p0, &v0, 0.9, 0.05).unwrap());
+        let p64 = p0.to_dtype(DType::F64).unwrap();
+        assert!(!momentum_step_host(&p64, &gr, &v0, 0.9, 0.05).unwrap());
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod meta;
 mod mlp;
 mod profile;
 mod report;
+mod resident;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -51,6 +52,11 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 2, allow_negative_numbers = true,
           value_parser = crate::whole_usize("--workers", "the number of worker threads", 0, 2))]
     pub workers: usize,
+    /// Keep the whole training split in memory, normalised once, and gather each batch by
+    /// shuffled index instead of using the DataLoader (an expert's loop; `torch_train.py
+    /// --modes resident`). Same batches in the same order as with workers. CPU only.
+    #[arg(long)]
+    pub resident: bool,
     /// Seed of the model's initialisation and of the shuffle.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true,
           value_parser = crate::whole_number("--seed", "the seed", 0, 0))]
@@ -259,9 +265,23 @@ pub fn train_on(
     let mut g = Generator::new(args.seed);
     let model = Mlp::new(args.hidden, device, &mut g)?;
     let mut opt = Sgd::new(args.lr, args.momentum);
-    let loader = data::train_loader(train, args.batch_size, args.workers, args.seed, device)?;
+    let resident = if args.resident {
+        Some(resident::Resident::new(
+            train,
+            args.batch_size,
+            args.seed,
+            device,
+        )?)
+    } else {
+        None
+    };
+    // No loader (and no workers) for a resident run.
+    let workers = if resident.is_some() { 0 } else { args.workers };
+    let loader = data::train_loader(train, args.batch_size, workers, args.seed, device)?;
     let test_loader = data::eval_loader(test, data::EVAL_BATCH, device)?;
-    let steps_per_epoch = loader.len();
+    let steps_per_epoch = resident
+        .as_ref()
+        .map_or(loader.len(), resident::Resident::len);
     let timer = report::EpochTimer::new(device)?;
     let mem = MemoryReport::start(device)?;
     let snapshot_device = match (&args.memory_snapshot, report::cuda_index(device)) {
@@ -293,14 +313,27 @@ pub fn train_on(
         // None until the first read: the bar says "loss …" then, not "loss NaN" (a new user
         // took the NaN of the first LOG_EVERY - 1 steps for a diverged model).
         let mut shown_loss: Option<f64> = None;
-        for (i, batch) in data::device_batches(&loader, device)?.enumerate() {
+        let order = resident.as_ref().map(resident::Resident::epoch_order);
+        let mut batches = match &resident {
+            Some(_) => None,
+            None => Some(data::device_batches(&loader, device)?),
+        };
+        for i in 0..steps_per_epoch {
             // The step's range covers the batch's normalisation and the step; the prefetcher's
-            // copy of the next batch is queued in the loop's `next()`, before the range.
+            // copy of the next batch is queued in the loader's `next()`, inside the range
+            // (a resident run gathers its batch there instead).
             let range = prof.before_step(steps)?;
-            let (x, y) = data::to_device(
-                batch.with_context(|| format!("epoch {epoch}, batch {i}"))?,
-                device,
-            )?;
+            let (x, y) = match (&resident, &order, &mut batches) {
+                (Some(r), Some(order), _) => r.batch(order, i)?,
+                (_, _, Some(it)) => {
+                    let Some(batch) = it.next() else { break };
+                    data::to_device(
+                        batch.with_context(|| format!("epoch {epoch}, batch {i}"))?,
+                        device,
+                    )?
+                }
+                _ => unreachable!("a resident split or a loader"),
+            };
             train_step(&model, &mut opt, &x, &y, &loss_sum)?;
             drop(range);
             prof.after_step()?;

@@ -40,9 +40,20 @@ fn dims(l: &Layout, r: &Layout) -> Dims {
     }
 }
 
+/// Multiply-adds a thread gets at least before `gemm` is split over more threads: about 25 µs
+/// of one core's work, several times the cost of waking a rayon worker.
+const MACS_PER_THREAD: usize = 1 << 20;
+
+/// The threads for one `m × k · k × n` product: one per [`MACS_PER_THREAD`] multiply-adds, at
+/// most rayon's pool, and none (the calling thread) below two. Note [Small matmuls]: the main
+/// job's products are 64-row; `[64, 256] · [256, 10]` (164k multiply-adds) was split over every
+/// core of the pool (the old rule: ≥ 48³), which costs more in wake-ups than the product, and
+/// `[64, 784] · [784, 256]` (12.8M) gets 12 threads rather than all of a large pool.
 fn parallelism(m: usize, n: usize, k: usize) -> gemm::Parallelism {
-    if m * n * k >= 48 * 48 * 48 {
-        gemm::Parallelism::Rayon(rayon::current_num_threads())
+    let macs = m.saturating_mul(n).saturating_mul(k);
+    let threads = (macs / MACS_PER_THREAD).min(rayon::current_num_threads());
+    if threads >= 2 {
+        gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
     }

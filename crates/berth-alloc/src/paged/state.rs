@@ -61,7 +61,9 @@ pub(crate) struct State<E> {
     churn_div: u64,
     /// Step 5: bytes the headroom has grown by, learned from reclaims that repeated.
     churn_extra: u64,
-    /// Step 5: the live peak when step 3 last unmapped anything (`u64::MAX` before it first did).
+    /// Step 5: the live peak when step 3 last unmapped anything; `u64::MAX` before it first
+    /// did, so the very first unmap counts as a repeat too (the figures pinned in
+    /// `tests/recorded.rs` are with this rule).
     live_peak_at_reclaim: u64,
     arenas: Vec<Arena>,
     /// The index in `arenas` of each stream's arena: found in O(1), however many streams (a

@@ -38,7 +38,8 @@
 //!    not growth: the headroom then grows by 1/[`CHURN_DIV`] of the bytes it unmapped, so the
 //!    repeats die out (on `unet_diffusion_train`: 21 device calls in two warm passes down to
 //!    1, for the same first-pass peak and a peak 0.94% higher after three passes). An unmap
-//!    while the live peak still grows (a first pass) teaches nothing.
+//!    while the live peak still grows (a first pass) teaches nothing; the very first unmap,
+//!    with no earlier one to compare with, counts as a repeat.
 //!
 //! On the five first traces this gives peak reserved 1.0001×–1.09× the peak requested bytes
 //! (PyTorch: 1.001×–1.37× across its three modes) with fewer backend calls than PyTorch's

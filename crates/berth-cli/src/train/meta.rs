@@ -180,6 +180,7 @@ mod tests {
             profile: None,
             profile_warmup: 20,
             profile_steps: 5,
+            profile_activities: Vec::new(),
         }
     }
 

@@ -89,6 +89,11 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 5, allow_negative_numbers = true,
           value_parser = crate::whole_number("--profile-steps", "the number of profiled steps", 0, 5))]
     pub profile_steps: u64,
+    /// What `--profile` records, as `torch.profiler`'s `activities`: `cpu` (ops, copies and
+    /// ranges on the host), `cuda` (their device time, from CUDA events). Default: both on a
+    /// CUDA device, `cpu` otherwise.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "cpu,cuda")]
+    pub profile_activities: Vec<profile::Activity>,
 }
 
 /// Entries of allocator history kept for `--memory-snapshot` (PyTorch's default `max_entries`).
@@ -295,7 +300,7 @@ pub fn train_on(
         args.profile.clone(),
         args.profile_warmup,
         args.profile_steps,
-        device.is_cuda(),
+        profile::activities(&args.profile_activities, device.is_cuda()),
         args.json,
     );
     let waits_before = report::host_waits();

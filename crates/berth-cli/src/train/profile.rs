@@ -8,6 +8,33 @@ use std::path::PathBuf;
 use anyhow::Context;
 use berth::profiler::{self, ProfilerActivity, RecordFunction, SortBy};
 
+/// A `--profile-activities` value (`torch.profiler.ProfilerActivity`'s names, lower case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Activity {
+    /// Ops, copies and ranges on the host.
+    Cpu,
+    /// Device time of CUDA ops and copies.
+    Cuda,
+}
+
+/// The activities to record: `chosen`, or when none was given, CPU and (on a CUDA device) CUDA.
+pub fn activities(chosen: &[Activity], cuda_device: bool) -> Vec<ProfilerActivity> {
+    if chosen.is_empty() {
+        let mut all = vec![ProfilerActivity::Cpu];
+        if cuda_device {
+            all.push(ProfilerActivity::Cuda);
+        }
+        return all;
+    }
+    chosen
+        .iter()
+        .map(|a| match a {
+            Activity::Cpu => ProfilerActivity::Cpu,
+            Activity::Cuda => ProfilerActivity::Cuda,
+        })
+        .collect()
+}
+
 /// Rows of the printed table.
 const TABLE_ROWS: usize = 25;
 
@@ -17,7 +44,7 @@ pub struct StepProfiler {
     path: Option<PathBuf>,
     warmup: u64,
     steps: u64,
-    cuda: bool,
+    activities: Vec<ProfilerActivity>,
     json: bool,
     active: Option<profiler::Profiler>,
     profiled: u64,
@@ -25,13 +52,19 @@ pub struct StepProfiler {
 
 impl StepProfiler {
     /// A profiler writing to `path` (none: never profiles) after `warmup` steps, for `steps`
-    /// steps (0: until the end of training).
-    pub fn new(path: Option<PathBuf>, warmup: u64, steps: u64, cuda: bool, json: bool) -> Self {
+    /// steps (0: until the end of training), recording `activities`.
+    pub fn new(
+        path: Option<PathBuf>,
+        warmup: u64,
+        steps: u64,
+        activities: Vec<ProfilerActivity>,
+        json: bool,
+    ) -> Self {
         StepProfiler {
             path,
             warmup,
             steps,
-            cuda,
+            activities,
             json,
             active: None,
             profiled: 0,
@@ -52,13 +85,9 @@ impl StepProfiler {
             return Ok(None);
         }
         if self.active.is_none() {
-            let mut activities = vec![ProfilerActivity::Cpu];
-            if self.cuda {
-                activities.push(ProfilerActivity::Cuda);
-            }
             self.active = Some(
                 profiler::profile()
-                    .activities(&activities)
+                    .activities(&self.activities)
                     .record_shapes(true)
                     .profile_memory(true)
                     .start()?,
@@ -95,7 +124,7 @@ impl StepProfiler {
         profile
             .export_chrome_trace(path)
             .with_context(|| format!("writing the profile to {}", path.display()))?;
-        let sort = if self.cuda {
+        let sort = if self.activities.contains(&ProfilerActivity::Cuda) {
             SortBy::DeviceTotal
         } else {
             SortBy::CpuTotal

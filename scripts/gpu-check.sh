@@ -253,7 +253,9 @@ if want profile; then
     timeout 200 .gpu/berth train --device cuda:0 --epochs 4 --json --profile "$OUT/profile-trace.json" > "$OUT/profile-steps-$r.json" 2>"$OUT/profile-steps-$r.err" || status=1
   done
   timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all.json --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all.json" 2>"$OUT/profile-all.err" || status=1
-  # Every step with host records only: what the CUDA events add is the difference.
+  # Every step timed with CUDA events instead of CUPTI (the default where CUPTI loads).
+  timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all-events.json --profile-device-timer events --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all-events.json" 2>"$OUT/profile-all-events.err" || status=1
+  # Every step with host records only: what device timing adds is the difference.
   timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all-cpu.json --profile-activities cpu --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all-cpu.json" 2>"$OUT/profile-all-cpu.err" || status=1
   # Batch 4096: kernels long enough that the host runs ahead of the GPU, so the prefetch copy
   # of batch n+1 is queued while step n's kernels run (at batch 64 the loop is host-bound and
@@ -273,7 +275,7 @@ def later(tag):
     except Exception as e:
         return str(e)
     return sum(v[1:]) / len(v[1:])
-runs = {t: later(t) for t in ("off-1", "steps-1", "off-2", "steps-2", "all", "all-cpu", "b4096")}
+runs = {t: later(t) for t in ("off-1", "steps-1", "off-2", "steps-2", "all", "all-events", "all-cpu", "b4096")}
 num = lambda v: isinstance(v, float)
 off = [runs[t] for t in ("off-1", "off-2") if num(runs[t])]
 steps = [runs[t] for t in ("steps-1", "steps-2") if num(runs[t])]
@@ -281,6 +283,7 @@ mean = lambda v: sum(v) / len(v) if v else None
 print(json.dumps({"epochs_2_on_mean_s": runs,
                   "slowdown_5_steps_profiled": mean(steps) / mean(off) - 1 if off and steps else None,
                   "slowdown_every_step_profiled": runs["all"] / mean(off) - 1 if off and num(runs["all"]) else None,
+                  "slowdown_every_step_events": runs["all-events"] / mean(off) - 1 if off and num(runs["all-events"]) else None,
                   "slowdown_every_step_cpu_only": runs["all-cpu"] / mean(off) - 1 if off and num(runs["all-cpu"]) else None}))
 PY
 fi

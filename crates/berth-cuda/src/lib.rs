@@ -54,6 +54,7 @@
 //! [`CudaFence`] follows berth-alloc's `Note [Fences and events]` (in
 //! [`berth_alloc::backend`]).
 
+pub mod activity;
 pub mod backend;
 mod context;
 pub mod copy;

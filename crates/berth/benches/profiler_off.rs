@@ -28,6 +28,16 @@ fn bench(c: &mut Criterion) {
         // Records pile up while on: drop them rather than export.
         drop(p);
     });
+    // What `berth train --profile` records: shapes and allocator events too.
+    g.bench_function("on_shapes_memory", |b| {
+        let p = profiler::profile()
+            .record_shapes(true)
+            .profile_memory(true)
+            .start()
+            .unwrap();
+        b.iter(|| black_box(a.add(&a).unwrap()));
+        drop(p);
+    });
     g.finish();
 }
 

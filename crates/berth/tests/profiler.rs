@@ -5,7 +5,7 @@
 //! same process would add ops and allocations to their profiles. The tests here run one at a
 //! time (a lock); the GPU ones are `#[ignore]`d and open at the gate, as everywhere.
 
-use berth::profiler::{self, CopyKind, MemoryAction, ProfilerActivity, SortBy};
+use berth::profiler::{self, CopyKind, DeviceTimer, MemoryAction, ProfilerActivity, SortBy};
 use berth::storage::host_memory_allocated;
 use berth::{DType, Device, Tensor};
 use serde_json::Value;
@@ -415,6 +415,9 @@ fn trace_events_have_the_fields_viewers_need() {
 /// a side stream and the kernels on the compute stream on separate stream tracks, with
 /// device time from events; the device's counters equal `memory_allocated` /
 /// `memory_reserved` after each event; the host wait of `item()` with its cause.
+///
+/// With [`DeviceTimer::Auto`] the device time comes from CUPTI where it loads (the trace's
+/// `otherData` says which timer ran); the same checks hold with CUDA events.
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn cuda_profile_has_stream_tracks_copies_device_time_and_counters() {
@@ -423,6 +426,22 @@ fn cuda_profile_has_stream_tracks_copies_device_time_and_counters() {
     ) {
         return;
     }
+    cuda_profile_with(DeviceTimer::Auto);
+}
+
+/// [`cuda_profile_has_stream_tracks_copies_device_time_and_counters`] timed with CUDA events.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
+fn cuda_profile_timed_with_events_has_the_same_tracks_and_spans() {
+    if !berth::cuda::testing::require_gpu(
+        "cuda_profile_timed_with_events_has_the_same_tracks_and_spans",
+    ) {
+        return;
+    }
+    cuda_profile_with(DeviceTimer::CudaEvents);
+}
+
+fn cuda_profile_with(timer: DeviceTimer) {
     let _g = serial();
     let dev = Device::Cuda(0);
     let side = berth::cuda::Stream::new(0, 0).unwrap();
@@ -437,6 +456,7 @@ fn cuda_profile_has_stream_tracks_copies_device_time_and_counters() {
         .activities(&[ProfilerActivity::Cpu, ProfilerActivity::Cuda])
         .record_shapes(true)
         .profile_memory(true)
+        .device_timer(timer)
         .start()
         .unwrap();
     let mut seen = Vec::new();
@@ -470,6 +490,18 @@ fn cuda_profile_has_stream_tracks_copies_device_time_and_counters() {
     let profile = p.stop().unwrap();
     assert_eq!(v, 256.0 * 256.0 * 256.0);
     let trace = exported(&profile, "cuda");
+    let used = profile.device_timer().unwrap();
+    match (timer, profile.device_timer_fallback()) {
+        (DeviceTimer::CudaEvents, _) => assert_eq!(used, DeviceTimer::CudaEvents),
+        // CUPTI ships with the toolkit (and PyTorch's wheels); a machine without it falls
+        // back, with CUPTI's reason in the trace.
+        (_, Some(why)) => {
+            eprintln!("CUPTI not used: {why}");
+            assert_eq!(used, DeviceTimer::CudaEvents);
+        }
+        (_, None) => assert_eq!(used, DeviceTimer::Cupti),
+    }
+    assert_eq!(trace["otherData"]["device_timer"], used.name());
     // Copies: the pinned batch on the side stream, the staged pageable one and item()'s
     // copy back on the current stream.
     let r = profile.records();

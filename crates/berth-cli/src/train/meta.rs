@@ -181,6 +181,7 @@ mod tests {
             profile_warmup: 20,
             profile_steps: 5,
             profile_activities: Vec::new(),
+            profile_device_timer: crate::train::profile::Timer::Auto,
         }
     }
 

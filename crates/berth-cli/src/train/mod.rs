@@ -94,6 +94,11 @@ pub struct TrainArgs {
     /// CUDA device, `cpu` otherwise.
     #[arg(long, value_enum, value_delimiter = ',', value_name = "cpu,cuda")]
     pub profile_activities: Vec<profile::Activity>,
+    /// How `--profile` times CUDA work: `cupti` (CUPTI's activity records, as `torch.profiler`;
+    /// fails without CUPTI), `events` (CUDA events around each op, about one launch of host
+    /// time per op), or `auto` (CUPTI where it loads, else events).
+    #[arg(long, value_enum, default_value_t = profile::Timer::Auto)]
+    pub profile_device_timer: profile::Timer,
 }
 
 /// Entries of allocator history kept for `--memory-snapshot` (PyTorch's default `max_entries`).
@@ -301,6 +306,7 @@ pub fn train_on(
         args.profile_warmup,
         args.profile_steps,
         profile::activities(&args.profile_activities, device.is_cuda()),
+        args.profile_device_timer,
         args.json,
     );
     let waits_before = report::host_waits();

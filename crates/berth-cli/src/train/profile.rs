@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use berth::profiler::{self, ProfilerActivity, RecordFunction, SortBy};
+use berth::profiler::{self, DeviceTimer, ProfilerActivity, RecordFunction, SortBy};
 
 /// A `--profile-activities` value (`torch.profiler.ProfilerActivity`'s names, lower case).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -35,6 +35,27 @@ pub fn activities(chosen: &[Activity], cuda_device: bool) -> Vec<ProfilerActivit
         .collect()
 }
 
+/// A `--profile-device-timer` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Timer {
+    /// CUPTI where it loads, else CUDA events.
+    Auto,
+    /// CUPTI's activity records.
+    Cupti,
+    /// CUDA events around each op and copy.
+    Events,
+}
+
+impl Timer {
+    fn device_timer(self) -> DeviceTimer {
+        match self {
+            Timer::Auto => DeviceTimer::Auto,
+            Timer::Cupti => DeviceTimer::Cupti,
+            Timer::Events => DeviceTimer::CudaEvents,
+        }
+    }
+}
+
 /// Rows of the printed table.
 const TABLE_ROWS: usize = 25;
 
@@ -45,6 +66,7 @@ pub struct StepProfiler {
     warmup: u64,
     steps: u64,
     activities: Vec<ProfilerActivity>,
+    timer: Timer,
     json: bool,
     active: Option<profiler::Profiler>,
     profiled: u64,
@@ -52,12 +74,14 @@ pub struct StepProfiler {
 
 impl StepProfiler {
     /// A profiler writing to `path` (none: never profiles) after `warmup` steps, for `steps`
-    /// steps (0: until the end of training), recording `activities`.
+    /// steps (0: until the end of training), recording `activities`, timing CUDA work with
+    /// `timer`.
     pub fn new(
         path: Option<PathBuf>,
         warmup: u64,
         steps: u64,
         activities: Vec<ProfilerActivity>,
+        timer: Timer,
         json: bool,
     ) -> Self {
         StepProfiler {
@@ -65,6 +89,7 @@ impl StepProfiler {
             warmup,
             steps,
             activities,
+            timer,
             json,
             active: None,
             profiled: 0,
@@ -88,6 +113,7 @@ impl StepProfiler {
             self.active = Some(
                 profiler::profile()
                     .activities(&self.activities)
+                    .device_timer(self.timer.device_timer())
                     .record_shapes(true)
                     .profile_memory(true)
                     .start()?,
@@ -130,8 +156,14 @@ impl StepProfiler {
             SortBy::CpuTotal
         };
         let table = profile.key_averages().table(sort, TABLE_ROWS);
+        let timed = match (profile.device_timer(), profile.device_timer_fallback()) {
+            (None, _) => String::new(),
+            (Some(DeviceTimer::Cupti), _) => "; device time from CUPTI".to_owned(),
+            (Some(_), Some(why)) => format!("; device time from CUDA events ({why})"),
+            (Some(_), None) => "; device time from CUDA events".to_owned(),
+        };
         let head = format!(
-            "profile of {} steps after {} warm-up steps: {} (open it in https://ui.perfetto.dev or chrome://tracing)",
+            "profile of {} steps after {} warm-up steps: {} (open it in https://ui.perfetto.dev or chrome://tracing){timed}",
             self.profiled,
             self.warmup,
             path.display()

@@ -18,7 +18,7 @@
 //! `args.correlation`.
 
 use super::record::{DeviceSpan, MemoryRecord};
-use super::Profile;
+use super::{DeviceTimer, Profile};
 use crate::Device;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -164,7 +164,11 @@ pub(crate) fn trace(p: &Profile) -> Value {
     json!({
         "traceEvents": meta,
         "displayTimeUnit": "ms",
-        "otherData": { "producer": "berth::profiler", "clock": "us since the profile started" },
+        "otherData": {
+            "producer": "berth::profiler", "clock": "us since the profile started",
+            "device_timer": p.device_timer().map(DeviceTimer::name),
+            "device_timer_fallback": p.device_timer_fallback(),
+        },
     })
 }
 

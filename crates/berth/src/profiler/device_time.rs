@@ -1,5 +1,6 @@
-//! Device time of ops and copies, from pairs of timing events recorded around them on their
-//! stream, put on the host clock of the records.
+//! Device time of ops and copies: from CUPTI's activity records where CUPTI loads
+//! (`Note [Activity tracing]` in berth-cuda's `activity.rs`), else from pairs of timing events
+//! recorded around them on their stream, put on the host clock of the records.
 //!
 //! Note [Device clock]: CUDA events give durations between two events of one device
 //! (`cuEventElapsedTime`, <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html>),
@@ -13,10 +14,21 @@
 //! runs: pairs whose end event has completed are resolved as the list grows (a query, no
 //! wait), and their events go back to a pool, so a long profile creates no events in its
 //! steady state and holds a bounded number; `stop()` waits for the rest.
+//!
+//! Note [CUPTI device time]: with CUPTI, an op or copy pushes a fresh external id before it
+//! launches and pops it after; [`resolve`] waits for the devices, stops the trace and gives
+//! each op the span from its first kernel's (or copy's, or memset's) start to its last one's
+//! end, on the stream the op was queued on. Per op that is two thread-local CUPTI calls and
+//! one uncontended lock instead of two event records and, later, a query and two elapsed-time
+//! calls. An op that launched nothing (a view, or work CUPTI did not see) has no device span,
+//! where events would have given it the launch gap.
 
 use super::record::{self, DeviceSpan, Records};
+use super::DeviceTimer;
 use crate::cuda::{current_stream, Event, Stream};
+use berth_cuda::activity::{self, ActivityTrace};
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// What a pair of events times.
@@ -45,8 +57,36 @@ struct Clock {
     t_ref_ns: u64,
 }
 
+/// Work tagged with an external id under CUPTI.
+#[derive(Debug, Clone, Copy)]
+struct Tag {
+    id: u64,
+    target: Target,
+    device: usize,
+    stream: u64,
+}
+
+/// How a started piece of work is timed.
+#[derive(Debug)]
+pub(crate) enum Started {
+    /// The start event, recorded on the work's stream.
+    Event(Event),
+    /// The external id pushed for it.
+    Cupti(u64),
+}
+
+/// How the device time of a profile was measured, and why CUPTI was not used if it was not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TimerUsed {
+    pub(crate) timer: DeviceTimer,
+    pub(crate) fallback: Option<String>,
+}
+
 #[derive(Debug, Default)]
 struct State {
+    trace: Option<ActivityTrace>,
+    tags: Vec<Tag>,
+    used: Option<TimerUsed>,
     clocks: HashMap<usize, Clock>,
     pending: VecDeque<Pending>,
     pool: HashMap<usize, Vec<Event>>,
@@ -56,6 +96,10 @@ struct State {
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
+/// Set while a CUPTI trace times this profile's work.
+static CUPTI: AtomicBool = AtomicBool::new(false);
+/// The next external id.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Pending pairs beyond which completed ones are resolved and recycled.
 const RESOLVE_AT: usize = 1024;
@@ -95,17 +139,45 @@ fn ensure_clock(s: &mut State, device: usize) -> Option<()> {
     Some(())
 }
 
-/// Called when a profile starts: references for the devices already in use.
-pub(crate) fn begin() {
+/// Called when a profile starts: a CUPTI trace where `timer` allows and CUPTI loads, else
+/// references for the devices already in use.
+///
+/// # Errors
+/// `timer` is [`DeviceTimer::Cupti`] and CUPTI cannot trace: why.
+pub(crate) fn begin(timer: DeviceTimer) -> Result<(), String> {
     with(|s| {
         s.pending.clear();
         s.resolved.clear();
         s.clocks.clear();
+        s.tags.clear();
+        s.trace = None;
         s.next_resolve = RESOLVE_AT;
+        let mut fallback = None;
+        if timer != DeviceTimer::CudaEvents {
+            match activity::start_trace(record::now_ns) {
+                Ok(t) => {
+                    s.trace = Some(t);
+                    s.used = Some(TimerUsed {
+                        timer: DeviceTimer::Cupti,
+                        fallback: None,
+                    });
+                    CUPTI.store(true, Ordering::SeqCst);
+                    return Ok(());
+                }
+                Err(e) if timer == DeviceTimer::Cupti => return Err(e.to_string()),
+                Err(e) => fallback = Some(e.to_string()),
+            }
+        }
+        CUPTI.store(false, Ordering::SeqCst);
+        s.used = Some(TimerUsed {
+            timer: DeviceTimer::CudaEvents,
+            fallback,
+        });
         for d in crate::cuda::initialized_devices() {
             let _ = ensure_clock(s, d);
         }
-    });
+        Ok(())
+    })
 }
 
 fn take_recorded(s: &mut State, stream: &Stream) -> Option<Event> {
@@ -117,24 +189,42 @@ fn take_recorded(s: &mut State, stream: &Stream) -> Option<Event> {
     e.record_on(stream).ok().map(|()| e)
 }
 
-/// The start event of a piece of work about to be queued on `stream`; `None` when events
-/// cannot be recorded there (then the work has no device time).
-pub(crate) fn start(stream: &Stream) -> Option<Event> {
+/// Starts timing a piece of work about to be queued on `stream`; `None` when it cannot be
+/// timed there (then the work has no device time).
+pub(crate) fn start(stream: &Stream) -> Option<Started> {
+    if CUPTI.load(Ordering::Relaxed) {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        activity::push_external_id(id);
+        return Some(Started::Cupti(id));
+    }
     with(|s| {
         ensure_clock(s, stream.device())?;
-        take_recorded(s, stream)
+        take_recorded(s, stream).map(Started::Event)
     })
 }
 
 /// [`start`] on the current stream of CUDA device `device`.
-pub(crate) fn start_current(device: usize) -> Option<(Stream, Event)> {
+pub(crate) fn start_current(device: usize) -> Option<(Stream, Started)> {
     let stream = current_stream(device).ok()?;
     let e = start(&stream)?;
     Some((stream, e))
 }
 
-/// Records the end event on `stream` and files the pair for `target`.
-pub(crate) fn finish(target: Target, stream: &Stream, start: Event) {
+/// Ends the timing of `start` on `stream` and files it for `target`.
+pub(crate) fn finish(target: Target, stream: &Stream, start: Started) {
+    let start = match start {
+        Started::Cupti(id) => {
+            activity::pop_external_id();
+            let tag = Tag {
+                id,
+                target,
+                device: stream.device(),
+                stream: stream.as_raw(),
+            };
+            return with(|s| s.tags.push(tag));
+        }
+        Started::Event(e) => e,
+    };
     with(|s| {
         let Some(end) = take_recorded(s, stream) else {
             return;
@@ -193,18 +283,52 @@ fn resolve_completed(s: &mut State) {
     }
 }
 
-/// Waits for the devices with pending pairs, resolves them all and puts every span on its
-/// record; the clocks are dropped (the next profile makes new ones).
-pub(crate) fn resolve(records: &mut Records) {
+/// Waits for the devices with pending work, resolves it all and puts every span on its
+/// record; the clocks (or the CUPTI trace) are dropped (the next profile makes new ones).
+/// Returns how the device time was measured (`None`: CUDA activity was not asked for).
+pub(crate) fn resolve(records: &mut Records) -> Option<TimerUsed> {
     with(|s| {
-        let mut devices: Vec<usize> = s.pending.iter().map(|p| p.device).collect();
-        devices.sort_unstable();
-        devices.dedup();
-        for d in devices {
-            let _ = super::hooks::internal(|| crate::cuda::synchronize(d));
-        }
-        while let Some(p) = s.pending.pop_front() {
-            settle(s, p);
+        if let Some(trace) = s.trace.take() {
+            CUPTI.store(false, Ordering::SeqCst);
+            let mut devices: Vec<usize> = s.tags.iter().map(|t| t.device).collect();
+            devices.sort_unstable();
+            devices.dedup();
+            for d in devices {
+                let _ = super::hooks::internal(|| crate::cuda::synchronize(d));
+            }
+            let by_id: HashMap<u64, usize> =
+                s.tags.iter().enumerate().map(|(i, t)| (t.id, i)).collect();
+            let mut spans: HashMap<usize, (u64, u64)> = HashMap::new();
+            for a in trace.stop() {
+                if let Some(&i) = by_id.get(&a.external_id) {
+                    let e = spans.entry(i).or_insert((a.start_ns, a.end_ns));
+                    e.0 = e.0.min(a.start_ns);
+                    e.1 = e.1.max(a.end_ns);
+                }
+            }
+            for (i, (start_ns, end_ns)) in spans {
+                let t = s.tags[i];
+                s.resolved.push((
+                    t.target,
+                    DeviceSpan {
+                        device: t.device,
+                        stream: t.stream,
+                        start_ns,
+                        end_ns,
+                    },
+                ));
+            }
+            s.tags.clear();
+        } else {
+            let mut devices: Vec<usize> = s.pending.iter().map(|p| p.device).collect();
+            devices.sort_unstable();
+            devices.dedup();
+            for d in devices {
+                let _ = super::hooks::internal(|| crate::cuda::synchronize(d));
+            }
+            while let Some(p) = s.pending.pop_front() {
+                settle(s, p);
+            }
         }
         for (target, span) in s.resolved.drain(..) {
             match target {
@@ -221,13 +345,18 @@ pub(crate) fn resolve(records: &mut Records) {
             }
         }
         s.clocks.clear();
-    });
+        s.used.take()
+    })
 }
 
 /// Drops every pending pair (a profile abandoned before its end); their events are not
-/// reused, as they may still be queued.
+/// reused, as they may still be queued. A CUPTI trace is stopped and its records dropped.
 pub(crate) fn clear() {
     with(|s| {
+        CUPTI.store(false, Ordering::SeqCst);
+        s.trace = None;
+        s.tags.clear();
+        s.used = None;
         s.pending.clear();
         s.resolved.clear();
         s.clocks.clear();

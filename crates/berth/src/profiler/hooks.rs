@@ -5,7 +5,7 @@
 
 use super::device_time::{self, Target};
 use super::record::{self, CopyKind, CopyRecord, MemoryAction, MemoryRecord, SyncRecord};
-use crate::cuda::{Event, Stream};
+use crate::cuda::Stream;
 use crate::Device;
 use std::sync::atomic::Ordering;
 
@@ -89,7 +89,7 @@ pub(crate) fn cuda_memory(alloc: bool, device: usize, bytes: usize, reserved_bef
 /// A copy about to be queued on `stream`: its host start and start event.
 pub(crate) struct CopyStart {
     start_ns: u64,
-    event: Option<Event>,
+    event: Option<device_time::Started>,
     _span: tracing::span::EnteredSpan,
 }
 

@@ -50,7 +50,7 @@ fn bytes(v: &View<'_>) -> u64 {
 struct Timing {
     start_ns: u64,
     device: Device,
-    cuda: Option<(crate::cuda::Stream, crate::cuda::Event)>,
+    cuda: Option<(crate::cuda::Stream, device_time::Started)>,
     _span: tracing::span::EnteredSpan,
 }
 

@@ -70,6 +70,33 @@ pub enum ProfilerActivity {
     Cuda,
 }
 
+/// How activity `Cuda` measures device time (`Note [CUPTI device time]` in
+/// `device_time.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum DeviceTimer {
+    /// CUPTI's activity records where CUPTI loads, else CUDA events (the default).
+    #[default]
+    Auto,
+    /// CUPTI's activity records (as `torch.profiler` through Kineto): one record per kernel,
+    /// copy and memset, written by the driver; [`ProfilerBuilder::start`] fails without CUPTI.
+    Cupti,
+    /// A pair of CUDA events around each op and copy on its stream: works everywhere, but
+    /// costs about one kernel launch of host time per op.
+    CudaEvents,
+}
+
+impl DeviceTimer {
+    /// `"auto"`, `"cupti"` or `"cuda_events"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceTimer::Auto => "auto",
+            DeviceTimer::Cupti => "cupti",
+            DeviceTimer::CudaEvents => "cuda_events",
+        }
+    }
+}
+
 /// Options of a profiler; see [`profile`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a builder does nothing until start()"]
@@ -78,6 +105,7 @@ pub struct ProfilerBuilder {
     cuda: bool,
     record_shapes: bool,
     profile_memory: bool,
+    device_timer: DeviceTimer,
 }
 
 /// A profiler builder with PyTorch's defaults: activities CPU and CUDA, no shapes, no memory.
@@ -87,6 +115,7 @@ pub fn profile() -> ProfilerBuilder {
         cuda: true,
         record_shapes: false,
         profile_memory: false,
+        device_timer: DeviceTimer::Auto,
     }
 }
 
@@ -113,10 +142,17 @@ impl ProfilerBuilder {
         self
     }
 
+    /// How activity `Cuda` measures device time ([`DeviceTimer::Auto`] by default).
+    pub fn device_timer(mut self, timer: DeviceTimer) -> Self {
+        self.device_timer = timer;
+        self
+    }
+
     /// Starts profiling the whole process.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when another profiler is active.
+    /// [`Error::InvalidArgument`] when another profiler is active, or when
+    /// [`DeviceTimer::Cupti`] was asked for and CUPTI cannot trace (the message says why).
     pub fn start(self) -> Result<Profiler> {
         static START: Mutex<()> = Mutex::new(());
         let _g = record::lock(&START);
@@ -130,7 +166,13 @@ impl ProfilerBuilder {
         drop(record::take());
         device_time::clear();
         if self.cuda {
-            device_time::begin();
+            device_time::begin(self.device_timer).map_err(|why| Error::InvalidArgument {
+                op: "profiler::start",
+                what: format!(
+                    "device_timer(DeviceTimer::Cupti): {why}; use DeviceTimer::Auto to fall \
+                     back to CUDA events"
+                ),
+            })?;
         }
         record::RECORD_SHAPES.store(self.record_shapes, Ordering::Relaxed);
         record::PROFILE_MEMORY.store(self.profile_memory, Ordering::Relaxed);
@@ -207,9 +249,11 @@ impl Profiler {
         let mut memory = std::mem::take(&mut self.start_memory);
         memory.append(&mut records.memory);
         records.memory = memory;
-        device_time::resolve(&mut records);
+        let timer = device_time::resolve(&mut records);
         Ok(Profile {
             cpu: self.cpu,
+            device_timer: timer.as_ref().map(|t| t.timer),
+            device_timer_fallback: timer.and_then(|t| t.fallback),
             start_ns: self.start_ns,
             end_ns: record::now_ns(),
             records,
@@ -232,6 +276,8 @@ impl Drop for Profiler {
 #[derive(Debug, Clone)]
 pub struct Profile {
     cpu: bool,
+    device_timer: Option<DeviceTimer>,
+    device_timer_fallback: Option<String>,
     start_ns: u64,
     end_ns: u64,
     records: Records,
@@ -249,6 +295,17 @@ impl Profile {
     /// When the profile started and stopped, in nanoseconds on its clock.
     pub fn span_ns(&self) -> (u64, u64) {
         (self.start_ns, self.end_ns)
+    }
+
+    /// How device time was measured: [`DeviceTimer::Cupti`] or [`DeviceTimer::CudaEvents`]
+    /// (never `Auto`); `None` without activity `Cuda`.
+    pub fn device_timer(&self) -> Option<DeviceTimer> {
+        self.device_timer
+    }
+
+    /// Why [`DeviceTimer::Auto`] fell back to CUDA events (CUPTI's error), if it did.
+    pub fn device_timer_fallback(&self) -> Option<&str> {
+        self.device_timer_fallback.as_deref()
     }
 
     /// The names of the host threads that recorded something, by profiler thread id.

@@ -68,8 +68,59 @@
 //! - At most 2 units per run took `lstm_varlen_train` from 141 device calls to 36 (target 112)
 //!   and its peak from 1.1112× to 1.0941× the requested bytes; no other trace's peak moved.
 //! - No setting meets every target. `lstm_varlen_train` stays 0.06% (4 MiB) over expandable
-//!   segments; `unet_diffusion_train` wastes 14% at every setting (the waste is placement, not
-//!   headroom); the geometric-mean waste over the fifteen is 2.50% against the 1.5% aimed at.
+//!   segments; `unet_diffusion_train` wastes 14% at every setting (the waste is in partly
+//!   reused mapping units, see below); the geometric-mean waste over the fifteen is 2.50%
+//!   against the 1.5% aimed at.
+//!
+//! Where the waste is (`examples/paged_waste.rs`, 2026-12-01): at the moment each trace's peak
+//! reserved was set, summed over the fifteen traces, the free mapped memory was 2,608 MiB of
+//! whole pages inside mapping units that also hold a live block (no unmap can release them:
+//! `Note [Mapping units]`), 1,100 MiB of wholly free units (left by step 3's headroom) and
+//! 426 MiB on pages shared with a live block. The first kind is the largest on
+//! `llm_ckpt_varlen_train` (768 MiB), `lstm_varlen_train` (532) and `gpt2_train` (242); on
+//! `unet_diffusion_train` (118, with 128 MiB of wholly free units) the peak comes while
+//! 128 MiB requests find no mapped hole that large and step 3 finds nothing to unmap
+//! (typically a 64 MiB unit of a freed block holding one 32 MiB block). The same placement
+//! with 2 MiB units, no headroom, no call budget and no step 5 wastes 0.68% (geometric mean;
+//! `unet_diffusion_train` 1.13%), but makes about ten times the calls (2,216 first-pass calls
+//! on `unet_diffusion_train`, target 236) and thousands in warm passes; 64 MiB units with the
+//! same freedom still waste 2.15% (`unet_diffusion_train` 14.25%): the unit is what costs,
+//! and the call targets are what fix its size.
+//!
+//! Tried at today's constants and not kept (geometric-mean waste over the fifteen, against
+//! 2.498% now; every one misses more targets than today's policy or wastes more):
+//! - Pinning as a cost: a placement that would leave part of a wholly free unit free costs
+//!   1/4 to 2 × the bytes it leaves, against unmapped bytes (so mapping fresh memory can win):
+//!   6.4% to 15.7%; fresh mappings pile up under the headroom (`bert_varlen_train` +2.1 GB at
+//!   1/2).
+//! - Pinning as a tie-break among mapped placements: before the extent size 4.75%, after it
+//!   4.44% (both also taking the extent's other end when it pins less; `bert_varlen_train`
+//!   0.01% → 9.35%), between extents only 2.54–2.55% (`llm_ckpt_varlen_train` 10.63% →
+//!   13.78% and over the warm-call target).
+//! - A second arena per stream for blocks up to a size (PyTorch's small pool): 2.52% at
+//!   256 KiB, 3.00% at 1 MiB, 4.79% at 4 MiB, 6.20% at 16 MiB: the arenas stop sharing free
+//!   memory.
+//! - Lifetime arenas with an oracle (blocks living longer than 1%, 5%, 20% or 50% of the
+//!   trace's operations, read from the trace itself, in their own arena): 8.4%, 7.2%, 4.3%,
+//!   4.4%. No predictor of lifetime can beat its oracle.
+//! - Address order among the fitting extents of a class instead of the smallest: 2.40%, from
+//!   two traces (`finetune_reload_weights` 2.32% → 0.59%, `llm_ckpt_varlen_train` 10.63% →
+//!   10.12%); `gpt2_generate` goes from 5.92% to 7.44%, 6 MiB above expandable segments, and
+//!   six more traces lose 0.05–0.65 points. Over 180 settings of the constants (headroom 4–16,
+//!   1.5–3 calls, 32/64 MiB units, churn 2–8, 2/4 units per run) the check still picks today's,
+//!   with those two misses.
+//! - Blocks up to 256 KiB … 32 MiB placed at the high end of their extent (two-ended
+//!   placement): 3.7% to 4.6%.
+//! - Long runs cut into units growing from 64 MiB (64, 64, 128, 256, … from the low end, or
+//!   mirrored): 2.54% / 2.50% (`lstm_varlen_train` 9.41% → 12.09% from the low end).
+//! - Re-cutting units: when a block would leave at least half of a wholly free unit free (and
+//!   at least 8, 16, 32 or 128 MiB of it), the unit is unmapped and mapped again as the
+//!   block's pages and the rest (a remap, 2–4 calls): 2.47–2.48%. Only `lstm_varlen_train`'s
+//!   peak falls (9.41% → 7.97–8.14%, under expandable segments), but its calls go to 149–224
+//!   (target 112) and its warm passes to 36–192; elsewhere the re-cuts spend the call budget
+//!   (`bert_varlen_train` 1,540 calls at 8 MiB) for no lower peak.
+//! - Unmapping smallest runs first, highest addresses first, or the smallest run that covers
+//!   the need first: 2.51–2.52%. Scanning 4, 64 or 256 candidates instead of 16: 2.50%.
 //!
 //! # Note [Mapping units]
 //! Each `map` call is one mapping, backed by one physical handle on CUDA, and the driver unmaps

@@ -26,16 +26,38 @@ type Key = (Device, &'static str);
 /// The wrappers, one per (device kind, op name): a few dozen in all, made once and kept.
 static WRAPPERS: OnceLock<Mutex<HashMap<Key, &'static Profiled>>> = OnceLock::new();
 
+thread_local! {
+    /// This thread's wrappers by (device kind, address and length of the op's name): a lookup
+    /// without the global lock or hashing the name's bytes, on every op while profiling.
+    static LOCAL: std::cell::RefCell<HashMap<(Device, usize, usize), &'static Profiled>> =
+        std::cell::RefCell::new(HashMap::new());
+}
+
 /// `inner` for the front-end op `op`, profiled.
 pub(crate) fn wrap(
     inner: &'static dyn DeviceKernels,
     op: &'static str,
 ) -> &'static dyn DeviceKernels {
+    let local_key = (inner.kind(), op.as_ptr() as usize, op.len());
+    // `try_with`: a storage freed while the thread's locals are torn down still finds its
+    // wrapper, through the shared map.
+    if let Ok(Some(w)) = LOCAL.try_with(|l| l.borrow().get(&local_key).copied()) {
+        return w;
+    }
+    let w = wrap_shared(inner, op);
+    let _ = LOCAL.try_with(|l| l.borrow_mut().insert(local_key, w));
+    w
+}
+
+/// The process-wide wrapper of (`inner`'s kind, `op`), made on first use.
+fn wrap_shared(inner: &'static dyn DeviceKernels, op: &'static str) -> &'static Profiled {
     let key = (inner.kind(), op);
     let map = WRAPPERS.get_or_init(|| Mutex::new(HashMap::new()));
     let mut map = record::lock(map);
-    *map.entry(key)
-        .or_insert_with(|| Box::leak(Box::new(Profiled { inner, op })))
+    let w: &'static Profiled = map
+        .entry(key)
+        .or_insert_with(|| Box::leak(Box::new(Profiled { inner, op })));
+    w
 }
 
 fn numel(v: &View<'_>) -> u64 {

@@ -247,16 +247,17 @@ fi
 # profile-summary.json the mean epoch time of each run and the slowdowns (epochs 2 and on:
 # epoch 1 compiles the kernels).
 if want profile; then
-  # Off and on (5 steps) alternate twice, so run-to-run noise shows beside the difference.
-  for r in 1 2; do
+  # Off, the default 5-step profile, every step (CUPTI) and every step with host records only
+  # alternate PROFILE_ROUNDS times (3 by default): this host's epochs vary by 10-25% from run to
+  # run, so the summary compares medians over the rounds.
+  for r in $(seq 1 "${PROFILE_ROUNDS:-3}"); do
     timeout 200 .gpu/berth train --device cuda:0 --epochs 4 --json > "$OUT/profile-off-$r.json" 2>"$OUT/profile-off-$r.err" || status=1
     timeout 200 .gpu/berth train --device cuda:0 --epochs 4 --json --profile "$OUT/profile-trace.json" > "$OUT/profile-steps-$r.json" 2>"$OUT/profile-steps-$r.err" || status=1
+    timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all.json --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all-$r.json" 2>"$OUT/profile-all-$r.err" || status=1
+    timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all-cpu.json --profile-activities cpu --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all-cpu-$r.json" 2>"$OUT/profile-all-cpu-$r.err" || status=1
   done
-  timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all.json --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all.json" 2>"$OUT/profile-all.err" || status=1
   # Every step timed with CUDA events instead of CUPTI (the default where CUPTI loads).
-  timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all-events.json --profile-device-timer events --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all-events.json" 2>"$OUT/profile-all-events.err" || status=1
-  # Every step with host records only: what device timing adds is the difference.
-  timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all-cpu.json --profile-activities cpu --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all-cpu.json" 2>"$OUT/profile-all-cpu.err" || status=1
+  timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all-events.json --profile-device-timer events --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all-events-1.json" 2>"$OUT/profile-all-events-1.err" || status=1
   # Batch 4096: kernels long enough that the host runs ahead of the GPU, so the prefetch copy
   # of batch n+1 is queued while step n's kernels run (at batch 64 the loop is host-bound and
   # each copy runs in a gap between kernels).
@@ -275,16 +276,15 @@ def later(tag):
     except Exception as e:
         return str(e)
     return sum(v[1:]) / len(v[1:])
-runs = {t: later(t) for t in ("off-1", "steps-1", "off-2", "steps-2", "all", "all-events", "all-cpu", "b4096")}
-num = lambda v: isinstance(v, float)
-off = [runs[t] for t in ("off-1", "off-2") if num(runs[t])]
-steps = [runs[t] for t in ("steps-1", "steps-2") if num(runs[t])]
-mean = lambda v: sum(v) / len(v) if v else None
-print(json.dumps({"epochs_2_on_mean_s": runs,
-                  "slowdown_5_steps_profiled": mean(steps) / mean(off) - 1 if off and steps else None,
-                  "slowdown_every_step_profiled": runs["all"] / mean(off) - 1 if off and num(runs["all"]) else None,
-                  "slowdown_every_step_events": runs["all-events"] / mean(off) - 1 if off and num(runs["all-events"]) else None,
-                  "slowdown_every_step_cpu_only": runs["all-cpu"] / mean(off) - 1 if off and num(runs["all-cpu"]) else None}))
+import glob, statistics
+tags = ("off", "steps", "all", "all-cpu", "all-events", "b4096")
+runs = {}
+for t in tags:
+    files = sorted(glob.glob(os.path.join(out, f"profile-{t}-[0-9]*.json"))) or [os.path.join(out, f"profile-{t}.json")]
+    runs[t] = [later(os.path.basename(f)[len("profile-"):-len(".json")]) for f in files]
+med = {t: statistics.median(v) for t, v in runs.items() if v and all(isinstance(x, float) for x in v)}
+vs_off = {t: med[t] / med["off"] - 1 for t in med if "off" in med and t not in ("off", "b4096")}
+print(json.dumps({"epochs_2_on_mean_s_per_round": runs, "median_s": med, "slowdown_vs_off_median": vs_off}))
 PY
 fi
 python3 - "$OUT" <<'PY'

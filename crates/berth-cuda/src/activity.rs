@@ -418,6 +418,7 @@ mod imp {
                 return Err(cupti_err("cuptiActivityEnable", e));
             }
         }
+        keep_only_launch_api_records();
         // The tightest of three back-to-back readings fixes the offset.
         let mut best: Option<(u64, i128)> = None;
         for _ in 0..3 {
@@ -438,6 +439,53 @@ mod imp {
                     op: "cuptiGetTimestamp",
                     code: "failed".into(),
                 })
+            }
+        }
+    }
+
+    /// Highest callback id tried per API domain (CUDA 13.0 has about 760 driver and 500
+    /// runtime ones; an id with no name is skipped).
+    const MAX_CBID: u32 = 2048;
+
+    /// Whether API records of the function `name` are kept: the calls that put work on a
+    /// device, whose records carry the external correlation of the kernels and copies.
+    fn queues_work(name: &str) -> bool {
+        ["Launch", "Memcpy", "Memset", "Graph"]
+            .iter()
+            .any(|k| name.contains(k))
+    }
+
+    /// Turns off the API records of every driver and runtime function that queues no device
+    /// work (context, stream, event and attribute calls: most of berth's calls per op), so
+    /// that CUPTI writes one API record per launch or copy, not one per driver call
+    /// (`cuptiActivityEnableDriverApi`, `cuptiActivityEnableRuntimeApi`). Failures leave
+    /// those records on, which costs time, not correctness.
+    fn keep_only_launch_api_records() {
+        use sys::CUpti_CallbackDomain as D;
+        for (domain, set) in [
+            (
+                D::CUPTI_CB_DOMAIN_DRIVER_API,
+                sys::cuptiActivityEnableDriverApi as unsafe fn(u32, u8) -> sys::CUptiResult,
+            ),
+            (
+                D::CUPTI_CB_DOMAIN_RUNTIME_API,
+                sys::cuptiActivityEnableRuntimeApi,
+            ),
+        ] {
+            for cbid in 1..MAX_CBID {
+                let mut name: *const std::ffi::c_char = std::ptr::null();
+                // SAFETY: `name` is a valid out-pointer; CUPTI sets it to a static string.
+                let named =
+                    unsafe { cudarc::cupti::result::get_callback_name(domain, cbid, &mut name) };
+                if named.is_err() || name.is_null() {
+                    continue;
+                }
+                // SAFETY: a NUL-terminated static string from CUPTI.
+                let n = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+                if !queues_work(&n) {
+                    // SAFETY: a plain CUPTI call on a callback id it named.
+                    let _ = unsafe { set(cbid, 0) };
+                }
             }
         }
     }

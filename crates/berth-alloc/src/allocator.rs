@@ -182,6 +182,13 @@ pub trait DeviceAllocator: Send + Sync {
     /// The statistics (`DeviceStats`).
     fn stats(&self) -> MemoryStats;
 
+    /// `(memory_allocated(), memory_reserved())` in bytes: the two figures a profiler reads
+    /// after every allocation and free, without copying the whole of [`DeviceAllocator::stats`].
+    fn allocated_and_reserved(&self) -> (u64, u64) {
+        let s = self.stats();
+        (s.memory_allocated(), s.memory_reserved())
+    }
+
     /// `torch.cuda.memory_stats()`: PyTorch's flat, sorted key → value map (122 keys).
     fn memory_stats(&self) -> BTreeMap<String, i64> {
         self.stats().to_map()

@@ -78,6 +78,13 @@ pub fn distinct_pointers(factory: Factory<'_>) {
             keep.swap_remove(k % keep.len());
             live.swap_remove(k % live.len());
         }
+        let s = a.stats();
+        assert_eq!(
+            a.allocated_and_reserved(),
+            (s.memory_allocated(), s.memory_reserved()),
+            "allocated_and_reserved() disagrees with stats() after allocation {k}"
+        );
+        assert!(s.memory_reserved() >= s.memory_allocated());
     }
     live.sort_unstable();
     for w in live.windows(2) {

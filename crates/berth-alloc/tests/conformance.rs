@@ -14,6 +14,16 @@ fn caching_on_sim() {
     });
 }
 
+/// berth's own policy passes the same suite (including `allocated_and_reserved` against
+/// `stats`).
+#[test]
+fn paged_on_sim() {
+    testing::conformance(&|cap| {
+        Arc::new(berth_alloc::PagedBestFit::new(SimBackend::new(cap)).unwrap())
+            as Arc<dyn DeviceAllocator>
+    });
+}
+
 #[test]
 fn caching_expandable_on_sim() {
     testing::conformance(&|cap| {

@@ -246,6 +246,11 @@ impl<B: MemoryBackend> DeviceAllocator for CachingAllocator<B> {
         self.shared.lock().stats
     }
 
+    fn allocated_and_reserved(&self) -> (u64, u64) {
+        let lock = self.shared.lock();
+        (lock.stats.memory_allocated(), lock.stats.memory_reserved())
+    }
+
     fn memory_summary(&self, abbreviated: bool) -> String {
         let st = self.shared.lock();
         crate::summary::memory_summary(&st.stats, st.device, self.shared.name, abbreviated)

@@ -416,6 +416,11 @@ impl<B: MemoryBackend> DeviceAllocator for PagedBestFit<B> {
         self.shared.lock().stats
     }
 
+    fn allocated_and_reserved(&self) -> (u64, u64) {
+        let lock = self.shared.lock();
+        (lock.stats.memory_allocated(), lock.stats.memory_reserved())
+    }
+
     fn reset_peak_memory_stats(&self) {
         self.shared.lock().stats.reset_peak();
     }

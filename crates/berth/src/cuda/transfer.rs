@@ -145,7 +145,8 @@ fn pending_after(stream: &Stream) -> Result<Arc<dyn PendingWork>> {
 pub fn alloc_storage(device: usize, nbytes: usize) -> Result<Storage> {
     let stream = current_stream(device)?;
     let allocator = allocator(device)?;
-    let reserved_before = crate::profiler::is_active().then(|| allocator.stats().memory_reserved());
+    let reserved_before =
+        crate::profiler::is_active().then(|| allocator.allocated_and_reserved().1);
     let alloc = allocator
         .allocate(nbytes, stream.id())
         .map_err(|source| CudaError::Alloc { device, source })?;

@@ -37,8 +37,7 @@ pub(crate) fn host_memory(alloc: bool, bytes: usize, allocated_bytes: usize) {
 
 /// `(allocated, reserved)` bytes of CUDA device `device`'s allocator now, if it has one.
 pub(crate) fn cuda_stats(device: usize) -> Option<(u64, u64)> {
-    let s = crate::cuda::memory::existing_allocator(device)?.stats();
-    Some((s.memory_allocated(), s.memory_reserved()))
+    Some(crate::cuda::memory::existing_allocator(device)?.allocated_and_reserved())
 }
 
 /// A CUDA storage of `bytes` bytes on `device` was allocated or freed; `reserved_before` is

@@ -8,6 +8,8 @@ mod creation;
 #[cfg(feature = "cuda")]
 mod cuda_ops;
 #[cfg(feature = "cuda")]
+mod cuda_optim;
+#[cfg(feature = "cuda")]
 mod cuda_runtime;
 #[cfg(feature = "cuda")]
 mod cuda_transfer;
@@ -16,6 +18,7 @@ mod display;
 mod meta;
 mod nn;
 mod ops;
+mod optim;
 mod sizes;
 mod storage;
 mod to;

@@ -21,7 +21,8 @@ use berth::nn::{load_state_dict_file, save_state_dict, Module};
 use berth::{DType, Device, Generator, Tensor};
 
 use crate::UsageError;
-pub use mlp::{Mlp, Sgd};
+pub use berth::optim::Sgd;
+pub use mlp::Mlp;
 use report::{EpochReport, MemoryReport, TrainReport};
 
 /// Arguments of `berth train`.

@@ -7,11 +7,12 @@
 mod elementwise;
 mod matmul;
 mod nnops;
+mod optim;
 mod reduce;
 
 use half::{bf16, f16};
 
-use crate::device_kernels::{DeviceKernels, RandomDist, View};
+use crate::device_kernels::{DeviceKernels, RandomDist, SgdParam, View};
 use crate::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::storage::{HostRead, Pod};
 use crate::{Device, Result, Storage};
@@ -293,6 +294,20 @@ impl DeviceKernels for CpuKernels {
 
     fn random(&self, dst: View<'_>, dist: RandomDist, seed: u64, offset: u64) -> Result<()> {
         nnops::random(dst, dist, seed, offset)
+    }
+
+    fn add_scaled(&self, dst: View<'_>, src: View<'_>, alpha: f64) -> Result<()> {
+        optim::add_scaled(dst, src, alpha)
+    }
+
+    fn sgd_momentum(
+        &self,
+        params: &[SgdParam<'_>],
+        momentum: f64,
+        lr: f64,
+        first_step: bool,
+    ) -> Result<()> {
+        optim::sgd_momentum(params, momentum, lr, first_step)
     }
 }
 

@@ -61,7 +61,8 @@ BINARY(div, (x / y))
 BINARY(pow, m_pow(x, y))
 BINARY(maximum, (m_isnan(x) ? x : (m_isnan(y) ? y : (x > y ? x : y))))
 BINARY(minimum, (m_isnan(x) ? x : (m_isnan(y) ? y : (x < y ? x : y))))
-BINARY(add_scaled, (x + cp * y))
+/* the product rounded before the sum: the bits of mul_scalar then add (no FMA) */
+BINARY(add_scaled, m_add_rn(x, m_mul_rn(y, cp)))
 BINARY(relu_backward, (y > (C)0 ? x : (C)0))
 /* tensor-scalar: floats compare in their compute type (the scalar rounded to it, as PyTorch),
    integers in double so that 3 == 3.5 is false */

@@ -249,6 +249,26 @@ pub trait DeviceKernels: Send + Sync {
         Err(missing("add_scaled", self.kind()))
     }
 
+    /// `dst[q, j, i] = src[q, index[j], i]`: whole slices gathered along one dimension
+    /// (`torch.index_select`), with `src` seen as `[outer, size, inner]` = `dims` (the sizes
+    /// before, of and after the dimension), `index` i64 `[len]` and `dst`
+    /// `[outer, len, inner]`, all three contiguous, `dst` of `src`'s dtype and in a storage of
+    /// its own. An index outside `[0, size)` gives a zero slice (the front-end checks host
+    /// indices; device indices cannot be read without a sync).
+    ///
+    /// # Errors
+    /// Device errors.
+    fn index_select(
+        &self,
+        dst: View<'_>,
+        src: View<'_>,
+        index: View<'_>,
+        dims: [usize; 3],
+    ) -> Result<()> {
+        let _ = (dst, src, index, dims);
+        Err(missing("index_select", self.kind()))
+    }
+
     /// One step of SGD with momentum (dampening 0, no Nesterov) over every parameter of
     /// `params`, in as few passes (on CUDA, launches) as the device allows:
     /// `v ← v·μ + g` (`v ← g` when `first_step`), then `p ← p + v·(−lr)`, with

@@ -6,6 +6,8 @@ mod util;
 mod bugs;
 mod creation;
 #[cfg(feature = "cuda")]
+mod cuda_index;
+#[cfg(feature = "cuda")]
 mod cuda_ops;
 #[cfg(feature = "cuda")]
 mod cuda_optim;
@@ -15,6 +17,7 @@ mod cuda_runtime;
 mod cuda_transfer;
 mod device;
 mod display;
+mod index;
 mod meta;
 mod nn;
 mod ops;

@@ -5,6 +5,7 @@
 //! Large elementwise and reduction work runs on rayon; matmul goes through `gemm`.
 
 mod elementwise;
+mod index;
 mod matmul;
 mod nnops;
 mod optim;
@@ -298,6 +299,16 @@ impl DeviceKernels for CpuKernels {
 
     fn add_scaled(&self, dst: View<'_>, src: View<'_>, alpha: f64) -> Result<()> {
         optim::add_scaled(dst, src, alpha)
+    }
+
+    fn index_select(
+        &self,
+        dst: View<'_>,
+        src: View<'_>,
+        index: View<'_>,
+        dims: [usize; 3],
+    ) -> Result<()> {
+        index::index_select(dst, src, index, dims)
     }
 
     fn sgd_momentum(

@@ -431,6 +431,43 @@ impl DeviceKernels for CudaKernels {
         Ok(())
     }
 
+    fn index_select(
+        &self,
+        dst: View<'_>,
+        src: View<'_>,
+        index: View<'_>,
+        dims: [usize; 3],
+    ) -> Result<()> {
+        let op = "index_select";
+        let (d, s, i) = (Raw::of(op, &dst)?, Raw::of(op, &src)?, Raw::of(op, &index)?);
+        for (r, v, which) in [
+            (&d, &dst, "output"),
+            (&s, &src, "input"),
+            (&i, &index, "index"),
+        ] {
+            if !r.is_contiguous_for(v.layout.shape()) {
+                return Err(not_contiguous(op, which));
+            }
+        }
+        let len = index.layout.numel();
+        // SAFETY: the three views come from live device storages whose layouts the front-end
+        // checked to fit their memory, contiguous (checked above) with the extents of the
+        // contract; `dst` is a fresh storage; the stream is the device's.
+        unsafe {
+            kernels::index_select(
+                d.device,
+                d.stream(),
+                d.dtype,
+                dims,
+                len,
+                d.ptr,
+                s.ptr,
+                i.ptr,
+            )
+        }?;
+        Ok(())
+    }
+
     fn sgd_momentum(
         &self,
         params: &[SgdParam<'_>],

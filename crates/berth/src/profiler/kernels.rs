@@ -226,6 +226,19 @@ impl DeviceKernels for Profiled {
         self.run(dst, &[dst, src], |k| k.add_scaled(dst, src, alpha))
     }
 
+    fn index_select(
+        &self,
+        dst: View<'_>,
+        src: View<'_>,
+        index: View<'_>,
+        dims: [usize; 3],
+    ) -> Result<()> {
+        // What is read is the gathered slices (`dst`'s size) and the indices.
+        self.run(dst, &[dst, index], |k| {
+            k.index_select(dst, src, index, dims)
+        })
+    }
+
     fn sgd_momentum(
         &self,
         params: &[SgdParam<'_>],

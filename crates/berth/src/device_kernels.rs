@@ -269,6 +269,18 @@ pub trait DeviceKernels: Send + Sync {
         Err(missing("index_select", self.kind()))
     }
 
+    /// `dst[i] = grad[i] · (input[i] > 0 ? 1 : 0)`: `ReLU`'s backward in one pass, bit for bit
+    /// `grad * input.gt_scalar(0).to_dtype(dtype)` (the mask multiplies, it does not select).
+    /// Called only for f32 or f64 `grad` and `input` of one dtype and `dst`'s shape, both
+    /// contiguous; `dst` fresh and contiguous.
+    ///
+    /// # Errors
+    /// Device errors.
+    fn relu_backward(&self, dst: View<'_>, grad: View<'_>, input: View<'_>) -> Result<()> {
+        let _ = (dst, grad, input);
+        Err(missing("relu_backward", self.kind()))
+    }
+
     /// One step of SGD with momentum (dampening 0, no Nesterov) over every parameter of
     /// `params`, in as few passes (on CUDA, launches) as the device allows:
     /// `v ← v·μ + g` (`v ← g` when `first_step`), then `p ← p + v·(−lr)`, with

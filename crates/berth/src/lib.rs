@@ -34,9 +34,9 @@
 //! - `Note [Profiler off costs one load]`: `src/profiler/mod.rs` ([`profiler`])
 //! - `Note [Device clock]`: `src/profiler/device_time.rs`
 //! - `Note [Small matmuls]`: `src/cpu/matmul.rs` (how many threads a host `gemm` gets)
-//! - `Note [Fused updates are exact]`: `src/cuda/kernels/optim.rs` (why the fused SGD and
-//!   `add_scaled_` kernels give the unfused ops' bits); `Note [Fused host SGD]`:
-//!   `src/cpu/optim.rs`
+//! - `Note [Fused updates are exact]`: `src/cuda/kernels/optim.rs` (why the fused SGD,
+//!   `add_scaled_` and `relu_backward` kernels give the unfused ops' bits);
+//!   `Note [Fused host SGD]`: `src/cpu/optim.rs`
 //!
 //! The allocator's notes are listed in [`berth_alloc`]'s docs, the driver layer's in
 //! [`berth_cuda`]'s.

@@ -38,6 +38,15 @@ fn bits(t: &Tensor) -> Vec<u64> {
     }
 }
 
+/// `bits` with every NaN pattern (f32 or f64) replaced by one value.
+fn nan_as_one(v: Vec<u64>) -> Vec<u64> {
+    let nan =
+        |b: u64| f32::from_bits(b as u32).is_nan() && b >> 32 == 0 || f64::from_bits(b).is_nan();
+    v.into_iter()
+        .map(|b| if nan(b) { u64::MAX } else { b })
+        .collect()
+}
+
 fn step_unfused(p: &Tensor, g: &Tensor, v: &Tensor, lr: f64, mu: f64, first: bool) {
     if first {
         v.copy_(g).unwrap();
@@ -111,6 +120,64 @@ fn cuda_sgd_optimizer_matches_the_unfused_ops() {
         opt.step(&[&p], &[&g]).unwrap();
         step_unfused(&q, &g, &vq, 0.01, 0.8, step == 0);
         assert_eq!(bits(&p), bits(&q), "step {step}");
+    }
+}
+
+/// The one-kernel `relu_backward` equals `gt_scalar`, `to_dtype`, `mul` on CUDA (signed zeros,
+/// infinities and NaNs included) and the host's result.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
+fn cuda_relu_backward_is_bit_identical_to_the_mask_multiply() {
+    if !testing::require_gpu("cuda_relu_backward_is_bit_identical_to_the_mask_multiply") {
+        return;
+    }
+    let special = [
+        0.0,
+        -0.0,
+        1.5,
+        -2.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+    ];
+    let (mut g, mut x) = (Vec::new(), Vec::new());
+    for &a in &special {
+        for &b in &special {
+            g.push(a);
+            x.push(b);
+        }
+    }
+    let mut gen = Generator::new(2);
+    for dtype in [DType::F32, DType::F64] {
+        let t = |v: &[f64]| {
+            Tensor::from_vec(v.to_vec(), &[v.len()], Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap()
+        };
+        let cases = [
+            (t(&g), t(&x)),
+            (
+                randn(&[64, 256], dtype, &mut gen),
+                randn(&[64, 256], dtype, &mut gen),
+            ),
+        ];
+        for (gh, xh) in cases {
+            let (gd, xd) = (gh.to_device(GPU).unwrap(), xh.to_device(GPU).unwrap());
+            let mask = xd.gt_scalar(0.0).unwrap().to_dtype(dtype).unwrap();
+            let fused = gd.relu_backward(&xd).unwrap();
+            assert_eq!(
+                bits(&fused),
+                bits(&gd.mul(&mask).unwrap()),
+                "{dtype}: fused vs unfused"
+            );
+            // NaN bit patterns differ between the GPU (canonical 0x7fffffff) and x86.
+            assert_eq!(
+                nan_as_one(bits(&fused)),
+                nan_as_one(bits(&gh.relu_backward(&xh).unwrap())),
+                "{dtype}: cuda vs host"
+            );
+        }
     }
 }
 

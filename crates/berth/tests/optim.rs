@@ -190,6 +190,55 @@ fn optim_sgd_follows_pytorch_rule() {
     assert!(e.to_string().contains("1 momentum buffers"), "{e}");
 }
 
+/// `relu_backward` as one kernel keeps the bits of `gt_scalar`, `to_dtype`, `mul`: signed
+/// zeros, infinities and NaNs included.
+#[test]
+fn optim_relu_backward_is_bit_identical_to_the_mask_multiply() {
+    for dtype in [DType::F32, DType::F64] {
+        let special = [
+            0.0,
+            -0.0,
+            1.5,
+            -2.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ];
+        let mut g: Vec<f64> = Vec::new();
+        let mut x: Vec<f64> = Vec::new();
+        for &a in &special {
+            for &b in &special {
+                g.push(a);
+                x.push(b);
+            }
+        }
+        let n = g.len();
+        let t = |v: &[f64]| {
+            Tensor::from_vec(v.to_vec(), &[v.len()], Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap()
+        };
+        let (gt, xt) = (t(&g), t(&x));
+        let mask = xt.gt_scalar(0.0).unwrap().to_dtype(dtype).unwrap();
+        assert_eq!(
+            bits(&gt.relu_backward(&xt).unwrap()),
+            bits(&gt.mul(&mask).unwrap())
+        );
+        // The parallel path.
+        let mut gen = Generator::new(n as u64);
+        let (gb, xb) = (
+            randn(&[4 * CHUNK + 5], dtype, &mut gen),
+            randn(&[4 * CHUNK + 5], dtype, &mut gen),
+        );
+        let mask = xb.gt_scalar(0.0).unwrap().to_dtype(dtype).unwrap();
+        assert_eq!(
+            bits(&gb.relu_backward(&xb).unwrap()),
+            bits(&gb.mul(&mask).unwrap())
+        );
+    }
+}
+
 /// `add_scaled_` as one kernel keeps the bits of `mul_scalar` then `add_` (f32, f64, the
 /// parallel path included); other cases still take the two ops.
 #[test]

@@ -301,6 +301,10 @@ impl DeviceKernels for CpuKernels {
         optim::add_scaled(dst, src, alpha)
     }
 
+    fn relu_backward(&self, dst: View<'_>, grad: View<'_>, input: View<'_>) -> Result<()> {
+        optim::relu_backward(dst, grad, input)
+    }
+
     fn index_select(
         &self,
         dst: View<'_>,

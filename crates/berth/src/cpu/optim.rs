@@ -1,5 +1,6 @@
-//! Host optimiser kernels: `add_scaled` and the SGD-with-momentum update, each one pass over
-//! its operands (split over rayon for large tensors).
+//! Host fused kernels of the training step: `add_scaled`, `relu_backward` and the
+//! SGD-with-momentum update, each one pass over its operands (split over rayon for large
+//! tensors).
 //!
 //! Note [Fused host SGD]: the three tensor ops of the momentum update (`v *= μ`, `v += g`,
 //! `p += −lr·v`, the last with a temporary) made five passes and an allocation: 1.5 ms a step
@@ -67,6 +68,50 @@ fn add_scaled_typed<T: Float>(dst: View<'_>, src: View<'_>, alpha: f64) -> Resul
             .for_each(body);
     } else {
         body((d, s));
+    }
+    Ok(())
+}
+
+/// `dst = grad · (input > 0 ? 1 : 0)` over contiguous operands of one shape (the
+/// [`DeviceKernels::relu_backward`](crate::device_kernels::DeviceKernels::relu_backward)
+/// contract): the bits of `grad * input.gt_scalar(0).to_dtype(..)`.
+///
+/// # Errors
+/// [`Error::UnsupportedDType`] for a dtype other than f32 or f64.
+pub(crate) fn relu_backward(dst: View<'_>, grad: View<'_>, input: View<'_>) -> Result<()> {
+    match dst.dtype {
+        DType::F32 => relu_backward_typed::<f32>(dst, grad, input),
+        DType::F64 => relu_backward_typed::<f64>(dst, grad, input),
+        d => Err(unsupported("relu_backward", d)),
+    }
+}
+
+fn relu_backward_typed<T: Float>(dst: View<'_>, grad: View<'_>, input: View<'_>) -> Result<()> {
+    let n = dst.layout.numel();
+    let (zero, one) = (T::from_f64(0.0), T::from_f64(1.0));
+    let mut dw = dst.storage.write_host("relu_backward")?;
+    let gr = grad.storage.read_host("relu_backward")?;
+    let xr = input.storage.read_host("relu_backward")?;
+    let (d0, g0, x0) = (
+        dst.layout.offset(),
+        grad.layout.offset(),
+        input.layout.offset(),
+    );
+    let d = &mut dw.typed_mut::<T>()[d0..d0 + n];
+    let g = &gr.typed::<T>()[g0..g0 + n];
+    let x = &xr.typed::<T>()[x0..x0 + n];
+    let body = |((dc, gc), xc): ((&mut [T], &[T]), &[T])| {
+        for ((d, &g), &x) in dc.iter_mut().zip(gc).zip(xc) {
+            *d = g * if x > zero { one } else { zero };
+        }
+    };
+    if n >= 4 * CHUNK {
+        d.par_chunks_mut(CHUNK)
+            .zip(g.par_chunks(CHUNK))
+            .zip(x.par_chunks(CHUNK))
+            .for_each(body);
+    } else {
+        body(((d, g), x));
     }
     Ok(())
 }

@@ -431,6 +431,29 @@ impl DeviceKernels for CudaKernels {
         Ok(())
     }
 
+    fn relu_backward(&self, dst: View<'_>, grad: View<'_>, input: View<'_>) -> Result<()> {
+        let op = "relu_backward";
+        let (d, g, x) = (
+            Raw::of(op, &dst)?,
+            Raw::of(op, &grad)?,
+            Raw::of(op, &input)?,
+        );
+        // SAFETY: as in `copy`: live device storages whose layouts fit their memory; `dst` is a
+        // fresh storage; the stream is the device's.
+        unsafe {
+            kernels::binary(
+                d.device,
+                d.stream(),
+                kernels::BinaryOp::ReluBackward,
+                dst.layout.shape(),
+                d.view(),
+                g.view(),
+                x.view(),
+            )
+        }?;
+        Ok(())
+    }
+
     fn index_select(
         &self,
         dst: View<'_>,

@@ -226,6 +226,10 @@ impl DeviceKernels for Profiled {
         self.run(dst, &[dst, src], |k| k.add_scaled(dst, src, alpha))
     }
 
+    fn relu_backward(&self, dst: View<'_>, grad: View<'_>, input: View<'_>) -> Result<()> {
+        self.run(dst, &[grad, input], |k| k.relu_backward(dst, grad, input))
+    }
+
     fn index_select(
         &self,
         dst: View<'_>,

@@ -9,6 +9,9 @@
 //!   `v.add_(g)` and `p.add_scaled_(v, −lr)` (itself `v.mul_scalar(−lr)` then `p.add_(..)`)
 //!   compute; the first step sets `v ← g` (a copy) and `p ← p + g·(−lr)`.
 //! - `add_scaled` (`p.add_(x, alpha=α)`): `p + x·α`, the product rounded before the sum.
+//! - `relu_backward`: `g · (x > 0 ? 1 : 0)`, the mask multiplied, not selected, so a negative
+//!   `g` still gives `−0` and an infinite one NaN where `x ≤ 0`, as `gt_scalar`, `to_dtype`
+//!   and `mul` give (three launches and two mask tensors before).
 //!
 //! NVRTC contracts `a * b + c` into one fused multiply-add by default (`--fmad=true`), which
 //! rounds once instead of twice and so can differ in the last bit; the kernels therefore use

@@ -4,7 +4,7 @@
 //!
 //! [`sgd_momentum_`] is the functional form (PyTorch's `torch.optim._functional.sgd` with
 //! `fused=True`): one kernel call for every parameter that fits it — one pass on the CPU, one
-//! launch per [`SGD_MAX_TENSORS`](crate::cuda::kernels::SGD_MAX_TENSORS) parameters on CUDA
+//! launch per 16 parameters on CUDA (`cuda::kernels::SGD_MAX_TENSORS`)
 //! instead of four to five launches and a temporary each. [`Sgd`] keeps the momentum buffers
 //! between steps. Results are bit for bit those of the unfused tensor ops
 //! (`Note [Fused updates are exact]` in `src/cuda/kernels/optim.rs`; `Note [Fused host SGD]`

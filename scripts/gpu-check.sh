@@ -186,6 +186,10 @@ if want loader; then
       timeout 150 .gpu/berth train --device $dev --epochs 5 --json "${flag[@]}" > "$OUT/loader-train-${dev/:/}-$mode.json" 2>"$OUT/loader-train-${dev/:/}-$mode.err" || status=1
     done
   done
+  # The CPU target's best thread count: the resident CPU run under 4, 8 and 16 rayon threads.
+  for n in 4 8 16; do
+    RAYON_NUM_THREADS=$n timeout 150 .gpu/berth train --device cpu --epochs 5 --json --resident > "$OUT/loader-train-cpu-resident-t$n.json" 2>"$OUT/loader-train-cpu-resident-t$n.err" || status=1
+  done
   if [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
     timeout 240 python3 .gpu/shared/bench/torch_train.py data/fashion-mnist --epochs 5 > "$OUT/loader-torch-train.jsonl" 2>"$OUT/loader-torch-train.err" || status=1
     # Only the DataLoader part of torch_baseline.py (its last section), with its imports.
@@ -229,6 +233,9 @@ for dev in ("cpu", "cuda0"):
             if not (dev != "cpu" and mode == "resident"): print(f"| berth {dev} {mode} | (failed, see .err) | | |")
             continue
         print(f"| berth {dev} {mode} | {d.get('samples_per_second', 0):.0f} | {d.get('test_accuracy', 0)*100:.2f}% | {', '.join(f'{s:.2f}' for s in d.get('epoch_seconds', []))} |")
+for n in (4, 8, 16):
+    d = obj(f"loader-train-cpu-resident-t{n}.json")
+    if d: print(f"| berth cpu resident RAYON_NUM_THREADS={n} | {d.get('samples_per_second', 0):.0f} | {d.get('test_accuracy', 0)*100:.2f}% | {', '.join(f'{s:.2f}' for s in d.get('epoch_seconds', []))} |")
 for d in lines("loader-torch-train.jsonl"):
     print(f"| PyTorch {d['device']} {d['mode']} (threads {d.get('threads')}) | {d['samples_per_s_steady']:.0f} | {d['test_accuracy']*100:.2f}% | {', '.join(f'{s:.2f}' for s in d['epoch_seconds'])} |")
 PY

@@ -365,3 +365,35 @@ fn profile_on_meta_is_a_usage_error() {
         "--profile with --device meta",
     );
 }
+
+/// `--resident` (the split in memory, batches gathered by shuffled index) sees the loader's
+/// batches in the loader's order (`Note [Resident batches]`), so one epoch ends with the same
+/// figures on `device`.
+fn resident_matches_the_loader_on(device: &str) {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "train", "--device", device, "--epochs", "1", "--seed", "3", "--json",
+        ];
+        args.extend_from_slice(extra);
+        json_of(&berth(&args))
+    };
+    let (loader, resident) = (run(&["--workers", "1"]), run(&["--resident"]));
+    for key in ["train_loss", "test_accuracy"] {
+        assert_eq!(loader[key], resident[key], "{key} on {device}");
+    }
+}
+
+#[test]
+fn resident_batches_match_the_loader_on_cpu() {
+    resident_matches_the_loader_on("cpu");
+}
+
+/// On CUDA the resident batches are gathered on the device (`index_select`).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
+fn resident_batches_match_the_loader_on_cuda() {
+    if !berth::cuda::testing::require_gpu("resident_batches_match_the_loader_on_cuda") {
+        return;
+    }
+    resident_matches_the_loader_on("cuda:0");
+}

@@ -41,6 +41,18 @@ impl<'a> View<'a> {
     }
 }
 
+/// One parameter of [`DeviceKernels::sgd_momentum`]: the parameter, its gradient and its
+/// momentum buffer, three contiguous views of one shape and dtype in distinct storages.
+#[derive(Debug, Clone, Copy)]
+pub struct SgdParam<'a> {
+    /// `p`, read and written.
+    pub param: View<'a>,
+    /// `g`, read.
+    pub grad: View<'a>,
+    /// `v`, written (and read unless it is the first step).
+    pub velocity: View<'a>,
+}
+
 /// A random distribution for [`DeviceKernels::random`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RandomDist {
@@ -222,6 +234,71 @@ pub trait DeviceKernels: Send + Sync {
     ) -> Result<()> {
         let _ = (dst, logits, targets);
         Err(missing("cross_entropy_backward", self.kind()))
+    }
+
+    /// `dst[i] = dst[i] + src[i]·alpha` in place (`Tensor.add_(src, alpha=alpha)`), the
+    /// product rounded to the dtype before the sum, so the result is bit for bit
+    /// `mul_scalar(alpha)` then `add_` (`Note [Fused updates are exact]` in
+    /// `cuda/kernels/optim.rs`). Called only for f32 or f64 `dst` and `src` of one dtype, both
+    /// contiguous, `src` of `dst`'s shape and in another storage.
+    ///
+    /// # Errors
+    /// Device errors.
+    fn add_scaled(&self, dst: View<'_>, src: View<'_>, alpha: f64) -> Result<()> {
+        let _ = (dst, src, alpha);
+        Err(missing("add_scaled", self.kind()))
+    }
+
+    /// `dst[q, j, i] = src[q, index[j], i]`: whole slices gathered along one dimension
+    /// (`torch.index_select`), with `src` seen as `[outer, size, inner]` = `dims` (the sizes
+    /// before, of and after the dimension), `index` i64 `[len]` and `dst`
+    /// `[outer, len, inner]`, all three contiguous, `dst` of `src`'s dtype and in a storage of
+    /// its own. An index outside `[0, size)` gives a zero slice (the front-end checks host
+    /// indices; device indices cannot be read without a sync).
+    ///
+    /// # Errors
+    /// Device errors.
+    fn index_select(
+        &self,
+        dst: View<'_>,
+        src: View<'_>,
+        index: View<'_>,
+        dims: [usize; 3],
+    ) -> Result<()> {
+        let _ = (dst, src, index, dims);
+        Err(missing("index_select", self.kind()))
+    }
+
+    /// `dst[i] = grad[i] · (input[i] > 0 ? 1 : 0)`: `ReLU`'s backward in one pass, bit for bit
+    /// `grad * input.gt_scalar(0).to_dtype(dtype)` (the mask multiplies, it does not select).
+    /// Called only for f32 or f64 `grad` and `input` of one dtype and `dst`'s shape, both
+    /// contiguous; `dst` fresh and contiguous.
+    ///
+    /// # Errors
+    /// Device errors.
+    fn relu_backward(&self, dst: View<'_>, grad: View<'_>, input: View<'_>) -> Result<()> {
+        let _ = (dst, grad, input);
+        Err(missing("relu_backward", self.kind()))
+    }
+
+    /// One step of SGD with momentum (dampening 0, no Nesterov) over every parameter of
+    /// `params`, in as few passes (on CUDA, launches) as the device allows:
+    /// `v ← v·μ + g` (`v ← g` when `first_step`), then `p ← p + v·(−lr)`, with
+    /// `μ = momentum`. Bit for bit the unfused tensor ops (`Note [Fused updates are exact]`).
+    /// Called only with f32 or f64 views of one dtype, contiguous, of one shape per parameter,
+    /// no two of all the views sharing a storage.
+    ///
+    /// # Errors
+    /// Device errors.
+    fn sgd_momentum(
+        &self,
+        params: &[SgdParam<'_>],
+        momentum: f64,
+        lr: f64,
+        first_step: bool,
+    ) -> Result<()> {
+        let _ = (params, momentum, lr, first_step);
+        Err(missing("sgd_momentum", self.kind()))
     }
 
     /// Fill contiguous float `dst` with samples of `dist` from the stream `(seed, offset)`

@@ -12,6 +12,7 @@
 //!   agree); [`device_kernels::DeviceKernels`]: what a device implements (CPU here, CUDA in
 //!   [`cuda`]).
 //! - [`nn`]: `Module`, `Linear`, state dicts in safetensors files.
+//! - [`optim`]: SGD with momentum (`torch.optim.SGD`), fused into one kernel call per step.
 //! - [`profiler`]: `torch.profiler` for berth: ops, copies, device time, allocator events and
 //!   host waits, exported as a Chrome trace and a `key_averages()` table.
 //!
@@ -33,6 +34,9 @@
 //! - `Note [Profiler off costs one load]`: `src/profiler/mod.rs` ([`profiler`])
 //! - `Note [Device clock]`: `src/profiler/device_time.rs`
 //! - `Note [Small matmuls]`: `src/cpu/matmul.rs` (how many threads a host `gemm` gets)
+//! - `Note [Fused updates are exact]`: `src/cuda/kernels/optim.rs` (why the fused SGD,
+//!   `add_scaled_` and `relu_backward` kernels give the unfused ops' bits);
+//!   `Note [Fused host SGD]`: `src/cpu/optim.rs`
 //!
 //! The allocator's notes are listed in [`berth_alloc`]'s docs, the driver layer's in
 //! [`berth_cuda`]'s.
@@ -53,6 +57,7 @@ pub mod layout;
 pub mod meta_plan;
 pub mod nn;
 pub mod ops;
+pub mod optim;
 pub mod profiler;
 pub mod random;
 pub mod storage;

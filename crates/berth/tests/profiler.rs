@@ -612,3 +612,48 @@ fn cuda_profile_with(timer: DeviceTimer) {
         .iter()
         .any(|s| s["name"] == "sync: copy_dtoh"));
 }
+
+/// The fused SGD update is one op for all parameters (not four to five per parameter), and
+/// `add_scaled_` on contiguous f32 is one `add`.
+#[test]
+fn a_fused_sgd_step_is_one_op() {
+    let _g = serial();
+    let z = |shape: &[usize]| Tensor::zeros(shape, DType::F32, Device::Cpu).unwrap();
+    let shapes: [&[usize]; 4] = [&[8, 5], &[8], &[3, 8], &[3]];
+    let (ps, gs, vs): (Vec<Tensor>, Vec<Tensor>, Vec<Tensor>) = (
+        shapes.iter().map(|s| z(s)).collect(),
+        shapes.iter().map(|s| z(s)).collect(),
+        shapes.iter().map(|s| z(s)).collect(),
+    );
+    let p = profiler::profile()
+        .activities(&[ProfilerActivity::Cpu])
+        .record_shapes(true)
+        .start()
+        .unwrap();
+    let (pr, gr, vr): (Vec<&Tensor>, Vec<&Tensor>, Vec<&Tensor>) = (
+        ps.iter().collect(),
+        gs.iter().collect(),
+        vs.iter().collect(),
+    );
+    berth::optim::sgd_momentum_(&pr, &gr, &vr, 0.1, 0.9, false).unwrap();
+    ps[0].add_scaled_(&gs[0], 0.5).unwrap();
+    let profile = p.stop().unwrap();
+    let names: Vec<&str> = profile.records().ops.iter().map(|o| o.name).collect();
+    assert_eq!(names, ["fused_sgd", "add"]);
+    let sgd = &profile.records().ops[0];
+    let numel: u64 = shapes
+        .iter()
+        .map(|s| s.iter().product::<usize>() as u64)
+        .sum();
+    assert_eq!(
+        sgd.bytes_read,
+        3 * numel * 4,
+        "p, g and v of every parameter"
+    );
+    assert_eq!(
+        sgd.bytes_written,
+        2 * numel * 4,
+        "p and v of every parameter"
+    );
+    assert_eq!(sgd.input_shapes.len(), 12);
+}

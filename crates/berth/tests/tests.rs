@@ -6,16 +6,22 @@ mod util;
 mod bugs;
 mod creation;
 #[cfg(feature = "cuda")]
+mod cuda_index;
+#[cfg(feature = "cuda")]
 mod cuda_ops;
+#[cfg(feature = "cuda")]
+mod cuda_optim;
 #[cfg(feature = "cuda")]
 mod cuda_runtime;
 #[cfg(feature = "cuda")]
 mod cuda_transfer;
 mod device;
 mod display;
+mod index;
 mod meta;
 mod nn;
 mod ops;
+mod optim;
 mod sizes;
 mod storage;
 mod to;

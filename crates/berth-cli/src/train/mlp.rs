@@ -1,5 +1,6 @@
-//! The main job's model: an MLP `784 → hidden → 10` with `ReLU`, its hand-written backward, and
-//! SGD with momentum (PyTorch's `torch.optim.SGD` update rule).
+//! The main job's model: an MLP `784 → hidden → 10` with `ReLU` and its hand-written backward.
+//! The optimiser is [`berth::optim::Sgd`] (PyTorch's `torch.optim.SGD` rule, one fused kernel
+//! call per step; its `Note [Fused host SGD]` started here).
 //!
 //! No general autograd: the backward of `Linear`, `ReLU` and softmax cross-entropy is written
 //! out, and a test checks it against finite differences.
@@ -142,114 +143,6 @@ impl Module for Mlp {
     }
 }
 
-/// SGD with momentum, PyTorch's rule (`torch.optim.SGD`, dampening 0, no Nesterov):
-/// `v ← μ·v + g` (the first step sets `v ← g`), `p ← p − lr·v`.
-#[derive(Debug)]
-pub struct Sgd {
-    lr: f64,
-    momentum: f64,
-    velocity: Option<Vec<Tensor>>,
-}
-
-impl Sgd {
-    /// An optimiser with learning rate `lr` and momentum `momentum` (0 disables it).
-    pub fn new(lr: f64, momentum: f64) -> Sgd {
-        Sgd {
-            lr,
-            momentum,
-            velocity: None,
-        }
-    }
-
-    /// One update of `params` (in place, through their storage) with `grads`, pairwise.
-    ///
-    /// # Errors
-    /// Shape or device mismatch between a parameter and its gradient.
-    pub fn step(&mut self, params: &[&Tensor], grads: &[&Tensor]) -> Result<()> {
-        if self.momentum == 0.0 {
-            for (p, g) in params.iter().zip(grads) {
-                p.add_scaled_(g, -self.lr)?;
-            }
-            return Ok(());
-        }
-        match &mut self.velocity {
-            None => {
-                let mut vs = Vec::with_capacity(grads.len());
-                for (p, g) in params.iter().zip(grads) {
-                    let v = Tensor::clone(g)?;
-                    p.add_scaled_(&v, -self.lr)?;
-                    vs.push(v);
-                }
-                self.velocity = Some(vs);
-            }
-            Some(vs) => {
-                for ((p, g), v) in params.iter().zip(grads).zip(vs.iter()) {
-                    if momentum_step_host(p, g, v, self.momentum, self.lr)? {
-                        continue;
-                    }
-                    v.mul_scalar_(self.momentum)?;
-                    v.add_(g)?;
-                    p.add_scaled_(v, -self.lr)?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Elements per rayon task of the fused host update (64 KiB of f32 per operand).
-const SGD_CHUNK: usize = 1 << 14;
-
-/// Note [Fused host SGD]: the momentum update as one pass over `p`, `g` and `v` when all three
-/// are contiguous f32 host tensors of one shape in distinct storages; returns whether it ran.
-/// Three tensor ops (`v *= μ`, `v += g`, `p += −lr·v`, the last with a temporary) made five
-/// passes and an allocation: 1.5 ms a step on one core of the 2-core box for the 784 × 256
-/// weight, about half of the step. Each element is computed with the same f32 operations in the
-/// same order as the three ops (`v·μ`, `+ g`, then `p + v·(−lr)`), so the result is bit for
-/// bit the same. Split over rayon in chunks of [`SGD_CHUNK`] elements.
-///
-/// # Errors
-/// A storage that cannot be read or written (never for host tensors).
-fn momentum_step_host(p: &Tensor, g: &Tensor, v: &Tensor, momentum: f64, lr: f64) -> Result<bool> {
-    let fits = |t: &Tensor| {
-        t.device().is_cpu()
-            && t.dtype() == DType::F32
-            && t.is_contiguous()
-            && t.shape() == p.shape()
-    };
-    if !(fits(p) && fits(g) && fits(v))
-        || p.shares_storage(g)
-        || p.shares_storage(v)
-        || g.shares_storage(v)
-    {
-        return Ok(false);
-    }
-    use rayon::prelude::*;
-    let n = p.numel();
-    let (mu, neg_lr) = (momentum as f32, (-lr) as f32);
-    let mut pw = p.storage().write_host("sgd")?;
-    let mut vw = v.storage().write_host("sgd")?;
-    let gr = g.storage().read_host("sgd")?;
-    let pd = &mut pw.typed_mut::<f32>()[p.storage_offset()..p.storage_offset() + n];
-    let vd = &mut vw.typed_mut::<f32>()[v.storage_offset()..v.storage_offset() + n];
-    let gd = &gr.typed::<f32>()[g.storage_offset()..g.storage_offset() + n];
-    let body = |((pc, vc), gc): ((&mut [f32], &mut [f32]), &[f32])| {
-        for ((p, v), &g) in pc.iter_mut().zip(vc.iter_mut()).zip(gc) {
-            *v = *v * mu + g;
-            *p += *v * neg_lr;
-        }
-    };
-    if n >= 4 * SGD_CHUNK {
-        pd.par_chunks_mut(SGD_CHUNK)
-            .zip(vd.par_chunks_mut(SGD_CHUNK))
-            .zip(gd.par_chunks(SGD_CHUNK))
-            .for_each(body);
-    } else {
-        body(((pd, vd), gd));
-    }
-    Ok(true)
-}
-
 /// The hidden width of the MLP a state dict holds, checked before anything is built: the four
 /// tensors `fc1.weight` `[hidden, 784]`, `fc1.bias` `[hidden]`, `fc2.weight` `[10, hidden]` and
 /// `fc2.bias` `[10]`, with `hidden ≥ 1`. (Found by fuzzing: a scalar `fc1.weight` panicked, and
@@ -336,43 +229,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    /// The fused host update gives the same bits as the three tensor ops it replaces.
-    #[test]
-    fn fused_host_sgd_matches_the_tensor_ops() {
-        let mut g = Generator::new(3);
-        let n = 5 * SGD_CHUNK + 7; // the parallel path, with a ragged last chunk
-        let r = |g: &mut Generator| Tensor::randn_with(&[n], DType::F32, Device::Cpu, g).unwrap();
-        let (p0, v0, gr) = (r(&mut g), r(&mut g), r(&mut g));
-        let (p1, v1) = (Tensor::clone(&p0).unwrap(), Tensor::clone(&v0).unwrap());
-        assert!(momentum_step_host(&p0, &gr, &v0, 0.9, 0.05).unwrap());
-        v1.mul_scalar_(0.9).unwrap();
-        v1.add_(&gr).unwrap();
-        p1.add_scaled_(&v1, -0.05).unwrap();
-        assert_eq!(p0.to_vec::<f32>().unwrap(), p1.to_vec::<f32>().unwrap());
-        assert_eq!(v0.to_vec::<f32>().unwrap(), v1.to_vec::<f32>().unwrap());
-        // Aliased or non-f32 operands take the tensor ops.
-        assert!(!momentum_step_host(&p0, &p0, &v0, 0.9, 0.05).unwrap());
-        let p64 = p0.to_dtype(DType::F64).unwrap();
-        assert!(!momentum_step_host(&p64, &gr, &v0, 0.9, 0.05).unwrap());
-    }
-
-    #[test]
-    fn sgd_momentum_follows_pytorch_rule() {
-        let p = Tensor::from_vec(vec![1.0f32, 2.0], &[2], Device::Cpu).unwrap();
-        let g = Tensor::from_vec(vec![0.5f32, -1.0], &[2], Device::Cpu).unwrap();
-        let mut opt = Sgd::new(0.1, 0.9);
-        opt.step(&[&p], &[&g]).unwrap();
-        // v = g; p = p - 0.1 g
-        assert_eq!(p.to_vec::<f32>().unwrap(), vec![0.95, 2.1]);
-        opt.step(&[&p], &[&g]).unwrap();
-        // v = 0.9 g + g = 1.9 g; p -= 0.19 g
-        let got = p.to_vec::<f32>().unwrap();
-        assert!(
-            (got[0] - 0.855).abs() < 1e-6 && (got[1] - 2.29).abs() < 1e-6,
-            "{got:?}"
-        );
     }
 
     #[test]

@@ -21,7 +21,8 @@ use berth::nn::{load_state_dict_file, save_state_dict, Module};
 use berth::{DType, Device, Generator, Tensor};
 
 use crate::UsageError;
-pub use mlp::{Mlp, Sgd};
+pub use berth::optim::Sgd;
+pub use mlp::Mlp;
 use report::{EpochReport, MemoryReport, TrainReport};
 
 /// Arguments of `berth train`.
@@ -54,7 +55,8 @@ pub struct TrainArgs {
     pub workers: usize,
     /// Keep the whole training split in memory, normalised once, and gather each batch by
     /// shuffled index instead of using the DataLoader (an expert's loop; `torch_train.py
-    /// --modes resident`). Same batches in the same order as with workers. CPU only.
+    /// --modes resident`). Same batches in the same order as with workers. On CUDA the split
+    /// is kept on the device and each batch gathered there.
     #[arg(long)]
     pub resident: bool,
     /// Seed of the model's initialisation and of the shuffle.
@@ -324,7 +326,10 @@ pub fn train_on(
         // None until the first read: the bar says "loss …" then, not "loss NaN" (a new user
         // took the NaN of the first LOG_EVERY - 1 steps for a diverged model).
         let mut shown_loss: Option<f64> = None;
-        let order = resident.as_ref().map(resident::Resident::epoch_order);
+        let order = resident
+            .as_ref()
+            .map(resident::Resident::epoch_order)
+            .transpose()?;
         let mut batches = match &resident {
             Some(_) => None,
             None => Some(data::device_batches(&loader, device)?),

@@ -5,13 +5,15 @@
 //! Large elementwise and reduction work runs on rayon; matmul goes through `gemm`.
 
 mod elementwise;
+mod index;
 mod matmul;
 mod nnops;
+mod optim;
 mod reduce;
 
 use half::{bf16, f16};
 
-use crate::device_kernels::{DeviceKernels, RandomDist, View};
+use crate::device_kernels::{DeviceKernels, RandomDist, SgdParam, View};
 use crate::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::storage::{HostRead, Pod};
 use crate::{Device, Result, Storage};
@@ -293,6 +295,34 @@ impl DeviceKernels for CpuKernels {
 
     fn random(&self, dst: View<'_>, dist: RandomDist, seed: u64, offset: u64) -> Result<()> {
         nnops::random(dst, dist, seed, offset)
+    }
+
+    fn add_scaled(&self, dst: View<'_>, src: View<'_>, alpha: f64) -> Result<()> {
+        optim::add_scaled(dst, src, alpha)
+    }
+
+    fn relu_backward(&self, dst: View<'_>, grad: View<'_>, input: View<'_>) -> Result<()> {
+        optim::relu_backward(dst, grad, input)
+    }
+
+    fn index_select(
+        &self,
+        dst: View<'_>,
+        src: View<'_>,
+        index: View<'_>,
+        dims: [usize; 3],
+    ) -> Result<()> {
+        index::index_select(dst, src, index, dims)
+    }
+
+    fn sgd_momentum(
+        &self,
+        params: &[SgdParam<'_>],
+        momentum: f64,
+        lr: f64,
+        first_step: bool,
+    ) -> Result<()> {
+        optim::sgd_momentum(params, momentum, lr, first_step)
     }
 }
 

@@ -11,7 +11,7 @@
 use super::blas::{self, MatrixView};
 use super::kernels::{self, ArgReduce, DeviceView, RawStream};
 use super::rand::fill_random_with;
-use crate::device_kernels::{DeviceKernels, RandomDist, View};
+use crate::device_kernels::{DeviceKernels, RandomDist, SgdParam, View};
 use crate::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Result};
 
@@ -408,6 +408,134 @@ impl DeviceKernels for CudaKernels {
         unsafe {
             kernels::cross_entropy_backward(
                 a.dev, a.stream, a.dt, a.n, a.c, a.x, a.t, mean, 0, a.out,
+            )
+        }?;
+        Ok(())
+    }
+
+    fn add_scaled(&self, dst: View<'_>, src: View<'_>, alpha: f64) -> Result<()> {
+        let (d, s) = (Raw::of("add_scaled", &dst)?, Raw::of("add_scaled", &src)?);
+        // SAFETY: as in `copy`; in place, each element of `dst` is read before it is written
+        // by the same thread, and `src` is another storage.
+        unsafe {
+            kernels::binary(
+                d.device,
+                d.stream(),
+                kernels::BinaryOp::AddScaled(alpha),
+                dst.layout.shape(),
+                d.view(),
+                d.view(),
+                s.view(),
+            )
+        }?;
+        Ok(())
+    }
+
+    fn relu_backward(&self, dst: View<'_>, grad: View<'_>, input: View<'_>) -> Result<()> {
+        let op = "relu_backward";
+        let (d, g, x) = (
+            Raw::of(op, &dst)?,
+            Raw::of(op, &grad)?,
+            Raw::of(op, &input)?,
+        );
+        // SAFETY: as in `copy`: live device storages whose layouts fit their memory; `dst` is a
+        // fresh storage; the stream is the device's.
+        unsafe {
+            kernels::binary(
+                d.device,
+                d.stream(),
+                kernels::BinaryOp::ReluBackward,
+                dst.layout.shape(),
+                d.view(),
+                g.view(),
+                x.view(),
+            )
+        }?;
+        Ok(())
+    }
+
+    fn index_select(
+        &self,
+        dst: View<'_>,
+        src: View<'_>,
+        index: View<'_>,
+        dims: [usize; 3],
+    ) -> Result<()> {
+        let op = "index_select";
+        let (d, s, i) = (Raw::of(op, &dst)?, Raw::of(op, &src)?, Raw::of(op, &index)?);
+        for (r, v, which) in [
+            (&d, &dst, "output"),
+            (&s, &src, "input"),
+            (&i, &index, "index"),
+        ] {
+            if !r.is_contiguous_for(v.layout.shape()) {
+                return Err(not_contiguous(op, which));
+            }
+        }
+        let len = index.layout.numel();
+        // SAFETY: the three views come from live device storages whose layouts the front-end
+        // checked to fit their memory, contiguous (checked above) with the extents of the
+        // contract; `dst` is a fresh storage; the stream is the device's.
+        unsafe {
+            kernels::index_select(
+                d.device,
+                d.stream(),
+                d.dtype,
+                dims,
+                len,
+                d.ptr,
+                s.ptr,
+                i.ptr,
+            )
+        }?;
+        Ok(())
+    }
+
+    fn sgd_momentum(
+        &self,
+        params: &[SgdParam<'_>],
+        momentum: f64,
+        lr: f64,
+        first_step: bool,
+    ) -> Result<()> {
+        let op = "sgd_momentum";
+        let Some(first) = params.first() else {
+            return Ok(());
+        };
+        let head = Raw::of(op, &first.param)?;
+        let mut tensors = Vec::with_capacity(params.len());
+        for sp in params {
+            let shape = sp.param.layout.shape();
+            let (p, g, v) = (
+                Raw::of(op, &sp.param)?,
+                Raw::of(op, &sp.grad)?,
+                Raw::of(op, &sp.velocity)?,
+            );
+            for (r, which) in [(&p, "parameter"), (&g, "gradient"), (&v, "momentum buffer")] {
+                if !r.is_contiguous_for(shape) {
+                    return Err(not_contiguous(op, which));
+                }
+            }
+            tensors.push(kernels::SgdTensor {
+                param: p.ptr,
+                grad: g.ptr,
+                velocity: v.ptr,
+                len: shape.iter().product(),
+            });
+        }
+        // SAFETY: every view comes from a live device storage whose layout the front-end
+        // checked to fit its memory, contiguous (checked above) with `len` elements; the
+        // front-end checked that no two share a storage, so no ranges overlap; the stream is
+        // the device's.
+        unsafe {
+            kernels::sgd_momentum(
+                head.device,
+                head.stream(),
+                head.dtype,
+                &tensors,
+                momentum,
+                -lr,
+                first_step,
             )
         }?;
         Ok(())

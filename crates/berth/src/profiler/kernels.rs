@@ -6,7 +6,7 @@
 
 use super::device_time::{self, Target};
 use super::record::{self, OpRecord};
-use crate::device_kernels::{DeviceKernels, RandomDist, View};
+use crate::device_kernels::{DeviceKernels, RandomDist, SgdParam, View};
 use crate::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{Device, Result, Storage, Tensor};
 use std::collections::HashMap;
@@ -94,9 +94,16 @@ fn begin(name: &'static str, device: Device) -> Timing {
 }
 
 fn end(t: Timing, name: &'static str, out: Option<View<'_>>, inputs: &[View<'_>]) {
+    end_many(t, name, out.as_slice(), inputs);
+}
+
+/// [`end`] for an op writing several outputs (`outs`; the record's dtype and output shape are
+/// the first one's, its bytes written all of theirs).
+fn end_many(t: Timing, name: &'static str, outs: &[View<'_>], inputs: &[View<'_>]) {
     let end_ns = record::now_ns();
     record::close();
     let shapes = record::RECORD_SHAPES.load(Ordering::Relaxed);
+    let out = outs.first();
     let op = OpRecord {
         name,
         device: t.device,
@@ -111,7 +118,7 @@ fn end(t: Timing, name: &'static str, out: Option<View<'_>>, inputs: &[View<'_>]
             _ => Vec::new(),
         },
         bytes_read: inputs.iter().map(bytes).sum(),
-        bytes_written: out.as_ref().map_or(0, bytes),
+        bytes_written: outs.iter().map(bytes).sum(),
         thread: record::thread_id(),
         start_ns: t.start_ns,
         end_ns,
@@ -235,6 +242,53 @@ impl DeviceKernels for Profiled {
 
     fn random(&self, dst: View<'_>, dist: RandomDist, seed: u64, offset: u64) -> Result<()> {
         self.run(dst, &[], |k| k.random(dst, dist, seed, offset))
+    }
+
+    fn add_scaled(&self, dst: View<'_>, src: View<'_>, alpha: f64) -> Result<()> {
+        self.run(dst, &[dst, src], |k| k.add_scaled(dst, src, alpha))
+    }
+
+    fn relu_backward(&self, dst: View<'_>, grad: View<'_>, input: View<'_>) -> Result<()> {
+        self.run(dst, &[grad, input], |k| k.relu_backward(dst, grad, input))
+    }
+
+    fn index_select(
+        &self,
+        dst: View<'_>,
+        src: View<'_>,
+        index: View<'_>,
+        dims: [usize; 3],
+    ) -> Result<()> {
+        // What is read is the gathered slices (`dst`'s size) and the indices.
+        self.run(dst, &[dst, index], |k| {
+            k.index_select(dst, src, index, dims)
+        })
+    }
+
+    fn sgd_momentum(
+        &self,
+        params: &[SgdParam<'_>],
+        momentum: f64,
+        lr: f64,
+        first_step: bool,
+    ) -> Result<()> {
+        // One op for the whole multi-tensor update: it reads p, g (and v after the first
+        // step) and writes p and v of every parameter.
+        let Some(first) = params.first() else {
+            return self.inner.sgd_momentum(params, momentum, lr, first_step);
+        };
+        let t = begin(self.op, device_of(&first.param));
+        let r = self.inner.sgd_momentum(params, momentum, lr, first_step);
+        let outs: Vec<View<'_>> = params.iter().flat_map(|p| [p.param, p.velocity]).collect();
+        let inputs: Vec<View<'_>> = params
+            .iter()
+            .flat_map(|p| {
+                let v = (!first_step).then_some(p.velocity);
+                [Some(p.param), Some(p.grad), v].into_iter().flatten()
+            })
+            .collect();
+        end_many(t, self.op, &outs, &inputs);
+        r
     }
 
     fn transfer(&self, src: &Tensor, device: Device, non_blocking: bool) -> Result<Tensor> {

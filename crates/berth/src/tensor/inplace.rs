@@ -116,13 +116,31 @@ impl Tensor {
     }
     /// `self += alpha * other` (`Tensor.add_(other, alpha=alpha)`; the SGD update).
     ///
+    /// f32 and f64 tensors of one shape, both contiguous and in distinct storages, take one
+    /// kernel and no temporary ([`DeviceKernels::add_scaled`](crate::device_kernels::DeviceKernels::add_scaled));
+    /// anything else is `other.mul_scalar(alpha)` then `add_`. Both give the same bits
+    /// (`Note [Fused updates are exact]`).
+    ///
     /// # Errors
     /// As [`Tensor::add_`].
     pub fn add_scaled_(&self, other: &Tensor, alpha: f64) -> Result<()> {
         if alpha == 1.0 {
             return self.add_(other);
         }
-        self.add_(&other.mul_scalar(alpha)?)
+        let fused = matches!(self.dtype(), crate::DType::F32 | crate::DType::F64)
+            && other.dtype() == self.dtype()
+            && other.device() == self.device()
+            && other.shape() == self.shape()
+            && self.is_contiguous()
+            && other.is_contiguous()
+            && !self.shares_storage(other);
+        if !fused {
+            return self.add_(&other.mul_scalar(alpha)?);
+        }
+        if let Some(k) = self.kernels("add")? {
+            k.add_scaled(View::of(self), View::of(other), alpha)?;
+        }
+        Ok(())
     }
 
     /// Copy `src`'s values into `self` (broadcast to `self`'s shape, converted to `self`'s

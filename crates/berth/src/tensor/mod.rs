@@ -4,6 +4,7 @@
 
 mod create;
 mod display;
+mod index;
 mod inplace;
 mod ops;
 mod to;

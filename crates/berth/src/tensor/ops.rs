@@ -474,6 +474,10 @@ impl Tensor {
 
     /// Gradient of `relu(x)` given the upstream gradient `self`: `self * (x > 0)`.
     ///
+    /// Contiguous f32 and f64 operands take one kernel and no mask tensors
+    /// ([`DeviceKernels::relu_backward`](crate::device_kernels::DeviceKernels::relu_backward)),
+    /// with the bits of the three ops `gt_scalar`, `to_dtype`, `mul`, which anything else takes.
+    ///
     /// # Errors
     /// Shape, dtype or device mismatch.
     pub fn relu_backward(&self, x: &Tensor) -> Result<Tensor> {
@@ -487,8 +491,20 @@ impl Tensor {
                 ),
             });
         }
-        let mask = x.gt_scalar(0.0)?.to_dtype(self.dtype())?;
-        self.mul(&mask)
+        let fused = matches!(self.dtype(), DType::F32 | DType::F64)
+            && x.dtype() == self.dtype()
+            && x.device() == self.device()
+            && self.is_contiguous()
+            && x.is_contiguous();
+        if !fused {
+            let mask = x.gt_scalar(0.0)?.to_dtype(self.dtype())?;
+            return self.mul(&mask);
+        }
+        let out = alloc_tensor(self.device(), self.shape(), self.dtype(), "relu_backward")?;
+        if let Some(k) = self.kernels("relu_backward")? {
+            k.relu_backward(View::of(&out), View::of(self), View::of(x))?;
+        }
+        Ok(out)
     }
 }
 

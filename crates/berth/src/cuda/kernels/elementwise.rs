@@ -61,8 +61,10 @@ BINARY(div, (x / y))
 BINARY(pow, m_pow(x, y))
 BINARY(maximum, (m_isnan(x) ? x : (m_isnan(y) ? y : (x > y ? x : y))))
 BINARY(minimum, (m_isnan(x) ? x : (m_isnan(y) ? y : (x < y ? x : y))))
-BINARY(add_scaled, (x + cp * y))
-BINARY(relu_backward, (y > (C)0 ? x : (C)0))
+/* the product rounded before the sum: the bits of mul_scalar then add (no FMA) */
+BINARY(add_scaled, m_add_rn(x, m_mul_rn(y, cp)))
+/* x * mask with mask = (y > 0) as 0 or 1: the bits of gt, to and mul (Note [Fused updates are exact]) */
+BINARY(relu_backward, m_mul_rn(x, (y > (C)0 ? (C)1 : (C)0)))
 /* tensor-scalar: floats compare in their compute type (the scalar rounded to it, as PyTorch),
    integers in double so that 3 == 3.5 is false */
 #if IS_FLOAT
@@ -185,8 +187,9 @@ pub enum BinaryOp {
     Minimum,
     /// `a + alpha * b` (`torch.add(a, b, alpha=alpha)`, `add_scaled_`).
     AddScaled(f64),
-    /// `b > 0 ? a : 0` with `a` the incoming gradient and `b` relu's input
-    /// (`threshold_backward`).
+    /// `a · (b > 0 ? 1 : 0)` with `a` the incoming gradient and `b` relu's input: the bits of
+    /// `a * (b > 0).to(dtype)`, berth's relu backward (so `−0` for a negative `a` where
+    /// `b ≤ 0` and NaN for an infinite one, where PyTorch's `threshold_backward` selects 0).
     ReluBackward,
 }
 

@@ -9,7 +9,9 @@
 //! Files: `prelude.rs` (shared CUDA C: dtype table, half conversions, index structs, block
 //! reductions), `module.rs` (NVRTC + module cache + launch), `elementwise.rs` (unary, scalar,
 //! binary, comparison, fill, copy/cast), `reduce.rs` (sum, mean, max, min, argmax, argmin),
-//! `softmax.rs` (softmax, `log_softmax` and their backward, cross-entropy forward/backward).
+//! `softmax.rs` (softmax, `log_softmax` and their backward, cross-entropy forward/backward),
+//! `optim.rs` (the multi-tensor SGD update; `Note [Fused updates are exact]`), `index.rs`
+//! (`index_select`).
 //!
 //! # Note [Kernel modules]
 //! A module is compiled for one dtype (`"binary.f32"`, `"reduce.bf16"`, ...) so a program that
@@ -19,13 +21,17 @@
 //! their own width, as PyTorch's `opmath_type`.
 
 mod elementwise;
+mod index;
 mod module;
+mod optim;
 mod prelude;
 mod reduce;
 mod softmax;
 
 pub use berth_cuda::KernelError;
 pub use elementwise::{binary, compare, copy, fill, unary, BinaryOp, UnaryOp};
+pub use index::index_select;
+pub use optim::{sgd_momentum, SgdTensor, SGD_MAX_TENSORS};
 pub use reduce::{arg_reduce, sum, sum_output, ArgReduce};
 pub use softmax::{cross_entropy, cross_entropy_backward, softmax, softmax_backward, Reduction};
 

@@ -102,6 +102,15 @@ __device__ __forceinline__ float m_pow(float x, float y) { return powf(x, y); }
 __device__ __forceinline__ double m_pow(double x, double y) { return pow(x, y); }
 template <class T> __device__ __forceinline__ T m_pow(T x, T y) { return (T)pow((double)x, (double)y); }
 template <class T> __device__ __forceinline__ bool m_isnan(T x) { return x != x; }
+/* a * b and a + b each rounded on its own: NVRTC contracts `a * b + c` into one FMA by
+   default (one rounding), which would differ in the last bit from two separate kernels.
+   Note [Fused updates are exact] in `optim.rs`. Integers need no care. */
+__device__ __forceinline__ float m_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double m_mul_rn(double a, double b) { return __dmul_rn(a, b); }
+template <class T> __device__ __forceinline__ T m_mul_rn(T a, T b) { return a * b; }
+__device__ __forceinline__ float m_add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double m_add_rn(double a, double b) { return __dadd_rn(a, b); }
+template <class T> __device__ __forceinline__ T m_add_rn(T a, T b) { return a + b; }
 
 /* index structs, passed by value; shapes and strides in elements */
 struct Idx1 { i64 ndim; i64 shape[MAXD]; i64 st0[MAXD]; };

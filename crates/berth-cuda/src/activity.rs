@@ -26,6 +26,15 @@
 //! with `extras/CUPTI/lib64`, `lib64` and `targets/x86_64-linux/lib`). No CUPTI, or a CUPTI
 //! that refuses (another tool holds it, or profiling is not permitted), is an
 //! [`ActivityError`], and callers fall back to events.
+//!
+//! Cost: on the H200 host (one measurement, 2026-12-01, every step of `berth train --device
+//! cuda` profiled, medians of two runs each), the host-bound loop ran about 1.7× slower with
+//! every kind on, 1.5× with the kernel, copy and memset records alone, and 1.4× with the API and
+//! correlation records alone: CUPTI roughly doubles the host cost of each launch, whichever
+//! records are kept. To repeat such a measurement, `BERTH_CUPTI_KINDS` (comma-separated:
+//! `kernel`, `memcpy`, `memset`, `driver`, `runtime`, `external`) enables only the kinds named
+//! (then spans may not reach their ops), and `BERTH_CUPTI_ALL_API_RECORDS=1` keeps the API
+//! records of every driver and runtime call, not only of those that queue device work.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -409,16 +418,19 @@ mod imp {
             })
             .clone()?;
         *lock() = Some(Collected::default());
-        for (i, kind) in KINDS.iter().enumerate() {
+        let kinds = enabled_kinds();
+        for (i, kind) in kinds.iter().enumerate() {
             if let Err(e) = activity::enable(*kind) {
-                for k in &KINDS[..i] {
+                for k in &kinds[..i] {
                     let _ = activity::disable(*k);
                 }
                 *lock() = None;
                 return Err(cupti_err("cuptiActivityEnable", e));
             }
         }
-        keep_only_launch_api_records();
+        if std::env::var_os("BERTH_CUPTI_ALL_API_RECORDS").is_none() {
+            keep_only_launch_api_records();
+        }
         // The tightest of three back-to-back readings fixes the offset.
         let mut best: Option<(u64, i128)> = None;
         for _ in 0..3 {
@@ -441,6 +453,24 @@ mod imp {
                 })
             }
         }
+    }
+
+    /// [`KINDS`], or for measuring what each kind costs, the subset named in
+    /// `BERTH_CUPTI_KINDS` (comma-separated: `kernel`, `memcpy`, `memset`, `driver`, `runtime`,
+    /// `external`; without `driver`/`runtime` and `external` no span can be tied to an op).
+    fn enabled_kinds() -> Vec<Kind> {
+        let Ok(list) = std::env::var("BERTH_CUPTI_KINDS") else {
+            return KINDS.to_vec();
+        };
+        let names = [
+            "kernel", "memcpy", "memset", "driver", "runtime", "external",
+        ];
+        KINDS
+            .iter()
+            .zip(names)
+            .filter(|(_, n)| list.split(',').any(|w| w.trim() == *n))
+            .map(|(k, _)| *k)
+            .collect()
     }
 
     /// Highest callback id tried per API domain (CUDA 13.0 has about 760 driver and 500
@@ -502,7 +532,7 @@ mod imp {
 
     pub(super) fn stop() -> Collected {
         let _ = activity::flush_all(FLUSH_FORCED);
-        for k in &KINDS {
+        for k in &enabled_kinds() {
             let _ = activity::disable(*k);
         }
         // Records of the last moment may arrive with the flush of the disable.

@@ -91,6 +91,8 @@ fn profiled_copy<R>(
     let r = f();
     if r.is_ok() {
         hooks::copy_end(start, kind, bytes, pinned, blocking, stream);
+    } else {
+        hooks::copy_abort(start);
     }
     r
 }

@@ -210,6 +210,14 @@ pub(crate) fn start_current(device: usize) -> Option<(Stream, Started)> {
     Some((stream, e))
 }
 
+/// Drops the timing of work that was not queued after all (its events unused; its CUPTI
+/// external id popped).
+pub(crate) fn abandon(start: Started) {
+    if let Started::Cupti(_) = start {
+        activity::pop_external_id();
+    }
+}
+
 /// Ends the timing of `start` on `stream` and files it for `target`.
 pub(crate) fn finish(target: Target, stream: &Stream, start: Started) {
     let start = match start {

@@ -134,6 +134,14 @@ pub(crate) fn copy_end(
     }
 }
 
+/// Ends a copy started with [`copy_start`] that failed: nothing is recorded, and its CUPTI
+/// external id is popped so later work is not tagged with it.
+pub(crate) fn copy_abort(start: CopyStart) {
+    if let Some(e) = start.event {
+        device_time::abandon(e);
+    }
+}
+
 thread_local! {
     /// Set while the profiler itself waits (its clocks), so those waits are not recorded.
     static INTERNAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };

@@ -50,6 +50,7 @@
 //! - `Note [Foreign contexts]`: `src/context.rs`
 //! - `Note [Filled first pins]`: `src/pinned.rs`
 //! - `Note [Streams are never destroyed]`: `src/stream.rs`
+//! - `Note [Activity tracing]`: `src/activity.rs` (device time from CUPTI, and what it costs)
 //!
 //! [`CudaFence`] follows berth-alloc's `Note [Fences and events]` (in
 //! [`berth_alloc::backend`]).

@@ -33,6 +33,7 @@
 //! - `Note [Kernel modules]`: `src/cuda/kernels/mod.rs`
 //! - `Note [Profiler off costs one load]`: `src/profiler/mod.rs` ([`profiler`])
 //! - `Note [Device clock]`: `src/profiler/device_time.rs`
+//! - `Note [CUPTI device time]`: `src/profiler/device_time.rs`
 //! - `Note [Small matmuls]`: `src/cpu/matmul.rs` (how many threads a host `gemm` gets)
 //! - `Note [Fused updates are exact]`: `src/cuda/kernels/optim.rs` (why the fused SGD,
 //!   `add_scaled_` and `relu_backward` kernels give the unfused ops' bits);

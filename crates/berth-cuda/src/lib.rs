@@ -42,6 +42,8 @@
 //! - `copy.rs` — byte copies: raw host↔device↔device, staged pageable pipelines,
 //!   [`PinnedBuffer`];
 //! - `sync_debug.rs` — sync points, host-wait counters;
+//! - `activity.rs` — CUPTI activity tracing (device spans of kernels, copies and memsets, by
+//!   the caller's correlation ids), for the profiler;
 //! - `error.rs`, `kernel_error.rs` — [`CudaError`], [`KernelError`];
 //! - `testing.rs` — the GPU gate for tests, a fake device count.
 //!

@@ -7,36 +7,9 @@ use berth::cuda::testing;
 use berth::optim::sgd_momentum_;
 use berth::{DType, Device, Generator, Tensor};
 
+use super::optim::{bits, r, randn, step_unfused};
+
 const GPU: Device = Device::Cuda(0);
-
-fn randn(shape: &[usize], dtype: DType, g: &mut Generator) -> Tensor {
-    Tensor::randn_with(shape, DType::F32, Device::Cpu, g)
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap()
-}
-
-fn r(ts: &[Tensor]) -> Vec<&Tensor> {
-    ts.iter().collect()
-}
-
-fn bits(t: &Tensor) -> Vec<u64> {
-    let t = t.to_device(Device::Cpu).unwrap();
-    match t.dtype() {
-        DType::F32 => t
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|x| u64::from(x.to_bits()))
-            .collect(),
-        _ => t
-            .to_vec::<f64>()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect(),
-    }
-}
 
 /// `bits` with every NaN pattern (f32 or f64) replaced by one value.
 fn nan_as_one(v: Vec<u64>) -> Vec<u64> {
@@ -45,16 +18,6 @@ fn nan_as_one(v: Vec<u64>) -> Vec<u64> {
     v.into_iter()
         .map(|b| if nan(b) { u64::MAX } else { b })
         .collect()
-}
-
-fn step_unfused(p: &Tensor, g: &Tensor, v: &Tensor, lr: f64, mu: f64, first: bool) {
-    if first {
-        v.copy_(g).unwrap();
-    } else {
-        v.mul_scalar_(mu).unwrap();
-        v.add_(g).unwrap();
-    }
-    p.add_(&v.mul_scalar(-lr).unwrap()).unwrap();
 }
 
 /// Five steps of the MLP's four parameters plus 20 small ones (two launches of at most 16

@@ -9,18 +9,20 @@ use berth::{DType, Device, Error, Generator, Tensor};
 /// the parallel path with a ragged last chunk.
 const CHUNK: usize = 1 << 14;
 
-fn randn(shape: &[usize], dtype: DType, g: &mut Generator) -> Tensor {
+pub(super) fn randn(shape: &[usize], dtype: DType, g: &mut Generator) -> Tensor {
     Tensor::randn_with(shape, DType::F32, Device::Cpu, g)
         .unwrap()
         .to_dtype(dtype)
         .unwrap()
 }
 
-fn r(ts: &[Tensor]) -> Vec<&Tensor> {
+pub(super) fn r(ts: &[Tensor]) -> Vec<&Tensor> {
     ts.iter().collect()
 }
 
-fn bits(t: &Tensor) -> Vec<u64> {
+/// The bit patterns of `t`'s elements (f32 widened, f64 as is), read on the host.
+pub(super) fn bits(t: &Tensor) -> Vec<u64> {
+    let t = t.to_device(Device::Cpu).unwrap();
     match t.dtype() {
         DType::F32 => t
             .to_vec::<f32>()
@@ -44,7 +46,7 @@ fn add_scaled_unfused(p: &Tensor, v: &Tensor, alpha: f64) {
 }
 
 /// One momentum step the unfused way: `v ← g` or `v ← v·μ + g`, then `p += v·(−lr)`.
-fn step_unfused(p: &Tensor, g: &Tensor, v: &Tensor, lr: f64, mu: f64, first: bool) {
+pub(super) fn step_unfused(p: &Tensor, g: &Tensor, v: &Tensor, lr: f64, mu: f64, first: bool) {
     if first {
         v.copy_(g).unwrap();
     } else {

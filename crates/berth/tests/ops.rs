@@ -428,3 +428,52 @@ fn matmul_with_an_empty_inner_dimension_is_zeros() {
     let mb = Tensor::zeros(&[0, 4], DType::F32, Device::Meta).unwrap();
     assert_eq!(m.matmul(&mb).unwrap().shape(), &[2, 4]);
 }
+
+/// Products large enough to be sliced over threads (by output columns, by output rows, with a
+/// narrower last slice, batched, on transposed views) equal a naive loop exactly: the
+/// operands are small integers, so every partial sum is exact in f32.
+#[test]
+fn threaded_matmul_slices_equal_a_naive_product() {
+    let ints = |shape: &[usize], seed: usize| {
+        let n: usize = shape.iter().product();
+        let data: Vec<f32> = (0..n).map(|i| ((i * 7 + seed) % 9) as f32 - 4.0).collect();
+        Tensor::from_vec(data, shape, Device::Cpu).unwrap()
+    };
+    let naive = |a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize)| {
+        let mut c = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|x| a[i * k + x] * b[x * n + j]).sum();
+            }
+        }
+        c
+    };
+    // (m, k, n): the main job's fc1 forward and weight gradient, a wide and a tall product
+    // whose sliced dimension is no multiple of 16.
+    for (m, k, n) in [
+        (64, 784, 256),
+        (256, 64, 784),
+        (70, 300, 1001),
+        (1003, 200, 50),
+    ] {
+        let a = ints(&[m, k], 1);
+        // The right operand as the transpose of an `[n, k]` tensor (a column-major view), as
+        // `Linear` multiplies by its weight.
+        let bt = ints(&[n, k], 2);
+        let b = bt.t().unwrap();
+        let want = naive(&v(&a), &v(&b.contiguous().unwrap()), (m, k, n));
+        assert_eq!(v(&a.matmul(&b).unwrap()), want, "[{m}, {k}] · [{k}, {n}]");
+        // Transposed left operand too (`dpre.t().matmul(x)` in the backward).
+        let at = a.t().unwrap().contiguous().unwrap().t().unwrap();
+        assert_eq!(v(&at.matmul(&b).unwrap()), want, "transposed [{m}, {k}]");
+    }
+    // Batched: each batch's slices land in its own output.
+    let a = ints(&[3, 96, 200], 3);
+    let b = ints(&[200, 400], 4);
+    let got = v(&a.matmul(&b).unwrap());
+    let (av, bv) = (v(&a), v(&b));
+    for i in 0..3 {
+        let want = naive(&av[i * 96 * 200..(i + 1) * 96 * 200], &bv, (96, 200, 400));
+        assert_eq!(got[i * 96 * 400..(i + 1) * 96 * 400], want[..], "batch {i}");
+    }
+}

@@ -40,23 +40,145 @@ fn dims(l: &Layout, r: &Layout) -> Dims {
     }
 }
 
-/// Multiply-adds a thread gets at least before `gemm` is split over more threads: about 25 µs
-/// of one core's work, several times the cost of waking a rayon worker.
-const MACS_PER_THREAD: usize = 1 << 20;
+/// Multiply-adds a thread gets at least before a product is split over more threads: about
+/// 10 µs of one core's work, a few times the cost of waking a rayon worker.
+const MACS_PER_THREAD: usize = 1 << 19;
 
-/// The threads for one `m × k · k × n` product: one per [`MACS_PER_THREAD`] multiply-adds, at
-/// most rayon's pool, and none (the calling thread) below two. Note [Small matmuls]: the main
-/// job's products are 64-row; `[64, 256] · [256, 10]` (164k multiply-adds) was split over every
-/// core of the pool (the old rule: ≥ 48³), which costs more in wake-ups than the product, and
-/// `[64, 784] · [784, 256]` (12.8M) gets 12 threads rather than all of a large pool.
-fn parallelism(m: usize, n: usize, k: usize) -> gemm::Parallelism {
+/// The narrowest slice of output rows or columns a thread gets: one AVX-512 register of f32.
+const MIN_SLICE: usize = 16;
+
+/// How one `m × k · k × n` product is split: `parts` slices of `width` output rows
+/// (`by_rows`) or columns, the last one narrower.
+///
+/// Note [Small matmuls]: the main job's products are 64-row, and `gemm`'s own threading
+/// splits them badly. On the 16 cores of the H200 host (AVX-512 kernels, hot caches),
+/// `[64, 784] · [784, 256]` (fc1 forward, 12.8M multiply-adds) took 261 µs on 16 `gemm`
+/// threads, 1.7× one thread; `[64, 256] · [256, 10]` (164k) was once split over every core,
+/// which costs more in wake-ups than the product. Slicing the larger output dimension into
+/// one slice per thread, each a single-threaded `gemm` over the whole `k`, took 68 µs for fc1
+/// forward and 62 µs for its weight gradient `[256, 64] · [64, 784]` (`gemm`'s threads: 70 µs);
+/// PyTorch (MKL) took 47 and 41 µs in the same call (`BENCHMARKS.md`). Each slice packs its
+/// own copy of the other operand, which costs `1/width` of its work: slices are at least
+/// [`MIN_SLICE`] wide. Threads: one per [`MACS_PER_THREAD`] multiply-adds, at most rayon's
+/// pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Split {
+    by_rows: bool,
+    parts: usize,
+    width: usize,
+}
+
+fn split(m: usize, n: usize, k: usize, pool: usize) -> Split {
     let macs = m.saturating_mul(n).saturating_mul(k);
-    let threads = (macs / MACS_PER_THREAD).min(rayon::current_num_threads());
-    if threads >= 2 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
+    let by_rows = m > n;
+    let dim = m.max(n);
+    let threads = (macs / MACS_PER_THREAD)
+        .min(pool)
+        .min(dim / MIN_SLICE)
+        .max(1);
+    let width = dim.div_ceil(threads).next_multiple_of(MIN_SLICE).min(dim);
+    Split {
+        by_rows,
+        parts: dim.div_ceil(width.max(1)),
+        width,
     }
+}
+
+/// A pointer that may cross to rayon's threads: each slice of a split product reads the
+/// operands and writes its own rows or columns of the output, disjoint from every other's.
+#[derive(Debug, Clone, Copy)]
+struct Shared<P>(P);
+// SAFETY: see the type's doc: the slices' writes are disjoint and the operands are read only.
+unsafe impl<P> Send for Shared<P> {}
+// SAFETY: as `Send`: shared references only read the pointers.
+unsafe impl<P> Sync for Shared<P> {}
+
+/// One strided operand or output of `gemm`: base pointer, row stride, column stride (elements).
+#[derive(Debug, Clone, Copy)]
+struct Mat<P> {
+    ptr: P,
+    rs: isize,
+    cs: isize,
+}
+
+/// `gemm` of output rows `r0..r0 + mm` and columns `c0..c0 + nn` on the calling thread.
+///
+/// # Safety
+/// As [`gemm_split`], for that block of `dst`, those rows of `a` and those columns of `b`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_block<T: Pod + 'static>(
+    dst: Mat<*mut T>,
+    a: Mat<*const T>,
+    b: Mat<*const T>,
+    k: usize,
+    (r0, mm): (usize, usize),
+    (c0, nn): (usize, usize),
+    (zero, one): (T, T),
+) {
+    // SAFETY: the caller's contract; offsets of in-bounds rows and columns stay in bounds.
+    unsafe {
+        gemm::gemm(
+            mm,
+            nn,
+            k,
+            dst.ptr.offset(r0 as isize * dst.rs + c0 as isize * dst.cs),
+            dst.cs,
+            dst.rs,
+            false,
+            a.ptr.offset(r0 as isize * a.rs),
+            a.cs,
+            a.rs,
+            b.ptr.offset(c0 as isize * b.cs),
+            b.cs,
+            b.rs,
+            zero,
+            one,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// `dst = a · b` for one `m × k · k × n` product, split as [`split`] says.
+///
+/// # Safety
+/// Every element `a.ptr + r·a.rs + c·a.cs` (`r < m`, `c < k`) and likewise of `b` (`k × n`) is
+/// readable, every element of `dst` (`m × n`) writable, and `dst` overlaps neither operand.
+unsafe fn gemm_split<T: Pod + 'static>(
+    (m, n, k): (usize, usize, usize),
+    dst: Mat<*mut T>,
+    a: Mat<*const T>,
+    b: Mat<*const T>,
+    zero: T,
+    one: T,
+) {
+    let s = split(m, n, k, rayon::current_num_threads());
+    if s.parts <= 1 {
+        // SAFETY: the caller's contract, for the whole product.
+        return unsafe { gemm_block(dst, a, b, k, (0, m), (0, n), (zero, one)) };
+    }
+    let shared = Shared((dst, a, b));
+    rayon::scope(|scope| {
+        for p in 0..s.parts {
+            let start = p * s.width;
+            let len = s.width.min(if s.by_rows { m } else { n } - start);
+            scope.spawn(move |_| {
+                // The whole wrapper moves in (not its fields, which are not `Send`).
+                let whole = shared;
+                let (dst, a, b) = whole.0;
+                let (rows, cols) = if s.by_rows {
+                    ((start, len), (0, n))
+                } else {
+                    ((0, m), (start, len))
+                };
+                // SAFETY: the caller's contract, for one slice; the slices' outputs are
+                // disjoint, so no two threads write one element.
+                unsafe { gemm_block(dst, a, b, k, rows, cols, (zero, one)) }
+            });
+        }
+    });
 }
 
 /// `gemm` over one dtype that it supports natively.
@@ -71,18 +193,10 @@ fn gemm_native<T: Pod + 'static>(
 ) {
     let d = dims(la, lb);
     let rank = la.rank();
-    let (ars, acs) = (
-        la.strides()[rank - 2] as isize,
-        la.strides()[rank - 1] as isize,
-    );
-    let (brs, bcs) = (
-        lb.strides()[rank - 2] as isize,
-        lb.strides()[rank - 1] as isize,
-    );
+    let stride = |l: &Layout, i: usize| l.strides()[rank - 2 + i] as isize;
     if d.m * d.n == 0 {
         return;
     }
-    let par = parallelism(d.m, d.n, d.k);
     for (i, &(ao, bo)) in d.batches.iter().enumerate() {
         let dst = &mut out[i * d.m * d.n..(i + 1) * d.m * d.n];
         if d.k == 0 {
@@ -91,29 +205,27 @@ fn gemm_native<T: Pod + 'static>(
         }
         // SAFETY: every index `ao + r*ars + c*acs` (r < m, c < k) is inside `a` because the
         // layout was validated against the storage size; likewise for `b`; `dst` holds m*n
-        // elements with row stride n and column stride 1. `read_dst == false` so `dst`'s
-        // initial contents are not read.
+        // elements with row stride n and column stride 1, and is the output's own storage.
         unsafe {
-            gemm::gemm(
-                d.m,
-                d.n,
-                d.k,
-                dst.as_mut_ptr(),
-                1,
-                d.n as isize,
-                false,
-                a.as_ptr().add(ao),
-                acs,
-                ars,
-                b.as_ptr().add(bo),
-                bcs,
-                brs,
+            gemm_split(
+                (d.m, d.n, d.k),
+                Mat {
+                    ptr: dst.as_mut_ptr(),
+                    rs: d.n as isize,
+                    cs: 1,
+                },
+                Mat {
+                    ptr: a.as_ptr().add(ao),
+                    rs: stride(la, 0),
+                    cs: stride(la, 1),
+                },
+                Mat {
+                    ptr: b.as_ptr().add(bo),
+                    rs: stride(lb, 0),
+                    cs: stride(lb, 1),
+                },
                 zero,
                 one,
-                false,
-                false,
-                false,
-                par,
             );
         }
     }
@@ -186,4 +298,47 @@ pub(crate) fn matmul(dst: View<'_>, lhs: View<'_>, rhs: View<'_>) -> Result<()> 
         DType::U8 | DType::Bool => go!(u8, matmul_int),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{split, Split};
+
+    #[test]
+    fn products_are_sliced_along_their_larger_output_dimension() {
+        // fc1 forward `[64, 784] · [784, 256]` on 16 threads: 16 column slices of 16.
+        assert_eq!(
+            split(64, 256, 784, 16),
+            Split {
+                by_rows: false,
+                parts: 16,
+                width: 16
+            }
+        );
+        // Its weight gradient `[256, 64] · [64, 784]`: columns, 16 slices of 49 → 13 of 64.
+        assert_eq!(
+            split(256, 784, 64, 16),
+            Split {
+                by_rows: false,
+                parts: 13,
+                width: 64
+            }
+        );
+        // Tall: by rows.
+        assert!(split(1000, 50, 200, 8).by_rows);
+        // `[64, 256] · [256, 10]` (164k multiply-adds) stays on the calling thread.
+        assert_eq!(split(64, 10, 256, 16).parts, 1);
+        // No slice narrower than 16, however many threads.
+        assert_eq!(split(40, 40, 100_000, 16).parts, 2);
+        // A one-thread pool, and degenerate sizes, give one slice of the whole dimension.
+        assert_eq!(split(64, 256, 784, 1).parts, 1);
+        assert_eq!(
+            split(1, 1, 1, 16),
+            Split {
+                by_rows: false,
+                parts: 1,
+                width: 1
+            }
+        );
+    }
 }

@@ -113,6 +113,36 @@ fn fold_slice<T: Num>(op: ReduceOp, xs: &[T], base: usize) -> State {
     })
 }
 
+/// `out[j] = Σ_r xs[r·inner + j]` for a dense `[rows, inner]` source (`inner = out.len()`):
+/// the sum over leading dimensions (a bias gradient's `sum_dim(0)`), added one source row at a
+/// time so the loop runs along contiguous memory and vectorises. Each output sums its
+/// elements in the same order (rows ascending, in f64) as the strided walk, so the result is
+/// the same to the bit; wide outputs are split over rayon by column blocks.
+fn sum_leading<T: Num>(out: &mut [f64], xs: &[T], rows: usize) {
+    let inner = out.len();
+    out.fill(0.0);
+    if inner == 0 {
+        return;
+    }
+    let block = |(c, o): (usize, &mut [f64])| {
+        let j0 = c * COLUMN_BLOCK;
+        for r in 0..rows {
+            let row = &xs[r * inner + j0..r * inner + j0 + o.len()];
+            for (acc, x) in o.iter_mut().zip(row) {
+                *acc += x.to_c().to_f64();
+            }
+        }
+    };
+    if rows * inner >= PAR_MIN && inner > COLUMN_BLOCK {
+        out.par_chunks_mut(COLUMN_BLOCK).enumerate().for_each(block);
+    } else {
+        block((0, out));
+    }
+}
+
+/// Outputs per rayon task of [`sum_leading`].
+const COLUMN_BLOCK: usize = 1 << 10;
+
 /// # Errors
 /// [`crate::Error::HostOutOfMemory`] when the index lists (as many as the elements reduced
 /// and kept) cannot be had.
@@ -139,6 +169,13 @@ fn reduce_typed<T: Num>(
             fold_slice(op, xs, 0)
         };
         out[0] = write(finish(op, s, count));
+        return Ok(());
+    }
+    let leading = dims.len() < rank && dims.iter().enumerate().all(|(i, &d)| d == i);
+    if leading && l.is_contiguous() && matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
+        sum_leading(out, &src[l.offset()..l.offset() + l.numel()], count);
+        out.iter_mut()
+            .for_each(|o| *o = write(finish(op, State { acc: *o, idx: 0 }, count)));
         return Ok(());
     }
     let pick = |ds: &[usize], v: &[usize]| ds.iter().map(|&d| v[d]).collect::<Vec<_>>();

@@ -28,6 +28,8 @@ for l in sys.stdin:
         print(m["package_id"].split("#")[0].split("/")[-1].split("@")[0] + "-" + m["target"]["name"] + "\t" + m["executable"])'
 }
 TESTS=(); BENCHES=()
+# The main job's CPU step op by op (issue 15), for PARTS=loader: small, so staged always.
+CPU_STEP=$(cargo bench -p berth --bench cpu_step --no-run --message-format=json 2>/dev/null | executables | cut -f2)
 if [ "${BERTH_ONLY:-0}" != 1 ]; then
 mapfile -t TESTS < <(cargo test --release -p berth-cuda -p berth -p berth-data --no-run --message-format=json 2>/dev/null | executables)
 mapfile -t BENCHES < <(cargo bench -p berth-alloc --bench replay --no-run --message-format=json 2>/dev/null | executables)
@@ -43,6 +45,7 @@ done
 for b in ${BENCHES[@]+"${BENCHES[@]}"}; do
   cp "${b#*$'\t'}" .gpu/bench-alloc-replay
 done
+cp "$CPU_STEP" .gpu/bench-cpu-step
 cp -r "$SHARED/bench" "$SHARED/traces" .gpu/shared/
 # Every committed trace (the five of ../shared/traces and the ten recorded since) replays.
 cp crates/berth-alloc/tests/data/*.trace.json.gz .gpu/shared/traces/
@@ -189,6 +192,19 @@ if want loader; then
   for n in 4 8 16; do
     RAYON_NUM_THREADS=$n timeout 150 .gpu/berth train --device cpu --epochs 5 --json --resident > "$OUT/loader-train-cpu-resident-t$n.json" 2>"$OUT/loader-train-cpu-resident-t$n.err" || status=1
   done
+  # The CPU target against this host's run-to-run noise (epoch times differ up to 2x between
+  # calls, and between minutes of one call): berth's resident CPU run and PyTorch's, alternated
+  # CPU_DUEL_ROUNDS times (default 3); the summary compares each round and the medians.
+  if [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
+    for r in $(seq 1 "${CPU_DUEL_ROUNDS:-3}"); do
+      timeout 150 .gpu/berth train --device cpu --epochs 5 --json --resident > "$OUT/duel-berth-$r.json" 2>"$OUT/duel-berth-$r.err" || status=1
+      timeout 240 python3 .gpu/shared/bench/torch_train.py data/fashion-mnist --epochs 5 --devices cpu --modes resident > "$OUT/duel-torch-$r.jsonl" 2>"$OUT/duel-torch-$r.err" || status=1
+    done
+  fi
+  # Where a CPU step goes: each op of the step on its shapes, hot (criterion, the default
+  # pool of all cores), and the resident run profiled (medians per op in the summary).
+  timeout 120 .gpu/bench-cpu-step --bench > "$OUT/loader-cpu-step.txt" 2>&1 || status=1
+  timeout 100 .gpu/berth train --device cpu --resident --epochs 1 --profile "$OUT/loader-cpu-profile.json" --profile-warmup 100 --profile-steps 200 > "$OUT/loader-cpu-profile.txt" 2>&1 || status=1
   if [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
     timeout 240 python3 .gpu/shared/bench/torch_train.py data/fashion-mnist --epochs 5 > "$OUT/loader-torch-train.jsonl" 2>"$OUT/loader-torch-train.err" || status=1
     # Only the DataLoader part of torch_baseline.py (its last section), with its imports.
@@ -213,15 +229,16 @@ def obj(name):
 b = list(lines("loader-bench.jsonl"))
 par = {f["memcpy_threads"]: f["gb_per_s"] for f in b if f["target"] == "memcpy" and f.get("memcpy_threads")}
 tdl = obj("loader-torch-baseline.json").get("dataloader_3072f32_b256", {})
-print("| workers | to cuda:0 samples/s (GB/s) | host samples/s (GB/s) | memcpy same threads GB/s | host / memcpy | PyTorch to GPU |")
-print("|---|---|---|---|---|---|")
+print("| workers | to cuda:0 samples/s (GB/s) | pinned, left on the host | host samples/s (GB/s) | memcpy same threads GB/s | host / memcpy | PyTorch to GPU |")
+print("|---|---|---|---|---|---|---|")
 ws = sorted({f["workers"] for f in b if f.get("workers") is not None})
 for w in ws:
     g = next((f for f in b if f["target"] == "cuda:0" and f["workers"] == w), None)
     h = next((f for f in b if f["target"] == "host" and f["workers"] == w), None)
+    hp = next((f for f in b if f["target"] == "host-pinned" and f["workers"] == w), None)
     t = tdl.get(f"workers{w}_pin{int(w > 0)}_samples_per_s")
     fmt = lambda f: f"{f['samples_per_second']/1e6:.2f}M ({f['gb_per_s']:.1f})" if f else "-"
-    print(f"| {w} | {fmt(g)} | {fmt(h)} | {par.get(max(w,1), float('nan')):.1f} | {h['vs_parallel_memcpy']:.2f} | {t/1e6 if t else '-'}{'M' if t else ''} |" if h else f"| {w} | {fmt(g)} | - | - | - | - |")
+    print(f"| {w} | {fmt(g)} | {fmt(hp)} | {fmt(h)} | {par.get(max(w,1), float('nan')):.1f} | {h['vs_parallel_memcpy']:.2f} | {t/1e6 if t else '-'}{'M' if t else ''} |" if h else f"| {w} | {fmt(g)} | {fmt(hp)} | - | - | - | - |")
 print()
 print("| run | samples/s | test accuracy | epoch seconds |")
 print("|---|---|---|---|")
@@ -237,7 +254,41 @@ for n in (4, 8, 16):
     if d: print(f"| berth cpu resident RAYON_NUM_THREADS={n} | {d.get('samples_per_second', 0):.0f} | {d.get('test_accuracy', 0)*100:.2f}% | {', '.join(f'{s:.2f}' for s in d.get('epoch_seconds', []))} |")
 for d in lines("loader-torch-train.jsonl"):
     print(f"| PyTorch {d['device']} {d['mode']} (threads {d.get('threads')}) | {d['samples_per_s_steady']:.0f} | {d['test_accuracy']*100:.2f}% | {', '.join(f'{s:.2f}' for s in d['epoch_seconds'])} |")
+# The CPU duel: berth and PyTorch resident on the CPU, alternated round by round.
+import statistics
+duel = []
+for r in range(1, 100):
+    d, t = obj(f"duel-berth-{r}.json"), next(iter(lines(f"duel-torch-{r}.jsonl")), None)
+    if not d and t is None:
+        break
+    duel.append((r, d.get("samples_per_second"), d.get("test_accuracy"), t and t["samples_per_s_steady"], t and t["test_accuracy"]))
+if duel:
+    print()
+    print("| CPU round (resident, 5 epochs) | berth samples/s | berth accuracy | PyTorch samples/s | PyTorch accuracy | berth / PyTorch |")
+    print("|---|---|---|---|---|---|")
+    for r, b, ba, t, ta in duel:
+        ratio = f"{b / t:.2f}" if b and t else "-"
+        print(f"| {r} | {b or 0:.0f} | {(ba or 0)*100:.2f}% | {t or 0:.0f} | {(ta or 0)*100:.2f}% | {ratio} |")
+    bs, ts = [x[1] for x in duel if x[1]], [x[3] for x in duel if x[3]]
+    if bs and ts:
+        print(f"| median | {statistics.median(bs):.0f} | | {statistics.median(ts):.0f} | | {statistics.median(bs)/statistics.median(ts):.2f} |")
+# The profiled CPU step: median µs per op (by name and input shapes), per step.
+import collections, statistics
+prof = obj("loader-cpu-profile.json").get("traceEvents", [])
+ops, steps = collections.defaultdict(list), []
+for e in prof:
+    if e.get("ph") != "X": continue
+    if e["name"].startswith("step "): steps.append(e["dur"]); continue
+    ops[(e["name"], str(e.get("args", {}).get("input_shapes", "")))].append(e["dur"])
+if steps:
+    print()
+    print(f"CPU step profiled ({len(steps)} steps): median step {statistics.median(steps):.1f} us")
+    print("| op | input shapes | median us | calls/step |")
+    print("|---|---|---|---|")
+    for (n, sh), v in sorted(ops.items(), key=lambda kv: -sum(kv[1])):
+        print(f"| {n} | {sh} | {statistics.median(v):.1f} | {len(v)/len(steps):.0f} |")
 PY
+  grep -E "time:" -B1 "$OUT/loader-cpu-step.txt" | grep -v '^--' | paste - - | sed 's/ \+/ /g' || true
 fi
 if want live && python3 -c 'import torch' 2>/dev/null; then
   OUT="$OUT" bash scripts/torch-live.sh || status=1

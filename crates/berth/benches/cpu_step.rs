@@ -50,6 +50,10 @@ fn bench(c: &mut Criterion) {
     grp.bench_function("bias_add_64x256", |b| {
         b.iter(|| black_box(pre.add(&b1).unwrap()))
     });
+    // The weight gradient's output: allocated (zeroed) and freed each step.
+    grp.bench_function("empty_256x784", |b| {
+        b.iter(|| black_box(Tensor::empty(&[HIDDEN, INPUTS], DType::F32, Device::Cpu).unwrap()))
+    });
     grp.bench_function("relu_64x256", |b| b.iter(|| black_box(pre.relu().unwrap())));
     grp.bench_function("sum_dim0_64x256", |b| {
         b.iter(|| black_box(dpre.sum_dim(0, false).unwrap()))

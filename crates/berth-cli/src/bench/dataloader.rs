@@ -2,12 +2,11 @@
 //! a `TensorDataset` of 100,000 × 3072 f32 samples with i64 labels, batch 256, shuffle, for
 //! several worker counts; batches to host memory always, and to the GPU (pinned, copied with
 //! `non_blocking` through the device prefetcher) when one is present, and the same pinned
-//! batches left on the host (`host-pinned`, no copy). By default it sweeps the
-//! worker counts 0, 1, 2, 4, 8, … up to the cores present (and the core count less one, and
-//! itself). In the
-//! same run it times a `memcpy` of the same total bytes with one thread and with each thread
-//! count of the sweep (`max(workers, 1)` threads, each copying one contiguous part): the
-//! physical limit of a gather by that many threads on this machine; every host figure is
+//! batches left on the host (`host-pinned`, no copy). By default it sweeps the worker counts
+//! 0, 1, 2, 4, 8, … up to the cores present, the core count less one, and the core count. In
+//! the same run it times a `memcpy` of the same total bytes with one thread and with each
+//! thread count of the sweep (`max(workers, 1)` threads, each copying one contiguous part):
+//! the physical limit of a gather by that many threads on this machine; every host figure is
 //! compared with the memcpy of its own thread count (`vs_parallel_memcpy`). Every figure is the
 //! median of `--epochs` epochs after one warm-up epoch.
 

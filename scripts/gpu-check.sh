@@ -238,7 +238,7 @@ for w in ws:
     hp = next((f for f in b if f["target"] == "host-pinned" and f["workers"] == w), None)
     t = tdl.get(f"workers{w}_pin{int(w > 0)}_samples_per_s")
     fmt = lambda f: f"{f['samples_per_second']/1e6:.2f}M ({f['gb_per_s']:.1f})" if f else "-"
-    print(f"| {w} | {fmt(g)} | {fmt(hp)} | {fmt(h)} | {par.get(max(w,1), float('nan')):.1f} | {h['vs_parallel_memcpy']:.2f} | {t/1e6 if t else '-'}{'M' if t else ''} |" if h else f"| {w} | {fmt(g)} | {fmt(hp)} | - | - | - | - |")
+    print(f"| {w} | {fmt(g)} | {fmt(hp)} | {fmt(h)} | {par.get(max(w,1), float('nan')):.1f} | {h['vs_parallel_memcpy']:.2f} | {f'{t/1e6:.2f}M' if t else '-'} |" if h else f"| {w} | {fmt(g)} | {fmt(hp)} | - | - | - | - |")
 print()
 print("| run | samples/s | test accuracy | epoch seconds |")
 print("|---|---|---|---|")

@@ -57,7 +57,7 @@ const MIN_SLICE: usize = 16;
 /// which costs more in wake-ups than the product. Slicing the larger output dimension into
 /// one slice per thread, each a single-threaded `gemm` over the whole `k`, took 68 µs for fc1
 /// forward and 62 µs for its weight gradient `[256, 64] · [64, 784]` (`gemm`'s threads: 70 µs);
-/// PyTorch (MKL) took 47 and 41 µs in the same call (`BENCHMARKS.md`). Each slice packs its
+/// PyTorch took 47 and 41 µs in the same call (`BENCHMARKS.md`). Each slice packs its
 /// own copy of the other operand, which costs `1/width` of its work: slices are at least
 /// [`MIN_SLICE`] wide. Threads: one per [`MACS_PER_THREAD`] multiply-adds, at most rayon's
 /// pool.

@@ -34,7 +34,7 @@
 //! - `Note [Profiler off costs one load]`: `src/profiler/mod.rs` ([`profiler`])
 //! - `Note [Device clock]`: `src/profiler/device_time.rs`
 //! - `Note [CUPTI device time]`: `src/profiler/device_time.rs`
-//! - `Note [Small matmuls]`: `src/cpu/matmul.rs` (how many threads a host `gemm` gets)
+//! - `Note [Small matmuls]`: `src/cpu/matmul.rs` (how a host product is sliced over threads)
 //! - `Note [Fused updates are exact]`: `src/cuda/kernels/optim.rs` (why the fused SGD,
 //!   `add_scaled_` and `relu_backward` kernels give the unfused ops' bits);
 //!   `Note [Fused host SGD]`: `src/cpu/optim.rs`

@@ -477,3 +477,33 @@ fn threaded_matmul_slices_equal_a_naive_product() {
         assert_eq!(got[i * 96 * 400..(i + 1) * 96 * 400], want[..], "batch {i}");
     }
 }
+
+/// Sums and means over leading dimensions of a dense tensor (the row-at-a-time path, split
+/// over threads when wide) equal a naive per-column sum, for f32 and i64.
+#[test]
+fn leading_dimension_sums_equal_a_naive_sum() {
+    let (rows, cols) = (64, 3000);
+    let data: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 13) % 11) as f32 - 5.0)
+        .collect();
+    let x = Tensor::from_vec(data.clone(), &[rows, cols], Device::Cpu).unwrap();
+    let want: Vec<f32> = (0..cols)
+        .map(|j| (0..rows).map(|r| data[r * cols + j]).sum())
+        .collect();
+    assert_eq!(v(&x.sum_dim(0, false).unwrap()), want);
+    let mean = v(&x.mean_dim(0, true).unwrap());
+    assert_eq!(mean.len(), cols);
+    for (m, w) in mean.iter().zip(&want) {
+        assert_eq!(*m, w / rows as f32);
+    }
+    // Two leading dimensions of a 3-d tensor: [4, 16, 3000] → [3000].
+    let x3 = x.reshape(&[4, 16, cols]).unwrap();
+    assert_eq!(v(&x3.sum_dims(&[0, 1], false).unwrap()), want);
+    // Integers, exactly.
+    let xi = x.to_dtype(DType::I64).unwrap();
+    let got = xi.sum_dim(0, false).unwrap().to_vec::<i64>().unwrap();
+    assert_eq!(got, want.iter().map(|&w| w as i64).collect::<Vec<_>>());
+    // A view that is not dense (the transpose) takes the strided path, same values.
+    let xt = x.t().unwrap().contiguous().unwrap().t().unwrap();
+    assert_eq!(v(&xt.sum_dim(0, false).unwrap()), want);
+}

@@ -251,42 +251,35 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let ds = std::sync::Arc::new(TensorDataset::new(vec![x, y])?);
-    for &w in &workers {
-        let dl = DataLoader::<TensorDataset>::builder(std::sync::Arc::clone(&ds))
+    let loader = |w: usize, pin: bool| {
+        DataLoader::<TensorDataset>::builder(std::sync::Arc::clone(&ds))
             .batch_size(args.batch_size)
             .shuffle(true)
             .num_workers(w as isize)
             .persistent_workers(w > 0)
+            .pin_memory(pin)
             .generator(Generator::new(0))
-            .build()?;
-        let mut secs = Vec::new();
-        for e in 0..=args.epochs {
-            let t0 = Instant::now();
-            let mut seen = 0usize;
-            for b in &dl {
-                seen += b?[1].numel();
-            }
-            anyhow::ensure!(seen == n, "epoch delivered {seen} samples, expected {n}");
-            if e > 0 {
-                secs.push(t0.elapsed().as_secs_f64());
-            }
-        }
-        let s = median(secs);
+            .build()
+    };
+    // One figure from the median epoch seconds `s`.
+    let figure = |target, w: usize, pin_memory, s: f64, parallel: bool| {
         let bps = epoch_bytes / s;
-        emit(
-            args.json,
-            &Figure {
-                bench: "dataloader",
-                target: "host",
-                workers: Some(w),
-                pin_memory: false,
-                samples_per_second: n as f64 / s,
-                gb_per_s: bps / 1e9,
-                vs_memcpy: bps / memcpy_bps,
-                memcpy_threads: Some(w.max(1)),
-                vs_parallel_memcpy: par_bps.get(&w.max(1)).map(|p| bps / p),
-            },
-        );
+        Figure {
+            bench: "dataloader",
+            target,
+            workers: Some(w),
+            pin_memory,
+            samples_per_second: n as f64 / s,
+            gb_per_s: bps / 1e9,
+            vs_memcpy: bps / memcpy_bps,
+            memcpy_threads: parallel.then_some(w.max(1)),
+            vs_parallel_memcpy: par_bps.get(&w.max(1)).filter(|_| parallel).map(|p| bps / p),
+        }
+    };
+    for &w in &workers {
+        let dl = loader(w, false)?;
+        let s = epoch_secs(args.epochs, n, || host_epoch(&dl))?;
+        emit(args.json, &figure("host", w, false, s, true));
     }
 
     if !berth::cuda::is_available() {
@@ -300,75 +293,56 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let device: Device = "cuda:0".parse()?;
     for &w in &workers {
-        let dl = DataLoader::<TensorDataset>::builder(std::sync::Arc::clone(&ds))
-            .batch_size(args.batch_size)
-            .shuffle(true)
-            .num_workers(w as isize)
-            .persistent_workers(w > 0)
-            .pin_memory(true)
-            .generator(Generator::new(0))
-            .build()?;
+        let dl = loader(w, true)?;
         // The same pinned batches left on the host (no copy): what the workers deliver into
         // pinned memory, so the copy's share of the `cuda:0` figure shows.
-        let mut secs = Vec::new();
-        for e in 0..=args.epochs {
-            let t0 = Instant::now();
-            let mut seen = 0usize;
-            for b in &dl {
-                seen += b?[1].numel();
-            }
-            anyhow::ensure!(seen == n, "epoch delivered {seen} samples, expected {n}");
-            if e > 0 {
-                secs.push(t0.elapsed().as_secs_f64());
-            }
-        }
-        let s = median(secs);
-        let bps = epoch_bytes / s;
+        let s = epoch_secs(args.epochs, n, || host_epoch(&dl))?;
         emit(
             args.json,
-            &Figure {
-                bench: "dataloader",
-                target: "host-pinned",
-                workers: Some(w),
-                pin_memory: dl.pin_memory(),
-                samples_per_second: n as f64 / s,
-                gb_per_s: bps / 1e9,
-                vs_memcpy: bps / memcpy_bps,
-                memcpy_threads: None,
-                vs_parallel_memcpy: None,
-            },
+            &figure("host-pinned", w, dl.pin_memory(), s, false),
         );
-        let mut secs = Vec::new();
-        for e in 0..=args.epochs {
-            let t0 = Instant::now();
+        let s = epoch_secs(args.epochs, n, || {
             let mut seen = 0usize;
             for b in DevicePrefetcher::new(dl.iter(), device)? {
                 seen += b?[1].numel();
             }
             berth::cuda::current_stream(0)?.synchronize()?;
-            anyhow::ensure!(seen == n, "epoch delivered {seen} samples, expected {n}");
-            if e > 0 {
-                secs.push(t0.elapsed().as_secs_f64());
-            }
-        }
-        let s = median(secs);
-        let bps = epoch_bytes / s;
-        emit(
-            args.json,
-            &Figure {
-                bench: "dataloader",
-                target: "cuda:0",
-                workers: Some(w),
-                pin_memory: dl.pin_memory(),
-                samples_per_second: n as f64 / s,
-                gb_per_s: bps / 1e9,
-                vs_memcpy: bps / memcpy_bps,
-                memcpy_threads: None,
-                vs_parallel_memcpy: None,
-            },
-        );
+            Ok(seen)
+        })?;
+        emit(args.json, &figure("cuda:0", w, dl.pin_memory(), s, false));
     }
     Ok(())
+}
+
+/// One epoch of `dl`'s batches on the host: the samples delivered.
+fn host_epoch(dl: &DataLoader<TensorDataset>) -> anyhow::Result<usize> {
+    let mut seen = 0usize;
+    for b in dl {
+        seen += b?[1].numel();
+    }
+    Ok(seen)
+}
+
+/// The median seconds of `epochs` timed runs of `epoch` after one warm-up run; each must
+/// deliver all `n` samples (`epoch` returns how many it did).
+///
+/// # Errors
+/// `epoch`'s error, or an epoch that delivered other than `n` samples.
+fn epoch_secs(
+    epochs: usize,
+    n: usize,
+    mut epoch: impl FnMut() -> anyhow::Result<usize>,
+) -> anyhow::Result<f64> {
+    let mut secs = Vec::new();
+    for e in 0..=epochs {
+        let t0 = Instant::now();
+        let seen = epoch()?;
+        anyhow::ensure!(seen == n, "epoch delivered {seen} samples, expected {n}");
+        if e > 0 {
+            secs.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    Ok(median(secs))
 }
 
 #[cfg(test)]

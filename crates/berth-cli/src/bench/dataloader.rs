@@ -94,7 +94,7 @@ fn emit(json: bool, f: &Figure) {
             _ => String::new(),
         };
         println!(
-            "{:<8} workers={:<3} pin_memory={:<5} {:>12.0} samples/s {:>8.2} GB/s  {:>5.2}x memcpy{par}",
+            "{:<11} workers={:<3} pin_memory={:<5} {:>12.0} samples/s {:>8.2} GB/s  {:>5.2}x memcpy{par}",
             f.target, w, f.pin_memory, f.samples_per_second, f.gb_per_s, f.vs_memcpy
         );
     }

@@ -216,7 +216,7 @@ exec(compile(head + tail, sys.argv[1], "exec"))
 PY
   fi
   python3 - "$OUT" <<'PY' | tee "$OUT/loader-summary.md"
-import json, os, sys
+import collections, json, os, statistics, sys
 out = sys.argv[1]
 def lines(name):
     p = os.path.join(out, name)
@@ -255,7 +255,6 @@ for n in (4, 8, 16):
 for d in lines("loader-torch-train.jsonl"):
     print(f"| PyTorch {d['device']} {d['mode']} (threads {d.get('threads')}) | {d['samples_per_s_steady']:.0f} | {d['test_accuracy']*100:.2f}% | {', '.join(f'{s:.2f}' for s in d['epoch_seconds'])} |")
 # The CPU duel: berth and PyTorch resident on the CPU, alternated round by round.
-import statistics
 duel = []
 for r in range(1, 100):
     d, t = obj(f"duel-berth-{r}.json"), next(iter(lines(f"duel-torch-{r}.jsonl")), None)
@@ -273,7 +272,6 @@ if duel:
     if bs and ts:
         print(f"| median | {statistics.median(bs):.0f} | | {statistics.median(ts):.0f} | | {statistics.median(bs)/statistics.median(ts):.2f} |")
 # The profiled CPU step: median µs per op (by name and input shapes), per step.
-import collections, statistics
 prof = obj("loader-cpu-profile.json").get("traceEvents", [])
 ops, steps = collections.defaultdict(list), []
 for e in prof:

@@ -76,7 +76,8 @@ impl CudaFence {
         if unsafe { ffi::stream_query(device, stream.0)? } {
             return Ok(CudaFence { device, raw: 0 });
         }
-        let raw = ffi::event_create(device, false)?;
+        // From the pool (Note [Event pool]).
+        let raw = crate::event_pool::take(device, false)?;
         let ev = CudaFence { device, raw };
         // SAFETY: `raw` was just created on `device`; `stream` as above.
         unsafe { ffi::event_record(device, raw, stream.0)? };
@@ -111,8 +112,9 @@ impl CudaFence {
 impl Drop for CudaFence {
     fn drop(&mut self) {
         if self.raw != 0 {
-            // SAFETY: `self` owns the event and destroys it once, here.
-            let _ = unsafe { ffi::event_destroy(self.device, self.raw) };
+            // SAFETY: `self` took the event (timing off) from the pool for `self.device` and
+            // gives it back once, here (Note [Event pool]).
+            unsafe { crate::event_pool::give(self.device, false, self.raw) };
         }
     }
 }

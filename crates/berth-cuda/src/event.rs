@@ -3,7 +3,8 @@
 //! error, <https://github.com/pytorch/pytorch/issues/85796>).
 //!
 //! As in PyTorch, the driver event is created lazily by the first `record`, on the recording
-//! stream's device; an event never recorded counts as complete.
+//! stream's device; an event never recorded counts as complete. Driver events are pooled per
+//! device and reused after an `Event` drops (Note [Event pool] in `event_pool.rs`).
 
 use crate::stream::{current_stream_of_current_device, Stream};
 use crate::{ffi, CudaError};
@@ -71,7 +72,8 @@ impl Event {
                 })
             }
             None => {
-                let ev = ffi::event_create(stream.device(), self.enable_timing)?;
+                // From the pool (Note [Event pool]).
+                let ev = crate::event_pool::take(stream.device(), self.enable_timing)?;
                 *state = Some((stream.device(), ev));
                 ev
             }
@@ -163,9 +165,9 @@ impl Event {
 impl Drop for Event {
     fn drop(&mut self) {
         if let Some((device, ev)) = self.recorded() {
-            // A failed destroy leaks one handle; a drop path never panics.
-            // SAFETY: `self` owns `ev` and destroys it once, here.
-            let _ = unsafe { ffi::event_destroy(device, ev) };
+            // SAFETY: `self` took `ev` from the pool for `device` with its timing flag, and
+            // gives it back once, here (Note [Event pool]).
+            unsafe { crate::event_pool::give(device, self.enable_timing, ev) };
         }
     }
 }

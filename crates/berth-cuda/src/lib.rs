@@ -53,6 +53,7 @@
 //! - `Note [Filled first pins]`: `src/pinned.rs`
 //! - `Note [Streams are never destroyed]`: `src/stream.rs`
 //! - `Note [Activity tracing]`: `src/activity.rs` (device time from CUPTI, and what it costs)
+//! - `Note [Event pool]`: `src/event_pool.rs` (driver events reused, as PyTorch's `EventPool`)
 //!
 //! [`CudaFence`] follows berth-alloc's `Note [Fences and events]` (in
 //! [`berth_alloc::backend`]).
@@ -65,6 +66,7 @@ mod device;
 mod driver;
 mod error;
 mod event;
+mod event_pool;
 mod ffi;
 pub mod hostmem;
 mod kernel_error;

@@ -20,6 +20,14 @@
 //! tightest pair fixes the offset, so a span is on the caller's clock to within that pair's
 //! gap (well under a microsecond).
 //!
+//! Teardown: once enabled, CUPTI's instrumentation of the driver stays in place after its
+//! activities are disabled, and every later launch pays part of its cost: PyTorch measured
+//! training 10–20% slower after a profile had ended until Kineto called `cuptiFinalize`
+//! (<https://github.com/pytorch/pytorch/pull/146604>). [`ActivityTrace::stop`] (and dropping
+//! a trace) therefore calls `cuptiFinalize` after the last flush, and the next
+//! [`start_trace`] registers its buffer callbacks again. `BERTH_CUPTI_TEARDOWN=0` keeps CUPTI
+//! attached (as Kineto's `TEARDOWN_CUPTI=0`), for measuring what the teardown saves.
+//!
 //! Loading: CUPTI is found at run time like the driver (cudarc's dynamic loading, by the names
 //! `libcupti.so`, `libcupti.so.13`, … on the library path). If it is not on the path, the
 //! CUDA toolkit's usual places are tried (`$CUDA_HOME`, `$CUDA_PATH`, `/usr/local/cuda`, each
@@ -148,7 +156,8 @@ pub fn pop_external_id() {
 impl ActivityTrace {
     /// Ends the trace and returns every kernel, copy and memset launched under an external id
     /// while it ran, in no particular order. Work still queued is not waited for: synchronise
-    /// the devices first (`crate::synchronize`) to have all of it.
+    /// the devices first (`crate::synchronize`) to have all of it. CUPTI is then detached
+    /// (`cuptiFinalize`, see Teardown above) unless `BERTH_CUPTI_TEARDOWN=0`.
     pub fn stop(mut self) -> Vec<DeviceActivity> {
         self.stopped = true;
         let raw = imp::stop();
@@ -208,10 +217,12 @@ mod imp {
     use cudarc::cupti::result::activity;
     use cudarc::cupti::sys::{self, CUpti_ActivityKind as Kind};
     use std::alloc::{alloc, dealloc, Layout};
-    use std::sync::{Mutex, OnceLock};
+    use std::sync::Mutex;
 
     /// What the completed buffers held so far.
     static COLLECTED: Mutex<Option<Collected>> = Mutex::new(None);
+    /// Whether the buffer callbacks are registered with the CUPTI now loaded.
+    static REGISTERED: Mutex<bool> = Mutex::new(false);
     /// The activity kinds enabled while a trace runs.
     const KINDS: [Kind; 6] = [
         Kind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
@@ -409,14 +420,15 @@ mod imp {
 
     pub(super) fn start(now_ns: fn() -> u64) -> Result<i128, ActivityError> {
         ensure_loaded()?;
-        // Registered once per process; a failure is kept and returned to every later start.
-        static CALLBACKS: OnceLock<Result<(), ActivityError>> = OnceLock::new();
-        CALLBACKS
-            .get_or_init(|| {
+        // Registered at the first start after CUPTI was loaded or torn down (`stop`).
+        {
+            let mut registered = REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
+            if !*registered {
                 activity::register_callbacks(Some(buffer_requested), Some(buffer_completed))
-                    .map_err(|e| cupti_err("cuptiActivityRegisterCallbacks", e))
-            })
-            .clone()?;
+                    .map_err(|e| cupti_err("cuptiActivityRegisterCallbacks", e))?;
+                *registered = true;
+            }
+        }
         *lock() = Some(Collected::default());
         let kinds = enabled_kinds();
         for (i, kind) in kinds.iter().enumerate() {
@@ -537,7 +549,21 @@ mod imp {
         }
         // Records of the last moment may arrive with the flush of the disable.
         let _ = activity::flush_all(FLUSH_FORCED);
-        lock().take().unwrap_or_default()
+        let collected = lock().take().unwrap_or_default();
+        if teardown() {
+            // Detach CUPTI (Note [Activity tracing], teardown): the next start registers the
+            // buffer callbacks again.
+            let mut registered = REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
+            if cudarc::cupti::result::finalize().is_ok() {
+                *registered = false;
+            }
+        }
+        collected
+    }
+
+    /// Whether `stop` tears CUPTI down: yes unless `BERTH_CUPTI_TEARDOWN=0`.
+    fn teardown() -> bool {
+        std::env::var("BERTH_CUPTI_TEARDOWN").map_or(true, |v| v.trim() != "0")
     }
 }
 

@@ -64,7 +64,7 @@ set -u
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # PARTS picks what runs (all by default), so the work can be split over several calls of at
-# most 10 minutes each: tests bench train replay alloc torch seeds live profile loader (live:
+# most 10 minutes each: tests bench train replay alloc torch seeds live profile loader loaderab (live:
 # PyTorch programs on berth's allocators through the berth_torch wheel, scripts/torch-live.sh;
 # profile: berth train with and without --profile, scripts/profile-overlap.py; loader: issue 15's
 # DataLoader sweep and the main job on CPU and GPU beside PyTorch, one table).
@@ -294,6 +294,36 @@ fi
 if want torch && [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
   timeout 240 python3 .gpu/shared/bench/torch_baseline.py > "$OUT/torch-baseline.json" 2>"$OUT/torch-baseline.err"
 fi
+# Streaming stores in the batch gather (Note [Streaming stores for large batches] in berth-data)
+# on and off, alternating LOADER_AB_ROUNDS times (2 by default) with 4, 8 and 16 workers
+# (PARTS=loaderab): loaderab-summary.md has the medians per target and worker count.
+if want loaderab; then
+  for r in $(seq 1 "${LOADER_AB_ROUNDS:-2}"); do
+    for st in 1 0; do
+      BERTH_STREAMING_STORES=$st timeout 200 .gpu/berth bench dataloader --json --workers 4,8,16 > "$OUT/loaderab-st$st-$r.jsonl" 2>"$OUT/loaderab-st$st-$r.err" || status=1
+    done
+  done
+  python3 - "$OUT" <<'PY' | tee "$OUT/loaderab-summary.md"
+import glob, json, os, statistics, sys
+from collections import defaultdict
+out = sys.argv[1]
+figs = defaultdict(list)
+for f in sorted(glob.glob(os.path.join(out, "loaderab-st*-*.jsonl"))):
+    st = os.path.basename(f)[len("loaderab-st")]
+    for l in open(f):
+        try: d = json.loads(l)
+        except Exception: continue
+        if d.get("bench") == "dataloader" and d.get("workers") is not None:
+            figs[(d["target"], d["workers"], st)].append((d["samples_per_second"], d.get("vs_parallel_memcpy")))
+print("| target | workers | streaming on: samples/s (× memcpy) per round | off | median on / off |")
+print("|---|---|---|---|---|")
+for (t, w) in sorted({(k[0], k[1]) for k in figs}):
+    on, off = figs.get((t, w, "1"), []), figs.get((t, w, "0"), [])
+    fmt = lambda v: ", ".join(f"{s/1e6:.2f}M" + (f" ({m:.2f}×)" if m else "") for s, m in v)
+    ratio = statistics.median(s for s, _ in on) / statistics.median(s for s, _ in off) if on and off else float("nan")
+    print(f"| {t} | {w} | {fmt(on)} | {fmt(off)} | {ratio:.3f} |")
+PY
+fi
 # The profiler (issue 16): `berth train --device cuda:0` with the profiler off and on for a few
 # steps after the warm-up, alternating twice (the last trace comes back: profile-trace.json), on
 # for every step (its trace stays in /tmp: large), and at batch 4096 (profile-trace-b4096.json).
@@ -308,15 +338,19 @@ if want profile; then
   for r in $(seq 1 "${PROFILE_ROUNDS:-3}"); do
     timeout 200 .gpu/berth train --device cuda:0 --epochs 4 --json > "$OUT/profile-off-$r.json" 2>"$OUT/profile-off-$r.err" || status=1
     timeout 200 .gpu/berth train --device cuda:0 --epochs 4 --json --profile "$OUT/profile-trace.json" > "$OUT/profile-steps-$r.json" 2>"$OUT/profile-steps-$r.err" || status=1
+    # The same with CUPTI left attached after the profile (no cuptiFinalize): what the
+    # teardown of Note [Activity tracing] saves in the epochs after the profiled steps.
+    BERTH_CUPTI_TEARDOWN=0 timeout 200 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-keep.json > "$OUT/profile-steps-keep-$r.json" 2>"$OUT/profile-steps-keep-$r.err" || status=1
     timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all.json --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all-$r.json" 2>"$OUT/profile-all-$r.err" || status=1
     timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all-cpu.json --profile-activities cpu --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all-cpu-$r.json" 2>"$OUT/profile-all-cpu-$r.err" || status=1
   done
-  # Every step timed with CUDA events instead of CUPTI (the default where CUPTI loads).
-  timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all-events.json --profile-device-timer events --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all-events-1.json" 2>"$OUT/profile-all-events-1.err" || status=1
+  # Every step timed with CUDA events instead of CUPTI (the default where CUPTI loads);
+  # PROFILE_QUICK=1 skips it and the batch-4096 run.
+  [ "${PROFILE_QUICK:-0}" = 1 ] || timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all-events.json --profile-device-timer events --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all-events-1.json" 2>"$OUT/profile-all-events-1.err" || status=1
   # Batch 4096: kernels long enough that the host runs ahead of the GPU, so the prefetch copy
   # of batch n+1 is queued while step n's kernels run (at batch 64 the loop is host-bound and
   # each copy runs in a gap between kernels).
-  timeout 200 .gpu/berth train --device cuda:0 --epochs 2 --batch-size 4096 --json --profile "$OUT/profile-trace-b4096.json" --profile-warmup 5 --profile-steps 5 > "$OUT/profile-b4096.json" 2>"$OUT/profile-b4096.err" || status=1
+  [ "${PROFILE_QUICK:-0}" = 1 ] || timeout 200 .gpu/berth train --device cuda:0 --epochs 2 --batch-size 4096 --json --profile "$OUT/profile-trace-b4096.json" --profile-warmup 5 --profile-steps 5 > "$OUT/profile-b4096.json" 2>"$OUT/profile-b4096.err" || status=1
   ls -l "$OUT"/profile-trace*.json /tmp/berth-profile-all.json 2>&1 | tee "$OUT/profile-files.txt"
   for t in profile-trace profile-trace-b4096; do
     timeout 60 python3 scripts/profile-overlap.py "$OUT/$t.json" > "$OUT/$t-overlap.txt" 2>&1 || status=1
@@ -325,21 +359,26 @@ if want profile; then
   python3 - "$OUT" <<'PY' | tee "$OUT/profile-summary.json"
 import json, os, sys
 out = sys.argv[1]
-def later(tag):
+def epochs(tag, first):
     try:
         v = json.load(open(os.path.join(out, f"profile-{tag}.json")))["epoch_seconds"]
     except Exception as e:
         return str(e)
-    return sum(v[1:]) / len(v[1:])
+    return sum(v[first:]) / len(v[first:])
 import glob, statistics
-tags = ("off", "steps", "all", "all-cpu", "all-events", "b4096")
-runs = {}
-for t in tags:
-    files = sorted(glob.glob(os.path.join(out, f"profile-{t}-[0-9]*.json"))) or [os.path.join(out, f"profile-{t}.json")]
-    runs[t] = [later(os.path.basename(f)[len("profile-"):-len(".json")]) for f in files]
-med = {t: statistics.median(v) for t, v in runs.items() if v and all(isinstance(x, float) for x in v)}
-vs_off = {t: med[t] / med["off"] - 1 for t in med if "off" in med and t not in ("off", "b4096")}
-print(json.dumps({"epochs_2_on_mean_s_per_round": runs, "median_s": med, "slowdown_vs_off_median": vs_off}))
+tags = ("off", "steps", "steps-keep", "all", "all-cpu", "all-events", "b4096")
+report = {}
+# epochs 2 and on (epoch 1 compiles the kernels), and every epoch (the whole run, the profiled
+# steps of epoch 1 included).
+for key, first in (("epochs_2_on", 1), ("all_epochs", 0)):
+    runs = {}
+    for t in tags:
+        files = sorted(glob.glob(os.path.join(out, f"profile-{t}-[0-9]*.json"))) or [os.path.join(out, f"profile-{t}.json")]
+        runs[t] = [epochs(os.path.basename(f)[len("profile-"):-len(".json")], first) for f in files]
+    med = {t: statistics.median(v) for t, v in runs.items() if v and all(isinstance(x, float) for x in v)}
+    vs_off = {t: med[t] / med["off"] - 1 for t in med if "off" in med and t not in ("off", "b4096")}
+    report[key] = {"mean_s_per_round": runs, "median_s": med, "slowdown_vs_off_median": vs_off}
+print(json.dumps(report))
 PY
 fi
 python3 - "$OUT" <<'PY'

@@ -30,7 +30,6 @@
 //! - Note [Prefetch stream ordering]: `src/prefetch.rs` ([`prefetch`]).
 //! - Note [Collate into pinned memory]: `src/pin.rs` ([`pin`]).
 //! - Note [Recycled collate buffers]: `src/host_pool.rs` (unpinned batches reuse buffers).
-//! - Note [Streaming stores for large batches]: `src/row_gather.rs` (the `TensorDataset` gather).
 
 #![deny(missing_docs)]
 
@@ -50,7 +49,6 @@ pub mod pin;
 mod pinned_default;
 pub mod prefetch;
 pub mod rng;
-mod row_gather;
 mod sampler;
 mod tensor_collate;
 mod tensor_dataset;

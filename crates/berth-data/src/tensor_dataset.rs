@@ -12,8 +12,7 @@ use crate::tensor_collate::collate_output;
 ///
 /// Batches through [`DefaultCollate`](crate::DefaultCollate) skip the per-item views: for host
 /// tensors the rows of a batch are gathered straight into one output buffer per tensor (pinned
-/// when the loader pins), one `memcpy` per row and no allocation per sample; batches of 1 MiB
-/// or more are written with streaming stores (Note [Streaming stores for large batches]).
+/// when the loader pins), one `memcpy` per row and no allocation per sample.
 #[derive(Debug)]
 pub struct TensorDataset {
     tensors: Vec<Tensor>,
@@ -77,8 +76,9 @@ impl TensorDataset {
             let src = &src.bytes()[base..base + row * t.shape()[0]];
             let mut w = out.storage().write_host("TensorDataset gather")?;
             let dst = &mut w.bytes_mut()[..row * indices.len()];
-            // Streaming stores for large batches (Note [Streaming stores for large batches]).
-            crate::row_gather::gather_rows(dst, src, row, indices);
+            for (d, &i) in dst.chunks_exact_mut(row.max(1)).zip(indices) {
+                d.copy_from_slice(&src[i * row..(i + 1) * row]);
+            }
             drop(w);
             Ok(out)
         })())

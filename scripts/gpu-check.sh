@@ -64,7 +64,7 @@ set -u
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # PARTS picks what runs (all by default), so the work can be split over several calls of at
-# most 10 minutes each: tests bench train replay alloc torch seeds live profile loader loaderab (live:
+# most 10 minutes each: tests bench train replay alloc torch seeds live profile loader (live:
 # PyTorch programs on berth's allocators through the berth_torch wheel, scripts/torch-live.sh;
 # profile: berth train with and without --profile, scripts/profile-overlap.py; loader: issue 15's
 # DataLoader sweep and the main job on CPU and GPU beside PyTorch, one table).
@@ -293,36 +293,6 @@ if want live && python3 -c 'import torch' 2>/dev/null; then
 fi
 if want torch && [ "${SKIP_TORCH:-0}" != 1 ] && python3 -c 'import torch' 2>/dev/null; then
   timeout 240 python3 .gpu/shared/bench/torch_baseline.py > "$OUT/torch-baseline.json" 2>"$OUT/torch-baseline.err"
-fi
-# Streaming stores in the batch gather (Note [Streaming stores for large batches] in berth-data)
-# on and off, alternating LOADER_AB_ROUNDS times (2 by default) with 4, 8 and 16 workers
-# (PARTS=loaderab): loaderab-summary.md has the medians per target and worker count.
-if want loaderab; then
-  for r in $(seq 1 "${LOADER_AB_ROUNDS:-2}"); do
-    for st in 1 0; do
-      BERTH_STREAMING_STORES=$st timeout 200 .gpu/berth bench dataloader --json --workers 4,8,16 > "$OUT/loaderab-st$st-$r.jsonl" 2>"$OUT/loaderab-st$st-$r.err" || status=1
-    done
-  done
-  python3 - "$OUT" <<'PY' | tee "$OUT/loaderab-summary.md"
-import glob, json, os, statistics, sys
-from collections import defaultdict
-out = sys.argv[1]
-figs = defaultdict(list)
-for f in sorted(glob.glob(os.path.join(out, "loaderab-st*-*.jsonl"))):
-    st = os.path.basename(f)[len("loaderab-st")]
-    for l in open(f):
-        try: d = json.loads(l)
-        except Exception: continue
-        if d.get("bench") == "dataloader" and d.get("workers") is not None:
-            figs[(d["target"], d["workers"], st)].append((d["samples_per_second"], d.get("vs_parallel_memcpy")))
-print("| target | workers | streaming on: samples/s (× memcpy) per round | off | median on / off |")
-print("|---|---|---|---|---|")
-for (t, w) in sorted({(k[0], k[1]) for k in figs}):
-    on, off = figs.get((t, w, "1"), []), figs.get((t, w, "0"), [])
-    fmt = lambda v: ", ".join(f"{s/1e6:.2f}M" + (f" ({m:.2f}×)" if m else "") for s, m in v)
-    ratio = statistics.median(s for s, _ in on) / statistics.median(s for s, _ in off) if on and off else float("nan")
-    print(f"| {t} | {w} | {fmt(on)} | {fmt(off)} | {ratio:.3f} |")
-PY
 fi
 # The profiler (issue 16): `berth train --device cuda:0` with the profiler off and on for a few
 # steps after the warm-up, alternating twice (the last trace comes back: profile-trace.json), on

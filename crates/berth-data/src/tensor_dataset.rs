@@ -76,6 +76,10 @@ impl TensorDataset {
             let src = &src.bytes()[base..base + row * t.shape()[0]];
             let mut w = out.storage().write_host("TensorDataset gather")?;
             let dst = &mut w.bytes_mut()[..row * indices.len()];
+            // Ordinary stores: streaming ones (`movntdq`, no read of the output lines) made
+            // every loader figure 16-37% slower on the H200 host, whose 300 MiB L3 keeps the
+            // recycled batch buffers for the next gather and for the copy engine
+            // (BENCHMARKS.md, seventh session).
             for (d, &i) in dst.chunks_exact_mut(row.max(1)).zip(indices) {
                 d.copy_from_slice(&src[i * row..(i + 1) * row]);
             }

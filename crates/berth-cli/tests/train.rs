@@ -366,6 +366,44 @@ fn profile_on_meta_is_a_usage_error() {
     );
 }
 
+/// Profile options that could only fail at the end, or would do nothing, are refused before
+/// any epoch runs.
+#[test]
+fn profile_problems_are_caught_before_training() {
+    let started = std::time::Instant::now();
+    assert_usage_error(
+        &[
+            "train",
+            "--device",
+            "cpu",
+            "--profile",
+            "/nonexistent-berth-dir/p.json",
+        ],
+        "--profile /nonexistent-berth-dir/p.json: the folder /nonexistent-berth-dir does not exist",
+    );
+    // 60,000 samples in batches of 64: 938 steps an epoch.
+    assert_usage_error(
+        &[
+            "train", "--device", "cpu", "--epochs", "1", "--profile", "/tmp/p.json",
+            "--profile-warmup", "938",
+        ],
+        "--profile-warmup 938: training runs 938 steps (1 epoch of 938), so the profile would never start",
+    );
+    assert_usage_error(
+        &[
+            "train", "--device", "cpu", "--profile", "/tmp/p.json", "--profile-activities",
+            "cpu,cuda",
+        ],
+        "--profile-activities cuda with --device cpu: device time is recorded for CUDA devices only",
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    // Without --profile, its options are refused by the parser (status 2, several lines).
+    let out = berth(&["train", "--device", "cpu", "--profile-steps", "3"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--profile <PATH>"), "{err}");
+}
+
 /// `--resident` (the split in memory, batches gathered by shuffled index) sees the loader's
 /// batches in the loader's order (`Note [Resident batches]`), so one epoch ends with the same
 /// figures on `device`.

@@ -84,22 +84,28 @@ pub struct TrainArgs {
     #[arg(long, value_name = "PATH")]
     pub profile: Option<PathBuf>,
     /// Steps run before `--profile` starts recording.
-    #[arg(long, default_value_t = 20, allow_negative_numbers = true,
+    #[arg(long, default_value_t = 20, allow_negative_numbers = true, requires = "profile",
           value_parser = crate::whole_number("--profile-warmup", "the number of warm-up steps", 0, 20))]
     pub profile_warmup: u64,
     /// Steps `--profile` records (0: every step after the warm-up, to the end of training).
-    #[arg(long, default_value_t = 5, allow_negative_numbers = true,
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, requires = "profile",
           value_parser = crate::whole_number("--profile-steps", "the number of profiled steps", 0, 5))]
     pub profile_steps: u64,
     /// What `--profile` records, as `torch.profiler`'s `activities`: `cpu` (ops, copies and
-    /// ranges on the host), `cuda` (their device time, from CUDA events). Default: both on a
-    /// CUDA device, `cpu` otherwise.
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "cpu,cuda")]
+    /// ranges on the host), `cuda` (their device time, as `--profile-device-timer` says; CUDA
+    /// devices only). Default: both on a CUDA device, `cpu` otherwise.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        value_name = "cpu,cuda",
+        requires = "profile"
+    )]
     pub profile_activities: Vec<profile::Activity>,
     /// How `--profile` times CUDA work: `cupti` (CUPTI's activity records, as `torch.profiler`;
     /// fails without CUPTI), `events` (CUDA events around each op, about one launch of host
     /// time per op), or `auto` (CUPTI where it loads, else events).
-    #[arg(long, value_enum, default_value_t = profile::Timer::Auto)]
+    #[arg(long, value_enum, default_value_t = profile::Timer::Auto, requires = "profile")]
     pub profile_device_timer: profile::Timer,
 }
 
@@ -233,26 +239,21 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         return meta::run(&args);
     }
     if let Some(path) = &args.save {
-        if path.is_dir() {
+        check_output_path("--save", path, "mlp.safetensors")?;
+    }
+    // Checked before training, not when the file is written at the end.
+    if let Some(path) = &args.profile {
+        check_output_path("--profile", path, "trace.json")?;
+        if !device.is_cuda() && args.profile_activities.contains(&profile::Activity::Cuda) {
             return Err(UsageError(format!(
-                "--save {}: that is a folder; give a file path such as {}",
-                path.display(),
-                path.join("mlp.safetensors").display()
+                "--profile-activities cuda with --device {device}: device time is recorded for \
+                 CUDA devices only; use --profile-activities cpu, or train on cuda"
             ))
             .into());
         }
-        let parent = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(std::path::Path::new("."));
-        if !parent.is_dir() {
-            return Err(UsageError(format!(
-                "--save {}: the folder {} does not exist; create it or save elsewhere",
-                path.display(),
-                parent.display()
-            ))
-            .into());
-        }
+    }
+    if let Some(path) = &args.memory_snapshot {
+        check_output_path("--memory-snapshot", path, "snapshot.pickle")?;
     }
     let dir = data::resolve_dir(args.data_dir.as_deref())?;
     let train = data::load(&dir, data::Split::Train)?;
@@ -264,6 +265,30 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
             .with_context(|| format!("saving the state dict to {}", path.display()))?;
     }
     report.print(args.json, args.save.as_deref())?;
+    Ok(())
+}
+
+/// A file path for `flag` to write at the end of the run: not a folder, in a folder that
+/// exists (`example` names a file to suggest).
+fn check_output_path(flag: &str, path: &std::path::Path, example: &str) -> Result<(), UsageError> {
+    if path.is_dir() {
+        return Err(UsageError(format!(
+            "{flag} {}: that is a folder; give a file path such as {}",
+            path.display(),
+            path.join(example).display()
+        )));
+    }
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    if !parent.is_dir() {
+        return Err(UsageError(format!(
+            "{flag} {}: the folder {} does not exist; create it or write elsewhere",
+            path.display(),
+            parent.display()
+        )));
+    }
     Ok(())
 }
 
@@ -294,6 +319,22 @@ pub fn train_on(
     let steps_per_epoch = resident
         .as_ref()
         .map_or(loader.len(), resident::Resident::len);
+    let total_steps = steps_per_epoch as u64 * args.epochs as u64;
+    if args.profile.is_some() && args.profile_warmup >= total_steps {
+        return Err(UsageError(format!(
+            "--profile-warmup {}: training runs {total_steps} steps ({} of {steps_per_epoch}), \
+             so the profile would never start; give a warm-up below {total_steps} \
+             (e.g. --profile-warmup {})",
+            args.profile_warmup,
+            if args.epochs == 1 {
+                "1 epoch".to_owned()
+            } else {
+                format!("{} epochs", args.epochs)
+            },
+            total_steps / 2
+        ))
+        .into());
+    }
     let timer = report::EpochTimer::new(device)?;
     let mem = MemoryReport::start(device)?;
     let snapshot_device = match (&args.memory_snapshot, report::cuda_index(device)) {

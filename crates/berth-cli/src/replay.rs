@@ -23,7 +23,7 @@ use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::caching::CachingAllocator;
 use berth_alloc::replay::{CompiledTrace, ReplayError, ReplayReport, TraceCompiler};
 use berth_alloc::stats::format_size;
-use berth_alloc::trace::{read_trace_into, TraceError, TraceEvent};
+use berth_alloc::trace::{parse_trace_into, read_trace_into, TraceError, TraceEvent};
 use berth_alloc::{AllocatorConfig, DeviceAllocator, MemoryBackend, PagedBestFit, TraceAction};
 
 use crate::replay_torch::{Recorded, Reference, TORCH_MODES};
@@ -225,10 +225,22 @@ const PICKLE_PROTO: u8 = 0x80;
 fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedTrace> {
     let cannot_read =
         |e: std::io::Error| UsageError(format!("cannot read trace {}: {e}", path.display()));
+    // A pipe or other stream (`/dev/stdin`, `<(zcat …)`) can be read only once: read it whole
+    // here. A regular file is sniffed by its first byte, then streamed from the start.
+    let mut piped = match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() && !m.is_dir() => Some(std::fs::read(path).map_err(cannot_read)?),
+        _ => None,
+    };
     let mut first = [0u8; 1];
-    let n = std::fs::File::open(path)
-        .and_then(|mut f| f.read(&mut first))
-        .map_err(cannot_read)?;
+    let n = match &piped {
+        Some(bytes) => {
+            first[0] = bytes.first().copied().unwrap_or(0);
+            bytes.len().min(1)
+        }
+        None => std::fs::File::open(path)
+            .and_then(|mut f| f.read(&mut first))
+            .map_err(cannot_read)?,
+    };
     let named_pickle = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("pickle") || e.eq_ignore_ascii_case("pkl"));
@@ -272,7 +284,10 @@ fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedTrace> {
             ))
             .into());
         }
-        let bytes = std::fs::read(path).map_err(cannot_read)?;
+        let bytes = match piped.take() {
+            Some(bytes) => bytes,
+            None => std::fs::read(path).map_err(cannot_read)?,
+        };
         let trace = berth_alloc::pickle::load_trace_pickle(&bytes).map_err(|e| {
             UsageError(format!(
                 "{}: not a valid PyTorch snapshot pickle: {e}",
@@ -291,8 +306,11 @@ fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedTrace> {
         }
         (trace.events.len(), trace.stats, trace.alloc_conf)
     } else {
-        let info = read_trace_into(path, &mut sink)
-            .map_err(|e| load_error(path, e, unknown_free.get()))?;
+        let info = match &piped {
+            Some(bytes) => parse_trace_into(&bytes[..], &mut sink),
+            None => read_trace_into(path, &mut sink),
+        }
+        .map_err(|e| load_error(path, e, unknown_free.get()))?;
         (info.events, info.stats, info.alloc_conf)
     };
     Ok(LoadedTrace {

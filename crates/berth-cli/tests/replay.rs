@@ -93,6 +93,49 @@ fn replay_json_matches_golden() {
     }
 }
 
+/// A trace read from a pipe (`/dev/stdin`), plain and gzip-compressed, gives the golden
+/// figures: a stream is read once, not sniffed and reopened.
+#[test]
+fn replay_reads_a_trace_from_a_pipe() {
+    use std::io::Write;
+    let plain = std::fs::read(data("small_two_stream.trace.json")).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&plain).unwrap();
+    let golden = std::fs::read_to_string(data("small_two_stream.replay.jsonl")).unwrap();
+    let want: Vec<serde_json::Value> = golden
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for input in [plain, gz.finish().unwrap()] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["replay", "--policy", "all", "--json", "/dev/stdin"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("berth runs");
+        let mut stdin = child.stdin.take().unwrap();
+        let writer = std::thread::spawn(move || stdin.write_all(&input));
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "stderr: {err}");
+        let got: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(normalize)
+            .collect();
+        assert_eq!(got.len(), want.len(), "one line per policy");
+        for (mut g, mut w) in got.into_iter().zip(want.iter().cloned()) {
+            // The trace is named after the path it was read from.
+            assert_eq!(g["trace"], "stdin");
+            g["trace"] = serde_json::Value::Null;
+            w["trace"] = serde_json::Value::Null;
+            assert_eq!(g, w);
+        }
+    }
+}
+
 #[test]
 fn replay_missing_file_is_one_line_status_2() {
     let out = berth(&["replay", "/nonexistent/trace.json.gz"]);

@@ -435,6 +435,12 @@ fn bad_input_is_a_one_line_error() {
     assert_eq!(code, 2);
     assert!(err.contains("that is the snapshot itself"), "{err}");
     assert_eq!(std::fs::read(path("keep.pickle")).unwrap(), bytes);
+    // So is a hard link to it (another path, the same file).
+    std::fs::hard_link(path("keep.pickle"), path("link.html")).unwrap();
+    let (code, err) = fails(&["memviz", &path("keep.pickle"), "-o", &path("link.html")]);
+    assert_eq!(code, 2);
+    assert!(err.contains("that is the snapshot itself"), "{err}");
+    assert_eq!(std::fs::read(path("keep.pickle")).unwrap(), bytes);
 
     // The output cannot be written: a failure (1), not bad input.
     let (code, err) = fails(&["memviz", real_s, "-o", dir.to_str().unwrap()]);

@@ -259,16 +259,32 @@ pub fn render(data: &PageData) -> String {
         .replacen("/*BERTH_MEMVIZ_DATA*/", &embedded_json(data), 1)
 }
 
+/// Whether `a` and `b` name one existing file: the same path after resolving links, or (on
+/// Unix) the same inode, as two hard links to one file are.
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    if let (Ok(x), Ok(y)) = (a.canonicalize(), b.canonicalize()) {
+        if x == y {
+            return true;
+        }
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+            return x.dev() == y.dev() && x.ino() == y.ino();
+        }
+    }
+    false
+}
+
 /// Runs `berth memviz`.
 ///
 /// # Errors
 /// Every [`MemvizError`].
 pub fn run(args: MemvizArgs) -> anyhow::Result<()> {
     let snapshot = load(&args.snapshot)?;
-    if let (Ok(a), Ok(b)) = (args.snapshot.canonicalize(), args.output.canonicalize()) {
-        if a == b {
-            return Err(MemvizError::OutputIsInput { path: args.output }.into());
-        }
+    if same_file(&args.snapshot, &args.output) {
+        return Err(MemvizError::OutputIsInput { path: args.output }.into());
     }
     let data = page_data(&snapshot, &args.snapshot, args.device)?;
     let html = render(&data);

@@ -145,3 +145,49 @@ fn dataloader_negative_counts_name_the_flag_and_the_bound() {
         assert!(!err.contains("unexpected argument"), "{args:?}: {err}");
     }
 }
+
+/// The text output names its two kinds of memcpy reference, and a worker count given twice is
+/// measured once.
+#[test]
+fn dataloader_text_names_its_references_and_measures_each_count_once() {
+    let out = berth(&[
+        "bench",
+        "dataloader",
+        "--samples",
+        "64",
+        "--features",
+        "4",
+        "--batch-size",
+        "8",
+        "--workers",
+        "1,1,0",
+        "--epochs",
+        "1",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("memcpy      single copy, the reference of \"x memcpy\""),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with("memcpy      1 thread in parallel, the reference of \"on 1 thread\""),
+        "{text}"
+    );
+    let host: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("host "))
+        .collect();
+    assert_eq!(host.len(), 2, "workers 1 and 0, once each: {text}");
+    assert!(
+        host[0].contains("workers=1 ") && host[0].ends_with("memcpy on 1 thread"),
+        "{text}"
+    );
+    assert!(host[1].contains("workers=0 "), "{text}");
+}

@@ -88,14 +88,41 @@ fn emit(json: bool, f: &Figure) {
     if json {
         println!("{}", serde_json::to_string(f).unwrap_or_default());
     } else {
-        let w = f.workers.map_or("-".to_string(), |w| w.to_string());
-        let par = match (f.memcpy_threads, f.vs_parallel_memcpy) {
-            (Some(t), Some(r)) => format!("  {r:>5.2}x memcpy on {t} threads"),
-            _ => String::new(),
+        let threads = |t: usize| {
+            if t == 1 {
+                "1 thread".to_owned()
+            } else {
+                format!("{t} threads")
+            }
+        };
+        // The references first: the single `copy_from_slice` ("x memcpy"), then the parallel
+        // copy of each thread count ("x memcpy on N threads"), each measured on its own.
+        let (label, tail) = match (f.workers, f.vs_parallel_memcpy) {
+            (None, None) => (
+                "single copy, the reference of \"x memcpy\"".to_owned(),
+                String::new(),
+            ),
+            (None, Some(_)) => {
+                let t = threads(f.memcpy_threads.unwrap_or(1));
+                (
+                    format!("{t} in parallel, the reference of \"on {t}\""),
+                    format!("  {:>5.2}x memcpy", f.vs_memcpy),
+                )
+            }
+            (Some(w), par) => {
+                let par = match (f.memcpy_threads, par) {
+                    (Some(t), Some(r)) => format!("  {r:>5.2}x memcpy on {}", threads(t)),
+                    _ => String::new(),
+                };
+                (
+                    format!("workers={w:<3} pin_memory={}", f.pin_memory),
+                    format!("  {:>5.2}x memcpy{par}", f.vs_memcpy),
+                )
+            }
         };
         println!(
-            "{:<11} workers={:<3} pin_memory={:<5} {:>12.0} samples/s {:>8.2} GB/s  {:>5.2}x memcpy{par}",
-            f.target, w, f.pin_memory, f.samples_per_second, f.gb_per_s, f.vs_memcpy
+            "{:<11} {label:<52} {:>12.0} samples/s {:>8.2} GB/s{tail}",
+            f.target, f.samples_per_second, f.gb_per_s
         );
     }
 }
@@ -185,7 +212,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let workers = if args.workers.is_empty() {
         default_sweep(cores)
     } else {
-        args.workers.clone()
+        // Each count once, in the order given (`--workers 1,1` measures 1 once).
+        let mut seen = std::collections::BTreeSet::new();
+        args.workers
+            .iter()
+            .copied()
+            .filter(|w| seen.insert(*w))
+            .collect()
     };
     for &w in &workers {
         crate::check_workers(w)?;

@@ -18,13 +18,14 @@
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::caching::CachingAllocator;
 use berth_alloc::replay::{CompiledTrace, ReplayError, ReplayReport, TraceCompiler};
 use berth_alloc::stats::format_size;
 use berth_alloc::trace::{parse_trace_into, read_trace_into, TraceError, TraceEvent};
-use berth_alloc::{AllocatorConfig, DeviceAllocator, MemoryBackend, PagedBestFit, TraceAction};
+use berth_alloc::{
+    AllocError, AllocatorConfig, DeviceAllocator, MemoryBackend, PagedBestFit, TraceAction,
+};
 
 use crate::replay_torch::{Recorded, Reference, TORCH_MODES};
 use crate::UsageError;
@@ -347,6 +348,15 @@ struct Row {
     report: ReplayReport,
     /// The cold pass's ns per operation.
     cold_ns_per_op: f64,
+    /// The replay error when this policy ran out of memory (then `report` holds only the
+    /// trace's peak requested bytes).
+    out_of_memory: Option<OutOfMemory>,
+}
+
+/// A policy's replay that ran out of memory: the table's line and the whole error (`--json`).
+struct OutOfMemory {
+    short: String,
+    full: String,
 }
 
 /// Checks `--device`: `None` for `sim`, the CUDA device index for `cuda:N`. The flags of the
@@ -430,20 +440,49 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
                 sim = sim.with_addresses(trace.segment_addresses.clone());
             }
             let alloc = policy.allocator(sim)?;
-            let (cold, warm) = passes(&trace.compiled, alloc.as_ref())
-                .with_context(|| format!("replaying {name} with policy {}", policy.name()))?;
+            // A policy that runs out of memory gets a row saying so, and the others still run
+            // ("which policies fit in --capacity?"); any other error stops the replay.
+            let (report, cold_ns_per_op, out_of_memory) =
+                match passes(&trace.compiled, alloc.as_ref()) {
+                    Ok((cold, warm)) => (
+                        ReplayReport {
+                            ns_per_op: warm_ns(&warm),
+                            ..cold
+                        },
+                        cold.ns_per_op,
+                        None,
+                    ),
+                    Err(e) if matches!(e.source, AllocError::OutOfMemory { .. }) => (
+                        ReplayReport {
+                            peak_requested: trace.compiled.peak_requested(),
+                            ..ReplayReport::default()
+                        },
+                        0.0,
+                        Some(OutOfMemory {
+                            short: format!(
+                                "out of memory at trace event #{} ({} of {})",
+                                e.index,
+                                e.action,
+                                format_size(e.size)
+                            ),
+                            full: e.to_string(),
+                        }),
+                    ),
+                    Err(e) => {
+                        return Err(anyhow::Error::new(e)
+                            .context(format!("replaying {name} with policy {}", policy.name())))
+                    }
+                };
             bar.inc(trace.events as u64);
             rows.push(Row {
                 group,
                 trace: name.clone(),
-                reference: Reference::of(&trace_name(path), cold.peak_requested),
+                reference: Reference::of(&trace_name(path), report.peak_requested),
                 recorded: trace.recorded.clone(),
                 policy,
-                report: ReplayReport {
-                    ns_per_op: warm_ns(&warm),
-                    ..cold
-                },
-                cold_ns_per_op: cold.ns_per_op,
+                report,
+                cold_ns_per_op,
+                out_of_memory,
             });
         }
     }
@@ -467,6 +506,30 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     } else {
         print!("{}", table(&rows));
     }
+    let oom: Vec<(&Row, &OutOfMemory)> = rows
+        .iter()
+        .filter_map(|r| r.out_of_memory.as_ref().map(|e| (r, e)))
+        .collect();
+    if let [(row, e)] = oom[..] {
+        // One failure: its whole message (what to try next is in it).
+        anyhow::bail!(
+            "replaying {} with policy {}: {}",
+            row.trace,
+            row.policy.name(),
+            e.full
+        );
+    }
+    let failed: Vec<String> = oom
+        .iter()
+        .map(|(r, _)| format!("{} on {}", r.policy.name(), r.trace))
+        .collect();
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "out of memory: {} (the rows above say where; pass a larger --capacity, or none for \
+             an unbounded device)",
+            failed.join(", ")
+        );
+    }
     Ok(())
 }
 
@@ -485,6 +548,14 @@ fn progress_bar(total: u64, json: bool) -> indicatif::ProgressBar {
 }
 
 fn json_line(row: &Row) -> String {
+    if let Some(e) = &row.out_of_memory {
+        return serde_json::json!({
+            "trace": row.trace,
+            "policy": row.policy.name(),
+            "out_of_memory": e.full,
+        })
+        .to_string();
+    }
     let r = &row.report;
     let mut obj = serde_json::json!({
         "trace": row.trace,
@@ -560,24 +631,28 @@ fn table(rows: &[Row]) -> String {
             last = Some(row.group);
         }
         let r = &row.report;
-        let ns = if r.ops == 0 {
-            "n/a".to_string()
+        if let Some(e) = &row.out_of_memory {
+            let _ = writeln!(out, "{:<22} {}", row.policy.name(), e.short);
         } else {
-            format!("{:.0}", r.ns_per_op)
-        };
-        any_na |= r.ratio().is_none() || r.ops == 0;
-        let _ = writeln!(
-            out,
-            "{:<22} {:>10} {:>16} {:>16} {:>8} {:>9} {:>12} {:>8}",
-            row.policy.name(),
-            r.ops,
-            format_size(r.peak_requested),
-            format_size(r.peak_reserved),
-            ratio_cell(r.ratio()),
-            r.device_allocs,
-            r.device_calls,
-            ns
-        );
+            let ns = if r.ops == 0 {
+                "n/a".to_string()
+            } else {
+                format!("{:.0}", r.ns_per_op)
+            };
+            any_na |= r.ratio().is_none() || r.ops == 0;
+            let _ = writeln!(
+                out,
+                "{:<22} {:>10} {:>16} {:>16} {:>8} {:>9} {:>12} {:>8}",
+                row.policy.name(),
+                r.ops,
+                format_size(r.peak_requested),
+                format_size(r.peak_reserved),
+                ratio_cell(r.ratio()),
+                r.device_allocs,
+                r.device_calls,
+                ns
+            );
+        }
         let is_last_of_trace = rows
             .iter()
             .rposition(|x| x.group == row.group)

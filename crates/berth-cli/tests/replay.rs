@@ -609,3 +609,78 @@ fn a_request_larger_than_the_device_fails_at_that_event_before_the_rest_is_read(
         "{err}"
     );
 }
+
+/// With a `--capacity` that only some policies fit in, each policy that runs out of memory gets
+/// a row saying where, the others still run, and the status is 1 with the error (one policy)
+/// or a line naming the ones that did not fit (several).
+#[test]
+fn replay_reports_each_policy_that_runs_out_of_memory_and_runs_the_rest() {
+    let trace = data("small_two_stream.trace.json");
+    let out = berth(&[
+        "replay",
+        "--policy",
+        "all",
+        "--capacity",
+        "300MiB",
+        trace.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with(
+            "berth: error: replaying small_two_stream with policy pytorch: replay stopped at \
+             trace event #108 (alloc of 67108864 bytes): CUDA out of memory."
+        ),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let row = |p: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{p:<22} ")))
+            .unwrap_or_else(|| panic!("no {p} row: {text}"))
+            .to_owned()
+    };
+    assert!(
+        row("pytorch").ends_with("out of memory at trace event #108 (alloc of 64.00 MiB)"),
+        "{text}"
+    );
+    assert!(row("expandable").contains("284.00 MiB"), "{text}");
+    assert!(row("paged").contains("264.00 MiB"), "{text}");
+
+    let out = berth(&[
+        "replay",
+        "--policy",
+        "all",
+        "--capacity",
+        "300MiB",
+        "--json",
+        trace.to_str().unwrap(),
+    ]);
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    assert!(lines[0]["out_of_memory"].as_str().unwrap().starts_with(
+        "replay stopped at trace event #108 (alloc of 67108864 bytes): CUDA out of memory."
+    ));
+    assert_eq!(lines[1]["peak_reserved"], 297_795_584);
+    assert_eq!(lines[2]["peak_reserved"], 276_824_064);
+
+    let out = berth(&[
+        "replay",
+        "--policy",
+        "all",
+        "--capacity",
+        "270MiB",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "berth: error: out of memory: pytorch on small_two_stream, expandable on \
+         small_two_stream (the rows above say where; pass a larger --capacity, or none for an \
+         unbounded device)\n"
+    );
+}

@@ -396,6 +396,23 @@ fn bad_input_is_a_one_line_error() {
     assert_eq!(code, 2);
     assert!(err.contains("not a memory snapshot"), "{err}");
 
+    // An allocator trace, gzip or plain JSON: pointed at `berth replay`.
+    let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../berth-alloc/tests/data/gpt2_generate.trace.json.gz");
+    let (code, err) = fails(&["memviz", trace.to_str().unwrap(), "-o", out_s]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("this is gzip data, such as an allocator trace that `berth replay` reads"),
+        "{err}"
+    );
+    std::fs::write(path("t.json"), "{\"events\": []}").unwrap();
+    let (code, err) = fails(&["memviz", &path("t.json"), "-o", out_s]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("this is JSON, such as an allocator trace"),
+        "{err}"
+    );
+
     // A valid pickle of something else.
     let list = to_vec(&PickleValue::List(vec![PickleValue::Int(1)]));
     std::fs::write(path("list.pickle"), list).unwrap();

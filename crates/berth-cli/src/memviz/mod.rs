@@ -53,6 +53,19 @@ pub enum MemvizError {
         /// Why.
         source: std::io::Error,
     },
+    /// The file is gzip data or JSON: an allocator trace, for `berth replay`, not a snapshot.
+    #[error(
+        "{}: this is {what}, such as an allocator trace that `berth replay` reads, not a memory \
+         snapshot; memviz draws snapshot pickles (torch.cuda.memory._dump_snapshot, or \
+         `berth train --memory-snapshot`)",
+        path.display()
+    )]
+    TraceNotSnapshot {
+        /// The file.
+        path: PathBuf,
+        /// "gzip data" or "JSON".
+        what: &'static str,
+    },
     /// The file is not a snapshot pickle (neither PyTorch's nor berth's).
     #[error(
         "{}: not a memory snapshot (expected a torch.cuda.memory._dump_snapshot pickle or \
@@ -153,13 +166,24 @@ pub struct PageData {
 /// Reads a snapshot file.
 ///
 /// # Errors
-/// [`MemvizError::Read`] when the file cannot be read, [`MemvizError::NotASnapshot`] when it is
-/// not a snapshot pickle.
+/// [`MemvizError::Read`] when the file cannot be read, [`MemvizError::TraceNotSnapshot`] for
+/// gzip or JSON data (a trace), [`MemvizError::NotASnapshot`] when it is not a snapshot pickle.
 pub fn load(path: &Path) -> Result<MemorySnapshot, MemvizError> {
     let bytes = std::fs::read(path).map_err(|source| MemvizError::Read {
         path: path.to_owned(),
         source,
     })?;
+    let what = match bytes.first() {
+        Some(0x1f) if bytes.get(1) == Some(&0x8b) => Some("gzip data"),
+        Some(b'{' | b'[') => Some("JSON"),
+        _ => None,
+    };
+    if let Some(what) = what {
+        return Err(MemvizError::TraceNotSnapshot {
+            path: path.to_owned(),
+            what,
+        });
+    }
     load_snapshot(&bytes).map_err(|source| MemvizError::NotASnapshot {
         path: path.to_owned(),
         source,

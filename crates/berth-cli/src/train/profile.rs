@@ -163,9 +163,10 @@ impl StepProfiler {
             (Some(_), None) => "; device time from CUDA events".to_owned(),
         };
         let head = format!(
-            "profile of {} steps after {} warm-up steps: {} (open it in https://ui.perfetto.dev or chrome://tracing){timed}",
-            self.profiled,
+            "profile of {} after {} warm-up {}: {} (open it in https://ui.perfetto.dev or chrome://tracing){timed}",
+            if self.profiled == 1 { "1 step".to_owned() } else { format!("{} steps", self.profiled) },
             self.warmup,
+            if self.warmup == 1 { "step" } else { "steps" },
             path.display()
         );
         if self.json {

@@ -201,8 +201,15 @@ pub fn whole_number(
         let hint = format!("{what} must be at least {min} (e.g. {flag} {example})");
         match t.parse::<i128>() {
             Ok(v) if v < 0 => Err(format!("{flag} {t}: {hint}")),
-            Ok(v) => u64::try_from(v).map_err(|_| format!("{flag} {t}: too large; {hint}")),
-            Err(_) => Err(format!("{flag} {t}: not a whole number; {hint}")),
+            Ok(v) => u64::try_from(v).map_err(|_| {
+                format!(
+                    "{flag} {t}: too large; {what} must be at most {} (e.g. {flag} {example})",
+                    u64::MAX
+                )
+            }),
+            Err(_) => Err(format!(
+                "{flag} {t}: not a whole number; give {what} as one, such as {flag} {example}"
+            )),
         }
     }
 }
@@ -282,6 +289,26 @@ mod tests {
     fn error_line_keeps_sources_not_yet_printed() {
         let err = anyhow::Error::new(std::io::Error::other("disk full")).context("writing x");
         assert_eq!(error_line(&err), "writing x: disk full");
+    }
+
+    #[test]
+    fn whole_numbers_name_the_bound_that_was_broken() {
+        let parse = whole_number("--samples", "the number of samples", 1, 1000);
+        assert_eq!(parse(" 12 "), Ok(12));
+        assert_eq!(
+            parse("-3").unwrap_err(),
+            "--samples -3: the number of samples must be at least 1 (e.g. --samples 1000)"
+        );
+        assert_eq!(
+            parse("18446744073709551616").unwrap_err(),
+            "--samples 18446744073709551616: too large; the number of samples must be at most \
+             18446744073709551615 (e.g. --samples 1000)"
+        );
+        assert_eq!(
+            parse("abc").unwrap_err(),
+            "--samples abc: not a whole number; give the number of samples as one, such as \
+             --samples 1000"
+        );
     }
 
     #[test]

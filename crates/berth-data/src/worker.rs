@@ -138,32 +138,6 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// current generation with exactly one result. A new generation (a new epoch of a persistent
 /// pool) starts a fresh stream (PyTorch's `_ResumeIteration` rebuilds the fetcher); once a
 /// stream is exhausted, every further task of that epoch is answered "exhausted".
-/// Lowers this worker thread's scheduling priority by `BERTH_WORKER_NICE` (a nice increment,
-/// 0 to 19; unset or 0: unchanged), so that where workers and the consumer share cores the
-/// consumer (the training step, or the thread queueing the copies to the GPU) is not
-/// preempted by them. Measured on the H200 host before any default is chosen (BENCHMARKS.md).
-fn yield_to_consumer() {
-    let nice = std::env::var("BERTH_WORKER_NICE")
-        .ok()
-        .and_then(|v| v.trim().parse::<i32>().ok())
-        .unwrap_or(0)
-        .clamp(0, 19);
-    if nice == 0 {
-        return;
-    }
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: `gettid` has no preconditions; `setpriority` on this thread's id changes only
-        // this thread's nice value on Linux (setpriority(2), NOTES), and a failure (refused by
-        // policy) leaves the priority as it was, which is harmless.
-        unsafe {
-            let tid = libc::gettid();
-            let current = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
-            let _ = libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, current + nice);
-        }
-    }
-}
-
 fn worker_loop<F: Fetcher>(
     info: WorkerInfo,
     shared: F,
@@ -173,7 +147,6 @@ fn worker_loop<F: Fetcher>(
 ) {
     let id = info.id;
     let seed = info.seed;
-    yield_to_consumer();
     WORKER.with(|w| {
         *w.borrow_mut() = Some(WorkerState {
             info,

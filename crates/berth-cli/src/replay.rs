@@ -510,25 +510,23 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         .iter()
         .filter_map(|r| r.out_of_memory.as_ref().map(|e| (r, e)))
         .collect();
-    if let [(row, e)] = oom[..] {
+    match oom[..] {
+        [] => {}
         // One failure: its whole message (what to try next is in it).
-        anyhow::bail!(
+        [(row, e)] => anyhow::bail!(
             "replaying {} with policy {}: {}",
             row.trace,
             row.policy.name(),
             e.full
-        );
-    }
-    let failed: Vec<String> = oom
-        .iter()
-        .map(|(r, _)| format!("{} on {}", r.policy.name(), r.trace))
-        .collect();
-    if !failed.is_empty() {
-        anyhow::bail!(
+        ),
+        _ => anyhow::bail!(
             "out of memory: {} (the rows above say where; pass a larger --capacity, or none for \
              an unbounded device)",
-            failed.join(", ")
-        );
+            oom.iter()
+                .map(|(r, _)| format!("{} on {}", r.policy.name(), r.trace))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
     Ok(())
 }

@@ -57,6 +57,15 @@ fn normalize(line: &str) -> serde_json::Value {
     v
 }
 
+/// The golden `--json` lines of `small_two_stream.trace.json`, one per policy.
+fn golden() -> Vec<serde_json::Value> {
+    std::fs::read_to_string(data("small_two_stream.replay.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 #[test]
 fn replay_json_matches_golden() {
     let trace = data("small_two_stream.trace.json");
@@ -82,11 +91,7 @@ fn replay_json_matches_golden() {
         .lines()
         .map(normalize)
         .collect();
-    let golden = std::fs::read_to_string(data("small_two_stream.replay.jsonl")).unwrap();
-    let want: Vec<serde_json::Value> = golden
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let want = golden();
     assert_eq!(got.len(), want.len(), "one line per policy");
     for (g, w) in got.iter().zip(&want) {
         assert_eq!(g, w, "\n got: {g}\nwant: {w}");
@@ -101,11 +106,7 @@ fn replay_reads_a_trace_from_a_pipe() {
     let plain = std::fs::read(data("small_two_stream.trace.json")).unwrap();
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(&plain).unwrap();
-    let golden = std::fs::read_to_string(data("small_two_stream.replay.jsonl")).unwrap();
-    let want: Vec<serde_json::Value> = golden
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let want = golden();
     for input in [plain, gz.finish().unwrap()] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
             .args(["replay", "--policy", "all", "--json", "/dev/stdin"])

@@ -283,22 +283,22 @@ pub fn render(data: &PageData) -> String {
         .replacen("/*BERTH_MEMVIZ_DATA*/", &embedded_json(data), 1)
 }
 
-/// Whether `a` and `b` name one existing file: the same path after resolving links, or (on
-/// Unix) the same inode, as two hard links to one file are.
+/// Whether `a` and `b` name one existing file: on Unix the same inode (so two hard links to
+/// one file count, as do symlinks and the same path), elsewhere the same path after resolving
+/// links.
 fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
-    if let (Ok(x), Ok(y)) = (a.canonicalize(), b.canonicalize()) {
-        if x == y {
-            return true;
-        }
-    }
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
-        if let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) {
-            return x.dev() == y.dev() && x.ino() == y.ino();
-        }
+        matches!(
+            (std::fs::metadata(a), std::fs::metadata(b)),
+            (Ok(x), Ok(y)) if x.dev() == y.dev() && x.ino() == y.ino()
+        )
     }
-    false
+    #[cfg(not(unix))]
+    {
+        matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+    }
 }
 
 /// Runs `berth memviz`.

@@ -14,6 +14,9 @@ use berth_alloc::snapshot::{
 };
 use serde_json::Value;
 
+mod common;
+use common::TempDir;
+
 /// PyTorch's own snapshot of a two-stream pipeline (`torch.cuda.memory._dump_snapshot`).
 fn real_pickle() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -27,11 +30,9 @@ fn berth(args: &[&str]) -> Output {
         .expect("berth runs")
 }
 
-/// A fresh temporary folder for one test (removed by the test).
-fn temp_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("berth-memviz-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh temporary folder for one test, removed when it drops.
+fn temp_dir(test: &str) -> TempDir {
+    TempDir::new(&format!("memviz-{test}"))
 }
 
 /// Runs `berth memviz SNAPSHOT -o OUT` and returns the page.
@@ -192,7 +193,6 @@ fn real_pickle_page_embeds_the_whole_snapshot() {
             );
         }
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 fn seg(device: i32, address: u64, blocks: &[(u64, BlockState)]) -> SegmentInfo {
@@ -272,7 +272,6 @@ fn berth_snapshot_without_history_shows_its_live_blocks() {
     assert_eq!(u64_at(tl, "peak_bytes"), 6 * mib);
     assert_eq!(tl["bands"].as_array().unwrap().len(), 2);
     assert!(html.contains("The snapshot holds no trace entries"));
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// A deterministic pseudo-random stream (an LCG), so the test needs no crate.
@@ -365,7 +364,6 @@ fn large_snapshot_is_downsampled_to_a_bounded_page() {
     assert!(entries.len() <= 2 * 1024 + 1, "{} entries", entries.len());
     let merged: u64 = entries.iter().map(|e| e[4].as_u64().unwrap()).sum();
     assert_eq!(merged, 200_000, "every block is in one entry");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// Runs `berth memviz` expecting failure; returns (status, stderr).
@@ -463,5 +461,4 @@ fn bad_input_is_a_one_line_error() {
     let (code, err) = fails(&["memviz", real_s, "-o", dir.to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(err.contains("cannot write"), "{err}");
-    std::fs::remove_dir_all(&dir).ok();
 }

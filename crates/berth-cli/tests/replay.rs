@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod common;
+use common::TempDir;
 
 fn data(file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -21,11 +22,9 @@ fn berth(args: &[&str]) -> Output {
         .expect("berth runs")
 }
 
-/// A fresh temporary folder for one test (removed by the test).
-fn temp_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("berth-replay-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh temporary folder for one test, removed when it drops.
+fn temp_dir(test: &str) -> TempDir {
+    TempDir::new(&format!("replay-{test}"))
 }
 
 /// The table's trace headings: the lines followed by the column header.
@@ -151,13 +150,11 @@ fn replay_missing_file_is_one_line_status_2() {
 
 #[test]
 fn replay_malformed_trace_names_the_position() {
-    let dir = std::env::temp_dir().join(format!("berth-replay-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("truncated");
     let bad = dir.join("truncated.trace.json");
     let full = std::fs::read_to_string(data("small_two_stream.trace.json")).unwrap();
     std::fs::write(&bad, &full[..full.len() / 2]).unwrap();
     let out = berth(&["replay", "--json", bad.to_str().unwrap()]);
-    std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8(out.stderr).unwrap();
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -307,7 +304,6 @@ fn pytorch_figures_need_the_reference_content_not_just_its_name() {
         "paged",
         renamed.to_str().unwrap(),
     ]);
-    std::fs::remove_dir_all(&dir).unwrap();
     let note_start = "(the file name matches PyTorch's reference trace gpt2_train, but its content does not: peak requested ";
     let note_end =
         " bytes), the reference's 8.07 GiB (8668539912 bytes); its replay figures are not shown)";
@@ -372,7 +368,6 @@ fn traces_sharing_a_name_get_distinct_headings() {
         b.to_str().unwrap(),
         other.to_str().unwrap(),
     ]);
-    std::fs::remove_dir_all(&dir).unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(
@@ -382,8 +377,9 @@ fn traces_sharing_a_name_get_distinct_headings() {
     );
 }
 
-/// A trace file of `events` (JSON rows) in a fresh folder; returns (folder, path).
-fn trace_file(test: &str, name: &str, json: &str) -> (PathBuf, PathBuf) {
+/// A trace file of `events` (JSON rows) in a fresh folder; returns (folder, path). Keep the
+/// folder guard alive while the path is used: it removes the folder when it drops.
+fn trace_file(test: &str, name: &str, json: &str) -> (TempDir, PathBuf) {
     let dir = temp_dir(test);
     let path = dir.join(name);
     std::fs::write(&path, json).unwrap();
@@ -455,7 +451,6 @@ fn pytorchs_recorded_figures_are_shown_for_any_trace_that_carries_them() {
         "pytorch",
         mine.to_str().unwrap(),
     ]);
-    std::fs::remove_dir_all(&dir).unwrap();
     assert!(table.status.success());
     let text = String::from_utf8(table.stdout).unwrap();
     assert!(!text.contains("torch default"), "{text}");
@@ -499,7 +494,7 @@ fn pytorchs_recorded_figures_are_shown_for_any_trace_that_carries_them() {
 
 #[test]
 fn a_free_of_an_address_that_is_not_live_is_refused_naming_event_and_address() {
-    let (dir, path) = trace_file(
+    let (_dir, path) = trace_file(
         "unknown-free",
         "t.json",
         r#"{"events": [["alloc", 4096, 512, 0, 0], ["free_completed", 8192, 512, 0, 1], ["free_completed", 4096, 512, 0, 2]]}"#,
@@ -507,7 +502,6 @@ fn a_free_of_an_address_that_is_not_live_is_refused_naming_event_and_address() {
     let p = path.to_str().unwrap();
     let refused = berth(&["replay", p]);
     let skipped = berth(&["replay", "--json", "--skip-unknown-frees", p]);
-    std::fs::remove_dir_all(&dir).unwrap();
     let err = String::from_utf8(refused.stderr).unwrap();
     assert_eq!(refused.status.code(), Some(2), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -528,11 +522,10 @@ fn a_free_of_an_address_that_is_not_live_is_refused_naming_event_and_address() {
 
 #[test]
 fn an_empty_trace_has_no_ratio_instead_of_one() {
-    let (dir, path) = trace_file("empty", "empty.json", r#"{"events": []}"#);
+    let (_dir, path) = trace_file("empty", "empty.json", r#"{"events": []}"#);
     let p = path.to_str().unwrap();
     let table = berth(&["replay", "--policy", "all", p]);
     let json = berth(&["replay", "--json", "--policy", "paged", p]);
-    std::fs::remove_dir_all(&dir).unwrap();
     assert!(table.status.success());
     let text = String::from_utf8(table.stdout).unwrap();
     assert!(!text.contains("1.0000x"), "{text}");
@@ -567,7 +560,6 @@ fn random_bytes_named_pickle_are_not_called_malformed_json() {
     // Random bytes that do start with the protocol byte: the pickle reader's own error.
     std::fs::write(&path, [0x80, 0x04, 0xc7, 0x00, 0xff, 0x42, 0x99]).unwrap();
     let proto = berth(&["replay", path.to_str().unwrap()]);
-    std::fs::remove_dir_all(&dir).unwrap();
     for out in [out, proto] {
         let err = String::from_utf8(out.stderr).unwrap();
         assert_eq!(out.status.code(), Some(2), "{err}");
@@ -582,9 +574,8 @@ fn random_bytes_named_pickle_are_not_called_malformed_json() {
 
 #[test]
 fn random_bytes_named_pickle_say_what_would_be_right() {
-    let (dir, path) = trace_file("random-pickle-hint", "x.pickle", "Zz");
+    let (_dir, path) = trace_file("random-pickle-hint", "x.pickle", "Zz");
     let out = berth(&["replay", path.to_str().unwrap()]);
-    std::fs::remove_dir_all(&dir).unwrap();
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(
         err.contains("it starts with byte 0x5a, not the pickle protocol byte 0x80; expected a snapshot written by torch.cuda.memory._dump_snapshot"),
@@ -596,13 +587,12 @@ fn random_bytes_named_pickle_say_what_would_be_right() {
 fn a_request_larger_than_the_device_fails_at_that_event_before_the_rest_is_read() {
     // Event 0 asks for 2^59 bytes (as in the 10-million-event reproducer), then the file is
     // cut off: the read stops at event 0, so the truncation is never reached.
-    let (dir, path) = trace_file(
+    let (_dir, path) = trace_file(
         "huge",
         "huge.json",
         r#"{"events": [["alloc", 4096, 576460752303423488, 0, 0], ["alloc", 8192, 51"#,
     );
     let out = berth(&["replay", "--policy", "all", path.to_str().unwrap()]);
-    std::fs::remove_dir_all(&dir).unwrap();
     let err = String::from_utf8(out.stderr).unwrap();
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(

@@ -5,6 +5,7 @@
 use std::process::{Command, Output};
 
 mod common;
+use common::TempDir;
 
 fn berth(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_berth"))
@@ -27,8 +28,7 @@ fn json_of(out: &Output) -> serde_json::Value {
 
 #[test]
 fn one_epoch_on_cpu_reaches_75_percent_and_eval_reproduces_it() {
-    let dir = std::env::temp_dir().join(format!("berth-train-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("train");
     let save = dir.join("mlp.safetensors");
     let save_s = save.to_str().unwrap();
     let out = berth(&[
@@ -56,7 +56,6 @@ fn one_epoch_on_cpu_reaches_75_percent_and_eval_reproduces_it() {
         acc,
         "eval of the saved state dict"
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -178,8 +177,7 @@ fn save_problems_are_caught_before_training() {
         ],
         "does not exist",
     );
-    let dir = std::env::temp_dir().join(format!("berth-save-dir-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("save-dir");
     assert_usage_error(
         &["train", "--device", "cpu", "--save", dir.to_str().unwrap()],
         &format!(
@@ -188,7 +186,6 @@ fn save_problems_are_caught_before_training() {
             dir.join("mlp.safetensors").display()
         ),
     );
-    std::fs::remove_dir_all(&dir).ok();
     // Rejected before any epoch runs (an epoch takes seconds).
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
 }

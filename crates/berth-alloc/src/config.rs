@@ -11,6 +11,9 @@ pub const ROUNDUP_INTERVALS: usize = 16;
 
 const MIB: u64 = 1 << 20;
 
+/// What `max_split_size_mb` and `max_non_split_rounding_mb` accept.
+const MB_EXPECTED: &str = "an integer number of MiB from 20 to 17592186044415 (2^44 - 1)";
+
 const KNOWN_KEYS: &str = "backend, max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, \
 garbage_collection_threshold, expandable_segments, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
 pinned_num_register_threads, pinned_use_background_threads, graph_capture_record_stream_reuse";
@@ -347,18 +350,20 @@ impl AllocatorConfig {
                 })
             }
             "max_split_size_mb" => {
-                let mb = parse_u64(key, value, "an integer number of MiB ≥ 20")?;
-                if mb < 20 {
-                    return Err(invalid(key, value, "an integer number of MiB ≥ 20"));
+                let mb = parse_u64(key, value, MB_EXPECTED)?;
+                // PyTorch's `stoi` throws past `int`'s range; in bytes this must fit a u64.
+                if !(20..=u64::MAX / MIB).contains(&mb) {
+                    return Err(invalid(key, value, MB_EXPECTED));
                 }
-                self.max_split_size = Some(mb.saturating_mul(MIB));
+                self.max_split_size = Some(mb * MIB);
             }
             "max_non_split_rounding_mb" => {
-                let mb = parse_u64(key, value, "an integer number of MiB ≥ 20")?;
-                if mb < 20 {
-                    return Err(invalid(key, value, "an integer number of MiB ≥ 20"));
+                let mb = parse_u64(key, value, MB_EXPECTED)?;
+                // PyTorch's `stoi` throws past `int`'s range; in bytes this must fit a u64.
+                if !(20..=u64::MAX / MIB).contains(&mb) {
+                    return Err(invalid(key, value, MB_EXPECTED));
                 }
-                self.max_non_split_rounding_size = mb.saturating_mul(MIB);
+                self.max_non_split_rounding_size = mb * MIB;
             }
             "roundup_power2_divisions" => {
                 let v = parse_u64(

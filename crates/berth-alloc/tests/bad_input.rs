@@ -269,3 +269,68 @@ fn json_errors_state_the_position_once() {
         "malformed trace JSON at line 1, column 1: expected value"
     );
 }
+
+/// `paged`: a pointer inside a live block is not the start of an allocation (as the other
+/// policies say), and freeing a freed block is still a double free.
+#[test]
+fn paged_interior_pointer_is_invalid_not_a_double_free() {
+    let alloc = PagedBestFit::new(SimBackend::new(1 << 30)).unwrap();
+    let p = alloc.raw_alloc(4096, S0).unwrap();
+    let inside = DevicePtr(p.0 + 512);
+    let e = alloc.raw_delete(inside).unwrap_err();
+    assert_eq!(e, AllocError::InvalidPointer { ptr: inside });
+    assert!(
+        e.to_string().contains("not the start of an allocation"),
+        "{e}"
+    );
+    assert_eq!(
+        alloc.stats().memory_allocated(),
+        4096,
+        "the block stays live"
+    );
+    alloc.raw_delete(p).unwrap();
+    assert_eq!(alloc.raw_delete(p), Err(AllocError::DoubleFree { ptr: p }));
+    assert_eq!(alloc.stats().memory_allocated(), 0);
+}
+
+/// `paged` under a memory fraction: a request whose pages alone exceed the cap is
+/// `CapExceeded` ("raise it with set_memory_fraction"), not advice to free tensors; one that
+/// only fails because of what is live stays `OutOfMemory`.
+#[test]
+fn paged_request_over_the_fraction_alone_is_cap_exceeded() {
+    let alloc = PagedBestFit::new(SimBackend::new(1 << 30)).unwrap();
+    alloc.set_memory_fraction(0.0).unwrap();
+    let e = alloc.raw_alloc(10, S0).unwrap_err();
+    assert!(matches!(e, AllocError::CapExceeded { cap: 0, .. }), "{e:?}");
+    assert!(e.is_out_of_memory());
+    assert!(
+        e.to_string().contains("raise it with set_memory_fraction"),
+        "{e}"
+    );
+    assert_eq!(alloc.stats().num_ooms, 1);
+    alloc.set_memory_fraction(0.5).unwrap(); // 512 MiB
+    let held = alloc.raw_alloc(400 * MIB as usize, S0).unwrap();
+    let e = alloc.raw_alloc(200 * MIB as usize, S0).unwrap_err();
+    assert!(matches!(e, AllocError::OutOfMemory { .. }), "{e:?}");
+    assert_eq!(alloc.stats().num_ooms, 2);
+    alloc.raw_delete(held).unwrap();
+    drop(alloc.allocate(200 * MIB as usize, S0).unwrap());
+}
+
+/// Sizes in MiB whose bytes do not fit a u64 are refused, not saturated (PyTorch's `stoi`
+/// throws past its range).
+#[test]
+fn config_sizes_past_u64_bytes_are_refused() {
+    for key in ["max_split_size_mb", "max_non_split_rounding_mb"] {
+        for v in [
+            "17592186044416",
+            "99999999999999999",
+            "18446744073709551615",
+        ] {
+            let e = AllocatorConfig::parse(&format!("{key}:{v}")).unwrap_err();
+            assert!(e.to_string().contains("2^44"), "{key}:{v}: {e}");
+        }
+        let c = AllocatorConfig::parse(&format!("{key}:17592186044415"));
+        assert!(c.is_ok(), "{key}: the largest value is accepted: {c:?}");
+    }
+}

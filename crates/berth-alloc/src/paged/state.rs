@@ -473,6 +473,17 @@ impl<E> State<E> {
         self.stats.num_ooms += 1;
         self.trace(TraceAction::Oom, 0, need, StreamId::DEFAULT);
         let info = backend.mem_info().unwrap_or_default();
+        if let Some(cap) = allowed.filter(|&cap| need > cap) {
+            // The pages this request needs exceed the memory-fraction cap by themselves:
+            // nothing freed could help (the other policies' `CapExceeded`).
+            return AllocError::CapExceeded {
+                requested: need,
+                device: self.device,
+                device_total: info.total_bytes,
+                device_free: info.free_bytes,
+                cap,
+            };
+        }
         let allocated = self.stats.allocated_bytes.all().current.max(0) as u64;
         AllocError::OutOfMemory {
             requested: need,
@@ -494,7 +505,14 @@ impl<E> State<E> {
         ptr: DevicePtr,
     ) -> Result<(), AllocError> {
         let Some(block) = self.live.remove(&ptr.0) else {
-            return Err(if self.arenas.iter().any(|a| a.owns(ptr.0)) {
+            // An error path, so a scan is fine: a pointer inside a live block is not the start
+            // of an allocation (`InvalidPointer`, as the other policies say), one in free space
+            // of this allocator's ranges was most likely freed already.
+            let interior = self
+                .live
+                .iter()
+                .any(|(&a, b)| ptr.0 > a && ptr.0 < a + b.size);
+            return Err(if !interior && self.arenas.iter().any(|a| a.owns(ptr.0)) {
                 AllocError::DoubleFree { ptr }
             } else {
                 AllocError::InvalidPointer { ptr }

@@ -83,6 +83,21 @@ impl DType {
         }
     }
 
+    /// PyTorch's `ScalarType` name (`Float`, `Long`, `Byte` ...), as its type-promotion
+    /// errors write it ("result type Float can't be cast to the desired output type Long").
+    pub fn scalar_type_name(self) -> &'static str {
+        match self {
+            DType::F32 => "Float",
+            DType::F64 => "Double",
+            DType::F16 => "Half",
+            DType::BF16 => "BFloat16",
+            DType::I64 => "Long",
+            DType::I32 => "Int",
+            DType::U8 => "Byte",
+            DType::Bool => "Bool",
+        }
+    }
+
     /// Whether `value` can be written as this dtype without overflow, by PyTorch's rule
     /// (`c10::checked_convert` / `overflows<To, double>`): integer dtypes hold the values in
     /// `[MIN, MAX]` (a fraction is truncated, as PyTorch) and never NaN or ±inf; float dtypes
@@ -98,7 +113,8 @@ impl DType {
             DType::F32 => (f64::from(f32::MIN), f64::from(f32::MAX)),
             DType::F16 => (f16::MIN.to_f64(), f16::MAX.to_f64()),
             DType::BF16 => (bf16::MIN.to_f64(), bf16::MAX.to_f64()),
-            DType::I64 => (i64::MIN as f64, i64::MAX as f64),
+            // `i64::MAX as f64` rounds up to 2^63, which i64 cannot hold.
+            DType::I64 => return (-(2f64.powi(63))..2f64.powi(63)).contains(&value),
             DType::I32 => (f64::from(i32::MIN), f64::from(i32::MAX)),
             DType::U8 => (0.0, 255.0),
         };

@@ -233,15 +233,29 @@ pub enum Error {
         strides: Vec<usize>,
     },
 
-    /// A dimension index outside `[-rank, rank)`.
-    #[error("{op}: dimension {dim} is out of range for a tensor of rank {rank} (expected a value in [-{rank}, {rank}))")]
+    /// A dimension index outside `[-rank, rank - 1]`; a 0-d tensor takes `-1` and `0`, as a
+    /// 1-D one (PyTorch's `maybe_wrap_dim`, whose message this is).
+    #[error("{op}: Dimension out of range (expected to be in range of [{}, {}], but got {dim})", -(rank.max(&1).cast_signed()), rank.max(&1).cast_signed() - 1)]
     DimOutOfRange {
         /// The operation.
         op: &'static str,
         /// The dimension given.
         dim: isize,
-        /// The tensor's rank.
+        /// The tensor's rank (the number of dimensions `dim` indexes).
         rank: usize,
+    },
+
+    /// An in-place op whose result has a dtype the written tensor cannot hold: an integer or
+    /// bool tensor and a scalar that is not an integer (PyTorch: "result type Float can't be
+    /// cast to the desired output type Long"; Note [Scalar promotion]).
+    #[error("{op}: result type {} can't be cast to the desired output type {}; use the out-of-place op, which returns {result}, or convert the tensor with to_dtype first", result.scalar_type_name(), output.scalar_type_name())]
+    ResultTypeCast {
+        /// The in-place operation.
+        op: &'static str,
+        /// The dtype the op's result has.
+        result: DType,
+        /// The dtype of the tensor written.
+        output: DType,
     },
 
     /// An index (or range end) past the size of a dimension.

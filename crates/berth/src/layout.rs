@@ -65,11 +65,13 @@ pub fn checked_nbytes(shape: &[usize], dtype: DType, op: &'static str) -> Result
 }
 
 /// Normalise a possibly negative dimension index against `rank` (PyTorch's `maybe_wrap_dim`).
+/// A 0-d tensor (`rank == 0`) takes `0` and `-1` as a 1-D one does (both give 0), as
+/// PyTorch's; callers for which a 0-d tensor has no dimension to index check that first.
 ///
 /// # Errors
-/// [`Error::DimOutOfRange`] when `dim` is outside `[-rank, rank)`.
+/// [`Error::DimOutOfRange`] when `dim` is outside `[-rank, rank - 1]` (`[-1, 0]` for rank 0).
 pub fn wrap_dim(dim: isize, rank: usize, op: &'static str) -> Result<usize> {
-    let r = rank as isize;
+    let r = rank.max(1) as isize;
     let d = if dim < 0 { dim + r } else { dim };
     if d < 0 || d >= r {
         return Err(Error::DimOutOfRange { op, dim, rank });

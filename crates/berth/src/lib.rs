@@ -38,6 +38,9 @@
 //! - `Note [Fused updates are exact]`: `src/cuda/kernels/optim.rs` (why the fused SGD,
 //!   `add_scaled_` and `relu_backward` kernels give the unfused ops' bits);
 //!   `Note [Fused host SGD]`: `src/cpu/optim.rs`
+//! - `Note [Exact integers]`: `src/cpu/mod.rs` (integer values never go through `f64`)
+//! - `Note [Scalar promotion]`: `src/ops/infer.rs` (an integer tensor and a non-integral
+//!   scalar give f32, as PyTorch)
 //!
 //! The allocator's notes are listed in [`berth_alloc`]'s docs, the driver layer's in
 //! [`berth_cuda`]'s.

@@ -77,7 +77,8 @@ fn contiguous_and_detach_alias_the_source() {
     // (c)
     let x = Tensor::zeros(&[3], DType::F32, Device::Cpu)
         .unwrap()
-        .with_requires_grad(true);
+        .with_requires_grad(true)
+        .unwrap();
     let d = x.detach();
     d.add_scalar_(5.0).unwrap();
     assert_eq!(v(&x), vec![5.0, 5.0, 5.0]);

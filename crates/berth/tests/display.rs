@@ -51,7 +51,7 @@ fn rows_and_planes_nest_like_pytorch() {
 fn dtype_device_and_grad_suffixes() {
     let h = Tensor::from_slice(&[f16::from_f32(0.5)], &[1], Device::Cpu).unwrap();
     assert_eq!(h.to_string(), "tensor([0.5000], dtype=f16)");
-    let g = t(&[1.0], &[1]).with_requires_grad(true);
+    let g = t(&[1.0], &[1]).with_requires_grad(true).unwrap();
     assert_eq!(g.to_string(), "tensor([1.], requires_grad=True)");
     let m = Tensor::empty(&[2, 3], DType::F32, Device::Meta).unwrap();
     assert_eq!(m.to_string(), "tensor(..., device='meta', size=(2, 3))");
@@ -90,4 +90,18 @@ fn long_rows_wrap_at_80_columns() {
         s,
         "tensor([ 0,  1,  2,  3,  4,  5,  6,  7,  8,  9, 10, 11, 12, 13, 14, 15, 16, 17,\n        18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29])"
     );
+}
+
+#[test]
+fn a_huge_expanded_tensor_prints_at_once() {
+    // 2^60 elements over one: only the edges are visited, so this returns at once, with the
+    // text of any summarised all-zero matrix.
+    let z = Tensor::zeros(&[1], DType::F32, Device::Cpu).unwrap();
+    let huge = z.expand(&[1 << 40, 1 << 20]).unwrap();
+    let row = "[0., 0., 0.,  ..., 0., 0., 0.]";
+    let want = format!(
+        "tensor([{row},\n        {row},\n        {row},\n        ...,\n        {row},\n        {row},\n        {row}])"
+    );
+    assert_eq!(huge.to_string(), want);
+    assert_eq!(z.expand(&[2000, 2000]).unwrap().to_string(), want);
 }

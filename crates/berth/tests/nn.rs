@@ -75,6 +75,39 @@ fn load_state_dict_errors_are_typed_and_name_the_key() {
 }
 
 #[test]
+fn a_failed_load_state_dict_changes_no_parameter() {
+    // Layer 0's values are fine, layer 2's are meta (no data): the load fails, and layer 0
+    // must not have been overwritten first.
+    let mut model = Sequential::new()
+        .push(Linear::new(3, 2, Device::Cpu).unwrap())
+        .push(ReLU)
+        .push(Linear::new(2, 1, Device::Cpu).unwrap());
+    let before: Vec<Vec<f32>> = model.parameters().into_iter().map(v).collect();
+    let mut sd = model.state_dict().unwrap();
+    for (name, value) in sd.iter_mut() {
+        let device = if name.starts_with("2.") {
+            Device::Meta
+        } else {
+            Device::Cpu
+        };
+        *value = Tensor::full(value.shape(), 7.0, DType::F32, device).unwrap();
+    }
+    let e = model.load_state_dict(&sd).unwrap_err();
+    assert!(matches!(e, Error::MetaNoData { .. }), "{e:?}");
+    let after: Vec<Vec<f32>> = model.parameters().into_iter().map(v).collect();
+    assert_eq!(after, before, "a failed load changes nothing");
+    // With real values everywhere the same load goes through.
+    for value in sd.values_mut() {
+        *value = Tensor::full(value.shape(), 7.0, DType::F32, Device::Cpu).unwrap();
+    }
+    model.load_state_dict(&sd).unwrap();
+    assert!(model
+        .parameters()
+        .into_iter()
+        .all(|p| v(p).iter().all(|&x| x == 7.0)));
+}
+
+#[test]
 fn state_dict_round_trips_through_a_safetensors_file() {
     let model = Sequential::new()
         .push(Linear::new(4, 3, Device::Cpu).unwrap())

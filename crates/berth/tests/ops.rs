@@ -254,6 +254,64 @@ fn cross_entropy_and_its_gradient_match_torch() {
 }
 
 #[test]
+fn cross_entropy_skips_targets_of_minus_100_as_torch_ignore_index() {
+    // F.cross_entropy(torch.tensor([[1.,2.,3.],[1.,2.,3.]]), torch.tensor([2,-100]))
+    // = 0.4076: the mean over the one sample that counts.
+    let logits = t(&[1.0, 2.0, 3.0, 1.0, 2.0, 3.0], &[2, 3]);
+    let targets = Tensor::from_slice(&[2i64, -100], &[2], Device::Cpu).unwrap();
+    let loss = logits.cross_entropy(&targets).unwrap();
+    close(&[loss.item::<f32>().unwrap()], &[0.4076], 1e-4);
+    // The gradient: softmax - one_hot for the counted row (divided by 1), zeros for the
+    // ignored one.
+    let g = logits.cross_entropy_backward(&targets).unwrap();
+    close(&v(&g), &[0.0900, 0.2447, -0.3348, 0.0, 0.0, 0.0], 1e-4);
+    // Three rows, one ignored: the mean divides by 2.
+    let l3 = t(&[1.0, 2.0, 3.0, 1.0, 2.0, 3.0, 9.0, 0.0, 0.0], &[3, 3]);
+    let t3 = Tensor::from_slice(&[2i64, -100, 0], &[3], Device::Cpu).unwrap();
+    let want = (0.407_606 + (1.0 + 2.0 * (-9f64).exp()).ln()) / 2.0;
+    close(
+        &[l3.cross_entropy(&t3).unwrap().item::<f32>().unwrap()],
+        &[want as f32],
+        1e-4,
+    );
+    // Every target ignored: NaN, as PyTorch; the gradient is all zeros.
+    let none = Tensor::from_slice(&[-100i64, -100], &[2], Device::Cpu).unwrap();
+    assert!(logits
+        .cross_entropy(&none)
+        .unwrap()
+        .item::<f32>()
+        .unwrap()
+        .is_nan());
+    assert_eq!(
+        v(&logits.cross_entropy_backward(&none).unwrap()),
+        vec![0.0; 6]
+    );
+    // Other negative targets are still out of bounds.
+    let bad = Tensor::from_slice(&[2i64, -5], &[2], Device::Cpu).unwrap();
+    let e = logits.cross_entropy(&bad).unwrap_err();
+    assert!(e.to_string().contains("Target -5 is out of bounds"), "{e}");
+}
+
+#[test]
+fn sum_over_an_empty_dim_list_reduces_everything_as_torch() {
+    // torch.ones(2, 3).sum(dim=[]) is tensor(6.).
+    let x = Tensor::ones(&[2, 3], DType::F32, Device::Cpu).unwrap();
+    let s = x.sum_dims(&[], false).unwrap();
+    assert_eq!(s.shape(), &[] as &[usize]);
+    assert_eq!(v(&s), vec![6.0]);
+    let k = x.sum_dims(&[], true).unwrap();
+    assert_eq!((k.shape(), v(&k)), (&[1usize, 1][..], vec![6.0]));
+    let i = Tensor::from_slice(&[1i64, 2, 3, 4], &[2, 2], Device::Cpu).unwrap();
+    assert_eq!(
+        i.sum_dims(&[], false).unwrap().to_vec::<i64>().unwrap(),
+        vec![10]
+    );
+    // Meta plans the same shape.
+    let m = Tensor::zeros(&[2, 3], DType::F32, Device::Meta).unwrap();
+    assert_eq!(m.sum_dims(&[], true).unwrap().shape(), &[1, 1]);
+}
+
+#[test]
 fn comparisons_give_bool_tensors() {
     let a = t(&[1.0, 2.0, 3.0], &[3]);
     let b = t(&[3.0, 2.0, 1.0], &[3]);

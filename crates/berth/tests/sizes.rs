@@ -201,6 +201,28 @@ fn host_oom(r: berth::Result<impl std::fmt::Debug>, bytes: usize) {
 }
 
 #[test]
+fn reading_a_tensor_whose_bytes_overflow_is_a_storage_size_error() {
+    // 2^62 expanded f32 elements need 2^64 bytes to read: not a saturated out-of-memory
+    // request of 18446744073709551615 bytes, but the size error that says why.
+    let x = Tensor::zeros(&[1], DType::F32, Device::Cpu)
+        .unwrap()
+        .expand(&[1 << 62])
+        .unwrap();
+    for e in [x.to_vec::<f32>().unwrap_err(), x.to_vec_f64().unwrap_err()] {
+        assert!(
+            matches!(&e, Error::StorageSizeOverflow { op: "to_vec", shape, numel, .. }
+                if shape == &[1usize << 62] && *numel == 1 << 62),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .contains("Storage size calculation overflowed"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
 fn reading_a_huge_expanded_tensor_is_a_typed_out_of_memory_error_not_an_abort() {
     // 2^46 elements over one real f32: the views are free, index or value lists are not. Every
     // list below is 2^48 bytes or more, beyond x86-64's 47-bit user address space, so the

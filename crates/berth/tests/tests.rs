@@ -18,6 +18,7 @@ mod cuda_transfer;
 mod device;
 mod display;
 mod index;
+mod integers;
 mod meta;
 mod nn;
 mod ops;

@@ -38,7 +38,8 @@ fn copy_true_or_a_dtype_change_gives_new_storage() {
 fn clone_is_new_storage_and_detach_is_the_same_storage() {
     let x = Tensor::ones(&[3], DType::F32, Device::Cpu)
         .unwrap()
-        .with_requires_grad(true);
+        .with_requires_grad(true)
+        .unwrap();
     let c = x.clone().unwrap();
     assert!(!c.shares_storage(&x) && c.requires_grad());
     let d = x.detach();
@@ -79,4 +80,39 @@ fn to_meta_keeps_the_shape_and_allocates_nothing() {
         (m.shape(), m.device(), m.data_ptr()),
         (&[2usize, 5][..], Device::Meta, 0)
     );
+}
+
+#[test]
+fn only_floating_point_tensors_can_require_gradients() {
+    // torch.zeros(1, dtype=torch.long).requires_grad_(): "only Tensors of floating point
+    // dtype can require gradients".
+    let mut i = Tensor::zeros(&[1], DType::I64, Device::Cpu).unwrap();
+    let e = i.set_requires_grad(true).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            berth::Error::UnsupportedDType {
+                dtype: DType::I64,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string()
+            .contains("only Tensors of floating point dtype can require gradients"),
+        "{e}"
+    );
+    assert!(!i.requires_grad());
+    assert!(i.set_requires_grad(false).is_ok());
+    let b = Tensor::zeros(&[1], DType::Bool, Device::Cpu).unwrap();
+    assert!(b.with_requires_grad(true).is_err());
+    // A float tensor that requires grad, converted to an integer dtype, does not.
+    let f = Tensor::zeros(&[1], DType::F32, Device::Cpu)
+        .unwrap()
+        .with_requires_grad(true)
+        .unwrap();
+    assert!(f.requires_grad());
+    assert!(!f.to_dtype(DType::I64).unwrap().requires_grad());
+    assert!(f.to_dtype(DType::F64).unwrap().requires_grad());
 }

@@ -100,7 +100,12 @@ fn out_of_range_dims_are_typed_errors() {
         ),
         "{e:?}"
     );
-    assert!(e.to_string().contains("[-2, 2)"), "{e}");
+    // PyTorch's message.
+    assert!(
+        e.to_string()
+            .contains("Dimension out of range (expected to be in range of [-2, 1], but got 2)"),
+        "{e}"
+    );
     assert!(x.unsqueeze(3).is_err());
     assert!(x.reshape_infer(&[-1, -1]).is_err());
     assert_eq!(x.reshape_infer(&[-1, 2]).unwrap().shape(), &[3, 2]);
@@ -181,4 +186,57 @@ fn in_place_writes_through_an_expanded_view_are_refused() {
     let c = e.clone().unwrap();
     c.add_scalar_(1.0).unwrap();
     assert_eq!(v(&c), vec![4.0; 12]);
+}
+
+#[test]
+fn zero_dim_tensors_take_dims_0_and_minus_1_as_torch() {
+    let s = t(&[5.0], &[]);
+    // squeeze/transpose accept [-1, 0] on a 0-d tensor and leave it as it is.
+    assert_eq!(s.squeeze_dim(0).unwrap().shape(), &[] as &[usize]);
+    assert_eq!(s.squeeze_dim(-1).unwrap().shape(), &[] as &[usize]);
+    assert_eq!(v(&s.transpose(0, -1).unwrap()), vec![5.0]);
+    // torch.tensor(5.).squeeze(5): "Dimension out of range (expected to be in range of
+    // [-1, 0], but got 5)".
+    for e in [
+        s.squeeze_dim(5).unwrap_err(),
+        s.transpose(0, 1).unwrap_err(),
+        s.index_select(1, &Tensor::from_slice(&[0i64], &[1], Device::Cpu).unwrap())
+            .unwrap_err(),
+    ] {
+        assert!(
+            matches!(e, berth::Error::DimOutOfRange { rank: 0, .. }),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .contains("Dimension out of range (expected to be in range of [-1, 0], but got"),
+            "{e}"
+        );
+    }
+    // narrow and select have no dimension to index: PyTorch's messages.
+    let e = s.narrow(0, 0, 1).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("narrow() cannot be applied to a 0-dim tensor."),
+        "{e}"
+    );
+    let e = s.select(0, 0).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("select() cannot be applied to a 0-dim tensor."),
+        "{e}"
+    );
+    // index_select of a 0-d tensor with the one index 0 is 0-d, as PyTorch.
+    let i0 = Tensor::from_slice(&[0i64], &[1], Device::Cpu).unwrap();
+    let r = s.index_select(-1, &i0).unwrap();
+    assert_eq!((r.shape(), v(&r)), (&[] as &[usize], vec![5.0]));
+    let two = Tensor::from_slice(&[0i64, 0], &[2], Device::Cpu).unwrap();
+    let e = s.index_select(0, &two).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("Index to scalar can have only 1 value, got 2 value(s)"),
+        "{e}"
+    );
+    let i1 = Tensor::from_slice(&[1i64], &[1], Device::Cpu).unwrap();
+    assert!(s.index_select(0, &i1).is_err());
 }

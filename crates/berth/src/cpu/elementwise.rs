@@ -6,10 +6,10 @@
 
 use rayon::prelude::*;
 
-use super::{with_repr, In, Num, Scalar, PAR_MIN};
+use super::{with_repr, In, Num, Scalar, Wide, PAR_MIN};
 use crate::device_kernels::View;
 use crate::ops::{BinaryOp, CmpOp, UnaryOp};
-use crate::storage::Pod;
+use crate::storage::{HostWrite, Pod};
 use crate::{DType, Layout, Result};
 
 const CHUNK: usize = 1 << 14;
@@ -158,6 +158,16 @@ fn conv(v: f64, to: DType) -> f64 {
     }
 }
 
+/// A source value in its [`Wide`] type, converted into `to`'s domain (bool → 0/1).
+#[inline]
+fn conv_wide<W: Wide>(v: W, to: DType) -> W {
+    if to == DType::Bool {
+        v.to_bool()
+    } else {
+        v
+    }
+}
+
 pub(crate) fn copy(dst: View<'_>, src: View<'_>) -> Result<()> {
     if dst.storage.id() == src.storage.id() {
         // Aliased copy: stage the source (PyTorch errors on some overlaps; staging is safe).
@@ -180,7 +190,8 @@ pub(crate) fn copy(dst: View<'_>, src: View<'_>) -> Result<()> {
         return Ok(());
     }
     // A cast into a contiguous f32 destination from a contiguous source (masks and labels
-    // made floats in training) is one direct pass: 8 instantiations, no f64 staging buffer.
+    // made floats in training) is one direct pass: 8 instantiations, no staging buffer.
+    // Integers convert straight from `i64` (one rounding, as C++'s cast).
     if dst.dtype == DType::F32 && dst.layout.is_contiguous() && src.layout.is_contiguous() {
         let n = dst.layout.numel();
         let (doff, soff) = (dst.layout.offset(), src.layout.offset());
@@ -188,26 +199,32 @@ pub(crate) fn copy(dst: View<'_>, src: View<'_>) -> Result<()> {
         with_repr!(src.dtype, S => {
             let a = &s.typed::<S>()[soff..soff + n];
             for (o, x) in d.iter_mut().zip(a) {
-                *o = <f32 as Num>::from_c(<<f32 as Num>::C as Scalar>::from_f64(conv(x.to_c().to_f64(), DType::F32)));
+                *o = x.to_c().widen().store::<f32>();
             }
         });
         return Ok(());
     }
-    // Any other cast goes through f64 in two single-dispatch passes (8 + 8 instantiations
-    // instead of 64): read the source in row-major order, then write the destination.
-    // The staging buffer is as large as the tensor (in f64): allocated fallibly, like storage.
+    // Any other cast goes through the source's `Wide` type (f64 for floats, i64 for
+    // integers: Note [Exact integers]) in two single-dispatch passes: read the source in
+    // row-major order, then write the destination. The staging buffer is as large as the
+    // tensor (8 bytes an element): allocated fallibly, like storage.
     let n = src.layout.numel();
-    let vals: Vec<f64> = with_repr!(src.dtype, S => {
+    with_repr!(src.dtype, S => {
         let a = s.typed::<S>();
-        super::try_collect(n, src.layout.indices().map(|i| conv(a[i].to_c().to_f64(), dst.dtype)))?
-    });
-    let dense = Layout::contiguous(dst.layout.shape());
-    with_repr!(dst.dtype, D => {
-        apply2::<D, f64, f64, _>(w.typed_mut::<D>(), dst.layout, &vals, &dense, &vals, &dense, |_, x, _| {
-            D::from_c(<D as Num>::C::from_f64(x))
-        });
+        let vals = super::try_collect(n, src.layout.indices().map(|i| conv_wide(a[i].to_c().widen(), dst.dtype)))?;
+        write_cast(&mut w, dst, &vals);
     });
     Ok(())
+}
+
+/// Writes the row-major `vals` into `dst` (any strides), converted to its dtype.
+fn write_cast<W: Wide>(w: &mut HostWrite<'_>, dst: View<'_>, vals: &[W]) {
+    let dense = Layout::contiguous(dst.layout.shape());
+    with_repr!(dst.dtype, D => {
+        apply2::<D, W, W, _>(w.typed_mut::<D>(), dst.layout, vals, &dense, vals, &dense, |_, x, _| {
+            x.store::<D>()
+        });
+    });
 }
 
 pub(crate) fn fill(dst: View<'_>, value: f64) -> Result<()> {
@@ -378,12 +395,25 @@ pub(crate) fn compare(
                 apply2(w.typed_mut::<u8>(), dst.layout, a, lhs.layout, r.typed::<T>(), rv.layout, |_, x, y| cmp(K, x.to_c(), y.to_c()));
             }
             _ => {
-                let s = <T as Num>::C::from_f64(scalar);
                 let floaty = <T as Num>::C::IS_FLOAT;
+                let exact = crate::ops::infer::integral_i64(scalar);
                 if floaty {
+                    let s = <T as Num>::C::from_f64(scalar);
+                    apply2(w.typed_mut::<u8>(), dst.layout, a, lhs.layout, a, lhs.layout, |_, x, _| cmp(K, x.to_c(), s));
+                } else if let Some(si) = exact {
+                    // An integral scalar in i64's range: compared exactly (Note [Exact integers]).
+                    let s = <T as Num>::C::from_i64(si);
                     apply2(w.typed_mut::<u8>(), dst.layout, a, lhs.layout, a, lhs.layout, |_, x, _| cmp(K, x.to_c(), s));
                 } else {
-                    apply2(w.typed_mut::<u8>(), dst.layout, a, lhs.layout, a, lhs.layout, |_, x, _| cmp(K, x.to_c().to_f64(), scalar));
+                    // A fraction (only below 2^52 in size, where comparing in f64 is exact),
+                    // NaN, ±inf, or an integral value past i64's range, which compares with
+                    // every i64 as the infinity of its sign does.
+                    let s = if scalar.is_finite() && scalar.fract() == 0.0 {
+                        f64::INFINITY.copysign(scalar)
+                    } else {
+                        scalar
+                    };
+                    apply2(w.typed_mut::<u8>(), dst.layout, a, lhs.layout, a, lhs.layout, |_, x, _| cmp(K, x.to_c().to_f64(), s));
                 }
             }
         }

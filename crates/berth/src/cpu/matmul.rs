@@ -1,6 +1,6 @@
 //! Batched matrix product through the `gemm` crate (multithreaded on rayon for large
 //! products). f32 and f64 run natively on any strides; f16/bf16 are computed in f32 (as
-//! PyTorch without a half kernel); integers use an exact `i64` loop.
+//! PyTorch without a half kernel); integers use an exact, wrapping `i64` loop.
 
 use half::{bf16, f16};
 
@@ -256,7 +256,18 @@ fn matmul_via_f32<T: Num>(out: &mut [T], a: &[T], la: &Layout, b: &[T], lb: &Lay
     Ok(())
 }
 
-fn matmul_int<T: Num>(out: &mut [T], a: &[T], la: &Layout, b: &[T], lb: &Layout) {
+/// Integer matmul: products and sums wrap in `i64` (Note [Exact integers]; PyTorch's integer
+/// matmul accumulates in its own dtype and wraps), then are stored as `T` with a wrapping
+/// cast. For bool (`logical`) an output is 1 when any product is (logical or of ands), so a
+/// bool tensor still holds only 0 and 1.
+fn matmul_int<T: Num<C = i64>>(
+    out: &mut [T],
+    a: &[T],
+    la: &Layout,
+    b: &[T],
+    lb: &Layout,
+    logical: bool,
+) {
     let d = dims(la, lb);
     let rank = la.rank();
     let (ars, acs) = (la.strides()[rank - 2], la.strides()[rank - 1]);
@@ -266,12 +277,14 @@ fn matmul_int<T: Num>(out: &mut [T], a: &[T], la: &Layout, b: &[T], lb: &Layout)
             for c in 0..d.n {
                 let mut acc = 0i64;
                 for x in 0..d.k {
-                    let av = a[ao + r * ars + x * acs].to_c().to_f64() as i64;
-                    let bv = b[bo + x * brs + c * bcs].to_c().to_f64() as i64;
+                    let av = a[ao + r * ars + x * acs].to_c();
+                    let bv = b[bo + x * brs + c * bcs].to_c();
                     acc = acc.wrapping_add(av.wrapping_mul(bv));
                 }
-                out[bi * d.m * d.n + r * d.n + c] =
-                    T::from_c(<T::C as super::Scalar>::from_f64(acc as f64));
+                if logical {
+                    acc = i64::from(acc != 0);
+                }
+                out[bi * d.m * d.n + r * d.n + c] = T::from_c(acc);
             }
         }
     }
@@ -283,9 +296,9 @@ pub(crate) fn matmul(dst: View<'_>, lhs: View<'_>, rhs: View<'_>) -> Result<()> 
     let mut w = dst.storage.write_host("matmul")?;
     let (off, n) = (dst.layout.offset(), dst.layout.numel());
     macro_rules! go {
-        ($t:ty, $f:ident $(, $z:expr, $o:expr)?) => {{
+        ($t:ty, $f:ident $(, $extra:expr)*) => {{
             let out = &mut w.typed_mut::<$t>()[off..off + n];
-            $f(out, l.typed::<$t>(), lhs.layout, r.typed::<$t>(), rhs.layout $(, $z, $o)?)
+            $f(out, l.typed::<$t>(), lhs.layout, r.typed::<$t>(), rhs.layout $(, $extra)*)
         }};
     }
     match lhs.dtype {
@@ -293,9 +306,10 @@ pub(crate) fn matmul(dst: View<'_>, lhs: View<'_>, rhs: View<'_>) -> Result<()> 
         DType::F64 => go!(f64, gemm_native, 0.0f64, 1.0f64),
         DType::F16 => go!(f16, matmul_via_f32)?,
         DType::BF16 => go!(bf16, matmul_via_f32)?,
-        DType::I64 => go!(i64, matmul_int),
-        DType::I32 => go!(i32, matmul_int),
-        DType::U8 | DType::Bool => go!(u8, matmul_int),
+        DType::I64 => go!(i64, matmul_int, false),
+        DType::I32 => go!(i32, matmul_int, false),
+        DType::U8 => go!(u8, matmul_int, false),
+        DType::Bool => go!(u8, matmul_int, true),
     }
     Ok(())
 }

@@ -3,6 +3,13 @@
 //! Elements are computed in a *compute type*: `f32` for f32/f16/bf16 (PyTorch computes half
 //! types in f32 where it has no half kernel), `f64` for f64, `i64` for integers and bool.
 //! Large elementwise and reduction work runs on rayon; matmul goes through `gemm`.
+//!
+//! Note [Exact integers]: values that cross dtypes (casts, reductions, the staging buffers of
+//! copies) travel in a [`Wide`] type: `f64` for floats, `i64` for integers and bool. An `f64`
+//! holds integers exactly only up to 2^53, so `i64` values never go through it: integer sums
+//! and products wrap in `i64` (PyTorch sums integer tensors into int64 and wraps), max, min
+//! and argmax compare integers exactly, and int → int casts wrap as C++'s (and Rust's `as`)
+//! do.
 
 mod elementwise;
 mod index;
@@ -24,8 +31,14 @@ pub(crate) const PAR_MIN: usize = 1 << 15;
 /// Arithmetic of a compute type.
 pub(crate) trait Scalar: Copy + Send + Sync + PartialOrd + 'static {
     const IS_FLOAT: bool;
+    /// The exact intermediate of this compute type (Note [Exact integers]).
+    type Wide: Wide;
     fn from_f64(v: f64) -> Self;
     fn to_f64(self) -> f64;
+    /// `v` as Rust's `as` converts it (wrapping for integers, rounded to nearest for floats).
+    fn from_i64(v: i64) -> Self;
+    /// The value in [`Scalar::Wide`], exactly.
+    fn widen(self) -> Self::Wide;
     fn unary(op: UnaryOp, x: Self) -> Self;
     fn binary(op: BinaryOp, a: Self, b: Self) -> Self;
 }
@@ -34,12 +47,21 @@ macro_rules! float_scalar {
     ($t:ty) => {
         impl Scalar for $t {
             const IS_FLOAT: bool = true;
+            type Wide = f64;
             #[inline]
             fn from_f64(v: f64) -> Self {
                 v as $t
             }
             #[inline]
             fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline]
+            fn from_i64(v: i64) -> Self {
+                v as $t
+            }
+            #[inline]
+            fn widen(self) -> f64 {
                 self as f64
             }
             #[inline]
@@ -93,6 +115,7 @@ float_scalar!(f64);
 
 impl Scalar for i64 {
     const IS_FLOAT: bool = false;
+    type Wide = i64;
     #[inline]
     fn from_f64(v: f64) -> Self {
         v as i64
@@ -100,6 +123,14 @@ impl Scalar for i64 {
     #[inline]
     fn to_f64(self) -> f64 {
         self as f64
+    }
+    #[inline]
+    fn from_i64(v: i64) -> Self {
+        v
+    }
+    #[inline]
+    fn widen(self) -> i64 {
+        self
     }
     #[inline]
     fn unary(op: UnaryOp, x: Self) -> Self {
@@ -124,6 +155,82 @@ impl Scalar for i64 {
             BinaryOp::Maximum => a.max(b),
             BinaryOp::Minimum => a.min(b),
         }
+    }
+}
+
+/// The exact intermediate of values crossing dtypes: `f64` for floats, `i64` for integers
+/// and bool (Note [Exact integers]).
+pub(crate) trait Wide: Pod + PartialOrd {
+    /// `0`.
+    const ZERO: Self;
+    /// `self + o` (wrapping for `i64`, as PyTorch's integer sums).
+    fn add(self, o: Self) -> Self;
+    /// Whether this is NaN (never for `i64`).
+    fn is_nan(self) -> bool;
+    /// `self / count` (a mean; integer means are rejected before any kernel).
+    fn div_count(self, count: usize) -> Self;
+    /// An element index (argmax) as this type.
+    fn from_index(i: usize) -> Self;
+    /// `1` for non-zero (NaN included), else `0`: the value as a bool.
+    fn to_bool(self) -> Self;
+    /// The value stored as `O`: from `f64` as [`Scalar::from_f64`] converts, from `i64` as
+    /// [`Scalar::from_i64`] (so int → int wraps, as a C++ cast).
+    fn store<O: Num>(self) -> O;
+}
+
+impl Wide for f64 {
+    const ZERO: f64 = 0.0;
+    #[inline]
+    fn add(self, o: f64) -> f64 {
+        self + o
+    }
+    #[inline]
+    fn is_nan(self) -> bool {
+        f64::is_nan(self)
+    }
+    #[inline]
+    fn div_count(self, count: usize) -> f64 {
+        self / count as f64
+    }
+    #[inline]
+    fn from_index(i: usize) -> f64 {
+        i as f64
+    }
+    #[inline]
+    fn to_bool(self) -> f64 {
+        f64::from(u8::from(self != 0.0))
+    }
+    #[inline]
+    fn store<O: Num>(self) -> O {
+        O::from_c(<O::C as Scalar>::from_f64(self))
+    }
+}
+
+impl Wide for i64 {
+    const ZERO: i64 = 0;
+    #[inline]
+    fn add(self, o: i64) -> i64 {
+        self.wrapping_add(o)
+    }
+    #[inline]
+    fn is_nan(self) -> bool {
+        false
+    }
+    #[inline]
+    fn div_count(self, count: usize) -> i64 {
+        i64::try_from(count).map_or(0, |c| self.checked_div(c).unwrap_or(0))
+    }
+    #[inline]
+    fn from_index(i: usize) -> i64 {
+        i as i64
+    }
+    #[inline]
+    fn to_bool(self) -> i64 {
+        i64::from(self != 0)
+    }
+    #[inline]
+    fn store<O: Num>(self) -> O {
+        O::from_c(<O::C as Scalar>::from_i64(self))
     }
 }
 
@@ -326,8 +433,6 @@ impl DeviceKernels for CpuKernels {
     }
 }
 
-/// A stored element as `f64`.
-#[inline]
 /// `torch.arange` into the dense host tensor `dst`: element `i` is `start + i * step`.
 pub(crate) fn arange(dst: View<'_>, start: f64, step: f64) -> Result<()> {
     elementwise::arange(dst, start, step)
@@ -359,6 +464,8 @@ pub(crate) fn try_vec<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
     try_collect(n, std::iter::repeat_n(value, n))
 }
 
+/// A stored element as `f64`.
+#[inline]
 pub(crate) fn num_to_f64<T: Num>(x: T) -> f64 {
     x.to_c().to_f64()
 }

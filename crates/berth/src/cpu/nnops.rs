@@ -61,8 +61,13 @@ pub(crate) fn softmax(dst: View<'_>, src: View<'_>, log: bool) -> Result<()> {
     Ok(())
 }
 
+/// PyTorch's default `ignore_index` of `F.cross_entropy`: rows with this target are skipped.
+pub(crate) const IGNORE_INDEX: i64 = -100;
+
 /// Mean cross-entropy (`backward == false`, into a 0-dim `dst`) or its gradient w.r.t. the
-/// logits (`backward == true`, into `[N, C]`).
+/// logits (`backward == true`, into `[N, C]`). Rows whose target is [`IGNORE_INDEX`] add no
+/// loss and get a zero gradient, and the mean is over the other rows (NaN when there are
+/// none), as PyTorch's `ignore_index=-100`.
 pub(crate) fn cross_entropy(
     dst: View<'_>,
     logits: View<'_>,
@@ -82,14 +87,19 @@ pub(crate) fn cross_entropy(
         targets.layout.numel(),
         targets.layout.indices().map(|i| t.typed::<i64>()[i]),
     )?;
-    if let Some(&bad) = tg.iter().find(|&&v| v < 0 || v as usize >= classes) {
+    if let Some(&bad) = tg
+        .iter()
+        .find(|&&v| v != IGNORE_INDEX && (v < 0 || v as usize >= classes))
+    {
         return Err(Error::InvalidArgument {
             op,
             what: format!(
-                "Target {bad} is out of bounds: expected class indices in [0, {classes})"
+                "Target {bad} is out of bounds: expected class indices in [0, {classes}), or {IGNORE_INDEX} (ignore_index) to skip a sample"
             ),
         });
     }
+    // The mean is over the rows that are not ignored.
+    let counted = tg.iter().filter(|&&v| v != IGNORE_INDEX).count() as f64;
     let mut w = dst.storage.write_host(op)?;
     let off = dst.layout.offset();
     let parallel = batch * classes >= PAR_MIN;
@@ -101,13 +111,17 @@ pub(crate) fn cross_entropy(
             // one `exp` an element (the log-sum-exp form took two and a `ln`, and most of
             // the 18 µs of the main job's `[64, 10]`).
             let body = |e: &mut Vec<f64>, (r, row): (usize, &mut [T])| {
+                if tg[r] == IGNORE_INDEX {
+                    row.fill(T::default());
+                    return;
+                }
                 let v = |j: usize| x[starts[r] + j * stride].to_c().to_f64();
                 let max = (0..classes).map(v).fold(f64::NEG_INFINITY, f64::max);
                 e.clear();
                 e.extend((0..classes).map(|j| (v(j) - max).exp()));
                 let sum: f64 = e.iter().sum();
                 for (j, (o, &ej)) in row.iter_mut().zip(e.iter()).enumerate() {
-                    let g = (ej / sum - f64::from(u8::from(j as i64 == tg[r]))) / batch as f64;
+                    let g = (ej / sum - f64::from(u8::from(j as i64 == tg[r]))) / counted;
                     *o = T::from_c(<T as Num>::C::from_f64(g));
                 }
             };
@@ -123,6 +137,9 @@ pub(crate) fn cross_entropy(
             }
         } else {
             let loss = |r: usize| {
+                if tg[r] == IGNORE_INDEX {
+                    return 0.0;
+                }
                 let (max, lse) = row_stats(x, starts[r], classes, stride);
                 max + lse - x[starts[r] + tg[r] as usize * stride].to_c().to_f64()
             };
@@ -131,8 +148,8 @@ pub(crate) fn cross_entropy(
             } else {
                 (0..batch).map(loss).sum()
             };
-            // PyTorch: the mean over an empty batch is NaN.
-            w.typed_mut::<T>()[off] = T::from_c(<T as Num>::C::from_f64(total / batch as f64));
+            // PyTorch: the mean over an empty batch, or one whose every row is ignored, is NaN.
+            w.typed_mut::<T>()[off] = T::from_c(<T as Num>::C::from_f64(total / counted));
         }
     });
     Ok(())

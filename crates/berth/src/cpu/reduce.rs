@@ -1,29 +1,38 @@
 //! Reductions (sum, mean, max, min, argmax) over any set of dimensions.
 //!
-//! Values are accumulated in `f64` (integer sums are exact up to 2^53); NaN propagates through
-//! max/min/argmax and the first index wins ties, as PyTorch on the CPU.
+//! Values are accumulated in their [`Wide`] type (Note [Exact integers]): floats in `f64`,
+//! integers and bool in `i64`, whose sums wrap as PyTorch's int64 sums do and whose max, min
+//! and argmax compare exactly. NaN propagates through max/min/argmax and the first index
+//! wins ties, as PyTorch on the CPU.
 
 use rayon::prelude::*;
 
-use super::{with_repr, In, Num, Scalar, PAR_MIN};
+use super::{with_repr, In, Num, Scalar, Wide, PAR_MIN};
 use crate::device_kernels::View;
 use crate::ops::ReduceOp;
+use crate::storage::HostWrite;
 use crate::{Layout, Result};
 
 const NONE: usize = usize::MAX;
 
+/// The accumulator of a source element type.
+type Acc<T> = <<T as Num>::C as Scalar>::Wide;
+
 #[derive(Clone, Copy)]
-struct State {
-    acc: f64,
+struct State<W> {
+    acc: W,
     idx: usize,
 }
 
 #[inline]
-fn init(op: ReduceOp) -> State {
+fn init<W: Wide>(op: ReduceOp) -> State<W> {
     match op {
-        ReduceOp::Sum | ReduceOp::Mean => State { acc: 0.0, idx: 0 },
+        ReduceOp::Sum | ReduceOp::Mean => State {
+            acc: W::ZERO,
+            idx: 0,
+        },
         _ => State {
-            acc: 0.0,
+            acc: W::ZERO,
             idx: NONE,
         },
     }
@@ -31,7 +40,7 @@ fn init(op: ReduceOp) -> State {
 
 /// Whether `new` replaces `cur` for max-like (`max == true`) or min-like selection.
 #[inline]
-fn better(cur: State, new: State, max: bool) -> bool {
+fn better<W: Wide>(cur: State<W>, new: State<W>, max: bool) -> bool {
     if new.idx == NONE {
         return false;
     }
@@ -50,10 +59,10 @@ fn better(cur: State, new: State, max: bool) -> bool {
 }
 
 #[inline]
-fn step(op: ReduceOp, s: State, v: f64, i: usize) -> State {
+fn step<W: Wide>(op: ReduceOp, s: State<W>, v: W, i: usize) -> State<W> {
     match op {
         ReduceOp::Sum | ReduceOp::Mean => State {
-            acc: s.acc + v,
+            acc: s.acc.add(v),
             idx: 0,
         },
         ReduceOp::Max | ReduceOp::ArgMax => {
@@ -74,10 +83,10 @@ fn step(op: ReduceOp, s: State, v: f64, i: usize) -> State {
 }
 
 #[inline]
-fn combine(op: ReduceOp, l: State, r: State) -> State {
+fn combine<W: Wide>(op: ReduceOp, l: State<W>, r: State<W>) -> State<W> {
     match op {
         ReduceOp::Sum | ReduceOp::Mean => State {
-            acc: l.acc + r.acc,
+            acc: l.acc.add(r.acc),
             idx: 0,
         },
         ReduceOp::Max | ReduceOp::ArgMax => {
@@ -98,38 +107,38 @@ fn combine(op: ReduceOp, l: State, r: State) -> State {
 }
 
 #[inline]
-fn finish(op: ReduceOp, s: State, count: usize) -> f64 {
+fn finish<W: Wide>(op: ReduceOp, s: State<W>, count: usize) -> W {
     match op {
         ReduceOp::Sum => s.acc,
-        ReduceOp::Mean => s.acc / count as f64,
+        ReduceOp::Mean => s.acc.div_count(count),
         ReduceOp::Max | ReduceOp::Min => s.acc,
-        ReduceOp::ArgMax => s.idx as f64,
+        ReduceOp::ArgMax => W::from_index(s.idx),
     }
 }
 
-fn fold_slice<T: Num>(op: ReduceOp, xs: &[T], base: usize) -> State {
+fn fold_slice<T: Num>(op: ReduceOp, xs: &[T], base: usize) -> State<Acc<T>> {
     xs.iter().enumerate().fold(init(op), |s, (i, x)| {
-        step(op, s, x.to_c().to_f64(), base + i)
+        step(op, s, x.to_c().widen(), base + i)
     })
 }
 
 /// `out[j] = Σ_r xs[r·inner + j]` for a dense `[rows, inner]` source (`inner = out.len()`):
 /// the sum over leading dimensions (a bias gradient's `sum_dim(0)`), added one source row at a
 /// time so the loop runs along contiguous memory and vectorises. Each output sums its
-/// elements in the same order (rows ascending, in f64) as the strided walk, so the result is
-/// the same to the bit; wide outputs are split over rayon by column blocks.
-fn sum_leading<T: Num>(out: &mut [f64], xs: &[T], rows: usize) {
+/// elements in the same order (rows ascending, in the [`Wide`] type) as the strided walk, so
+/// the result is the same to the bit; wide outputs are split over rayon by column blocks.
+fn sum_leading<T: Num>(out: &mut [Acc<T>], xs: &[T], rows: usize) {
     let inner = out.len();
-    out.fill(0.0);
+    out.fill(Acc::<T>::ZERO);
     if inner == 0 {
         return;
     }
-    let block = |(c, o): (usize, &mut [f64])| {
+    let block = |(c, o): (usize, &mut [Acc<T>])| {
         let j0 = c * COLUMN_BLOCK;
         for r in 0..rows {
             let row = &xs[r * inner + j0..r * inner + j0 + o.len()];
             for (acc, x) in o.iter_mut().zip(row) {
-                *acc += x.to_c().to_f64();
+                *acc = acc.add(x.to_c().widen());
             }
         }
     };
@@ -148,7 +157,7 @@ const COLUMN_BLOCK: usize = 1 << 10;
 /// and kept) cannot be had.
 fn reduce_typed<T: Num>(
     op: ReduceOp,
-    out: &mut [f64],
+    out: &mut [Acc<T>],
     src: &[T],
     l: &Layout,
     dims: &[usize],
@@ -156,7 +165,6 @@ fn reduce_typed<T: Num>(
     let rank = l.rank();
     let kept: Vec<usize> = (0..rank).filter(|d| !dims.contains(d)).collect();
     let count: usize = dims.iter().map(|&d| l.shape()[d]).product();
-    let write = |v: f64| v;
     if kept.is_empty() && l.is_contiguous() {
         // Full reduction of a dense tensor: parallel over chunks of the slice.
         let xs = &src[l.offset()..l.offset() + count];
@@ -168,14 +176,14 @@ fn reduce_typed<T: Num>(
         } else {
             fold_slice(op, xs, 0)
         };
-        out[0] = write(finish(op, s, count));
+        out[0] = finish(op, s, count);
         return Ok(());
     }
     let leading = dims.len() < rank && dims.iter().enumerate().all(|(i, &d)| d == i);
     if leading && l.is_contiguous() && matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
         sum_leading(out, &src[l.offset()..l.offset() + l.numel()], count);
         out.iter_mut()
-            .for_each(|o| *o = write(finish(op, State { acc: *o, idx: 0 }, count)));
+            .for_each(|o| *o = finish(op, State { acc: *o, idx: 0 }, count));
         return Ok(());
     }
     let pick = |ds: &[usize], v: &[usize]| ds.iter().map(|&d| v[d]).collect::<Vec<_>>();
@@ -186,9 +194,9 @@ fn reduce_typed<T: Num>(
     let one = |o: usize| {
         let base = starts[o];
         let s = red.iter().enumerate().fold(init(op), |s, (i, &r)| {
-            step(op, s, src[base + r].to_c().to_f64(), i)
+            step(op, s, src[base + r].to_c().widen(), i)
         });
-        write(finish(op, s, count))
+        finish(op, s, count)
     };
     if starts.len() * count >= PAR_MIN && starts.len() > 1 {
         out.par_iter_mut()
@@ -204,14 +212,22 @@ pub(crate) fn reduce(op: ReduceOp, dst: View<'_>, src: View<'_>, dims: &[usize])
     let s = In::new(src, op.name())?;
     let mut w = dst.storage.write_host(op.name())?;
     let n = dst.layout.numel();
-    let off = dst.layout.offset();
-    // Values go through f64: one dispatch on the source, one on the destination.
-    let mut vals = super::try_vec(n, 0f64)?;
-    with_repr!(src.dtype, T => reduce_typed::<T>(op, &mut vals, s.typed::<T>(), src.layout, dims))?;
-    with_repr!(dst.dtype, O => {
-        for (o, &x) in w.typed_mut::<O>()[off..off + n].iter_mut().zip(&vals) {
-            *o = O::from_c(<O as Num>::C::from_f64(x));
-        }
+    // Values go through the source's `Wide` type: one dispatch on the source, one on the
+    // destination for each of the two `Wide` types.
+    with_repr!(src.dtype, T => {
+        let mut vals = super::try_vec(n, Acc::<T>::ZERO)?;
+        reduce_typed::<T>(op, &mut vals, s.typed::<T>(), src.layout, dims)?;
+        store(&mut w, dst, &vals);
     });
     Ok(())
+}
+
+/// Writes `vals` into the dense `dst`, converted to its dtype ([`Wide::store`]).
+fn store<W: Wide>(w: &mut HostWrite<'_>, dst: View<'_>, vals: &[W]) {
+    let (off, n) = (dst.layout.offset(), dst.layout.numel());
+    with_repr!(dst.dtype, O => {
+        for (o, &x) in w.typed_mut::<O>()[off..off + n].iter_mut().zip(vals) {
+            *o = x.store::<O>();
+        }
+    });
 }

@@ -56,11 +56,11 @@ impl Linear {
             dist,
             g,
         )?
-        .with_requires_grad(true);
+        .with_requires_grad(true)?;
         let bias = if bias {
             Some(
                 Tensor::random_op("Linear", &[out_features], dtype, device, dist, g)?
-                    .with_requires_grad(true),
+                    .with_requires_grad(true)?,
             )
         } else {
             None

@@ -81,10 +81,16 @@ pub trait Module {
 
     /// Copy values from `state` into the parameters (strict, as PyTorch's default): every
     /// parameter must be present with the same shape and no extra key may exist. Values are
-    /// converted to each parameter's dtype and device. Nothing is changed when a check fails.
+    /// converted to each parameter's dtype and device. Nothing is changed when a check fails:
+    /// the keys, the shapes, and what a copy would refuse (a meta value for a parameter with
+    /// memory, a parameter whose elements share memory) are checked for every parameter
+    /// before the first is written. Only a device failure during the copies themselves (out
+    /// of memory for a converted value, a failed transfer) can leave some parameters written.
     ///
     /// # Errors
-    /// [`Error::MissingKey`], [`Error::UnexpectedKeys`], [`Error::StateDictShape`].
+    /// [`Error::MissingKey`], [`Error::UnexpectedKeys`], [`Error::StateDictShape`];
+    /// [`Error::MetaNoData`] for a meta value and a parameter with memory;
+    /// [`Error::InternalOverlap`]; device errors.
     fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
         let params = self.named_parameters();
         for (name, p) in &params {
@@ -110,13 +116,26 @@ pub trait Module {
         if !unexpected.is_empty() {
             return Err(Error::UnexpectedKeys { keys: unexpected });
         }
-        drop(params);
-        for (name, p) in self.named_parameters_mut() {
-            let s = &state[&name];
-            let src = s.to(p.device(), p.dtype(), false, false)?;
+        // What the copies could refuse is checked for every parameter before the first write
+        // (values are converted one at a time below, so a device model never holds two
+        // copies of its parameters).
+        for (name, p) in &params {
             if p.device().is_meta() {
                 continue;
             }
+            if state[name].device().is_meta() {
+                return Err(Error::MetaNoData {
+                    op: "load_state_dict",
+                });
+            }
+            crate::ops::infer::no_internal_overlap("load_state_dict", p)?;
+        }
+        drop(params);
+        for (name, p) in self.named_parameters_mut() {
+            if p.device().is_meta() {
+                continue;
+            }
+            let src = state[&name].to(p.device(), p.dtype(), false, false)?;
             p.copy_(&src)?;
         }
         Ok(())

@@ -158,15 +158,69 @@ pub fn binary(
     Ok((broadcast_shapes(a.shape(), b.shape(), op)?, dtype))
 }
 
-/// Output dtype of a tensor–scalar op.
+/// The dtype checks of a tensor–scalar op on the tensor's own dtype (float-only ops, bool
+/// `sub`); the dtype it computes in is [`scalar_result`]'s.
 ///
 /// # Errors
-/// Float-only ops on integers.
+/// Float-only ops on integers ([`Error::UnsupportedDType`]); [`Error::BoolArithmetic`] as
+/// [`kernel_op`].
 pub fn scalar(op: BinaryOp, a: &Tensor) -> Result<DType> {
     if op.float_only() {
         require_float(op.name(), a.dtype())?;
     }
+    kernel_op(op, a.dtype(), true)?;
     Ok(a.dtype())
+}
+
+/// `s` as an `i64` when it is an integer in `i64`'s range (`[-2^63, 2^63)`), the values a
+/// Python int scalar of PyTorch's can have; `None` for a fraction, NaN, ±inf or an integral
+/// value past that range.
+pub fn integral_i64(s: f64) -> Option<i64> {
+    // 2^63 is exact in f64; `i64::MAX as f64` would round up to it.
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0;
+    (s.fract() == 0.0 && (-LIMIT..LIMIT).contains(&s)).then_some(s as i64)
+}
+
+/// The dtype a tensor–scalar op on a tensor of `dtype` computes in and returns, by
+/// PyTorch's type promotion with a Python scalar.
+///
+/// Note [Scalar promotion]: berth's scalars are `f64`, so an integral value in `i64`'s range
+/// ([`integral_i64`]) stands for a Python int and any other (a fraction, NaN, ±inf, or
+/// beyond `i64`) for a Python float. A float tensor keeps its dtype (the scalar is
+/// converted to it). An integer or bool tensor keeps its dtype with an int scalar, which
+/// then wraps into it as PyTorch's does (`u8 [1] + 300` is `[45]`); with a float scalar the
+/// result is PyTorch's default float dtype, `f32` (`torch.tensor([1]) + 0.5` is
+/// `tensor([1.5])`): the tensor is converted to `f32` first, then the op runs there. An
+/// in-place op cannot change its tensor's dtype, so there that is
+/// [`Error::ResultTypeCast`] ([`scalar_inplace`]). A bool tensor with an int scalar stays
+/// bool (`add` is logical or with `s != 0`, see [`kernel_scalar`]), where PyTorch would give
+/// int64.
+pub fn scalar_result(dtype: DType, s: f64) -> DType {
+    if !dtype.is_float() && integral_i64(s).is_none() {
+        DType::F32
+    } else {
+        dtype
+    }
+}
+
+/// Check that an in-place tensor–scalar op can write its result into the tensor's dtype
+/// (Note [Scalar promotion]), after [`scalar`]'s checks.
+///
+/// # Errors
+/// As [`scalar`]; [`Error::ResultTypeCast`] for an integer or bool tensor and a scalar that is
+/// not an `i64` integer (PyTorch: "result type Float can't be cast to the desired output type
+/// Long").
+pub fn scalar_inplace(op: BinaryOp, a: &Tensor, s: f64) -> Result<DType> {
+    let dtype = scalar(op, a)?;
+    let result = scalar_result(dtype, s);
+    if result != dtype {
+        return Err(Error::ResultTypeCast {
+            op: op.name(),
+            result,
+            output: dtype,
+        });
+    }
+    Ok(dtype)
 }
 
 /// A reduction plan: the wrapped, sorted dims, the output shape without and with keepdim, and
@@ -183,17 +237,18 @@ pub struct ReducePlan {
     pub dtype: DType,
 }
 
-/// Plan a reduction over `dims` (`None`: all dimensions).
+/// Plan a reduction over `dims` (`None`, or an empty list: all dimensions, as PyTorch's
+/// `x.sum(dim=[])`, `x.mean(dim=[])` and `x.amax(dim=[])`, which reduce everything).
 ///
 /// # Errors
 /// Dims out of range or repeated; mean of an integer tensor; max/argmax over an empty region.
 pub fn reduce(op: ReduceOp, a: &Tensor, dims: Option<&[isize]>) -> Result<ReducePlan> {
     let rank = a.rank();
     let mut ds: Vec<usize> = match dims {
-        None => (0..rank).collect(),
+        None | Some([]) => (0..rank).collect(),
         Some(d) => d
             .iter()
-            .map(|&d| wrap_dim(d, rank.max(1), op.name()))
+            .map(|&d| wrap_dim(d, rank, op.name()))
             .collect::<Result<_>>()?,
     };
     if rank == 0 {

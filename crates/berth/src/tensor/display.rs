@@ -31,43 +31,82 @@ const PRECISION: usize = 4;
 /// PyTorch's `linewidth`.
 const LINEWIDTH: usize = 80;
 
+/// One value as read for printing: floats as `f64`, integers and bool exactly as `i64`
+/// (an `f64` would print `2^53 + 1` as `9007199254740992`).
+#[derive(Clone, Copy)]
+enum Val {
+    F(f64),
+    I(i64),
+}
+
+impl Val {
+    fn as_f64(self) -> f64 {
+        match self {
+            Val::F(v) => v,
+            Val::I(v) => v as f64,
+        }
+    }
+}
+
 /// A tensor's values as read for printing: nested rows, `None` for a summarised gap.
 enum Node {
     /// The entries of a last dimension.
-    Row(Vec<Option<f64>>),
+    Row(Vec<Option<Val>>),
     /// The sub-tensors of an outer dimension.
     Dims(Vec<Option<Node>>),
+}
+
+/// Every element of `t`, in row-major order.
+fn vals_of(t: &Tensor) -> crate::Result<Vec<Val>> {
+    if t.dtype().is_float() {
+        return Ok(t.to_vec_f64()?.into_iter().map(Val::F).collect());
+    }
+    // Converted on the host, as the values are read there anyway.
+    let v = t.cpu()?.to_dtype(DType::I64)?.to_vec::<i64>()?;
+    Ok(v.into_iter().map(Val::I).collect())
+}
+
+/// The indices of a dimension of size `n` that are printed: all of them, or only the
+/// first and last [`EDGE`] when `summarise` (with `None` for the gap). Only these are
+/// visited, so a dimension of 2^40 (an `expand`ed view) prints at once.
+fn kept(n: usize, summarise: bool) -> Vec<Option<usize>> {
+    if !summarise || n <= 2 * EDGE {
+        return (0..n).map(Some).collect();
+    }
+    (0..EDGE)
+        .map(Some)
+        .chain(std::iter::once(None))
+        .chain((n - EDGE..n).map(Some))
+        .collect()
 }
 
 /// Reads `t` (rank ≥ 1) for printing, keeping only the edges of long dimensions when
 /// `summarise`.
 fn read(t: &Tensor, summarise: bool) -> crate::Result<Node> {
     let n = t.shape()[0];
-    let keep = |i: usize| !summarise || n <= 2 * EDGE || i < EDGE || i >= n - EDGE;
     if t.rank() == 1 {
         if summarise && n > 2 * EDGE {
-            let head = t.narrow(0, 0, EDGE)?.to_vec_f64()?;
-            let tail = t.narrow(0, n - EDGE, EDGE)?.to_vec_f64()?;
-            let mut row: Vec<Option<f64>> = head.into_iter().map(Some).collect();
+            let head = vals_of(&t.narrow(0, 0, EDGE)?)?;
+            let tail = vals_of(&t.narrow(0, n - EDGE, EDGE)?)?;
+            let mut row: Vec<Option<Val>> = head.into_iter().map(Some).collect();
             row.push(None);
             row.extend(tail.into_iter().map(Some));
             return Ok(Node::Row(row));
         }
-        return Ok(Node::Row(t.to_vec_f64()?.into_iter().map(Some).collect()));
+        return Ok(Node::Row(vals_of(t)?.into_iter().map(Some).collect()));
     }
     let mut dims = Vec::new();
-    for i in 0..n {
-        if keep(i) {
-            dims.push(Some(read(&t.select(0, i)?, summarise)?));
-        } else if i == EDGE {
-            dims.push(None);
-        }
+    for i in kept(n, summarise) {
+        dims.push(match i {
+            Some(i) => Some(read(&t.select(0, i)?, summarise)?),
+            None => None,
+        });
     }
     Ok(Node::Dims(dims))
 }
 
 /// Every value of `node`, for choosing the common format.
-fn values(node: &Node, out: &mut Vec<f64>) {
+fn values(node: &Node, out: &mut Vec<Val>) {
     match node {
         Node::Row(r) => out.extend(r.iter().flatten()),
         Node::Dims(d) => d.iter().flatten().for_each(|n| values(n, out)),
@@ -86,14 +125,18 @@ enum Style {
 }
 
 impl Style {
-    fn choose(dtype: DType, vals: &[f64]) -> Style {
+    fn choose(dtype: DType, vals: &[Val]) -> Style {
         if dtype == DType::Bool {
             return Style::Bool;
         }
         if !dtype.is_float() {
             return Style::Int;
         }
-        let finite: Vec<f64> = vals.iter().copied().filter(|v| v.is_finite()).collect();
+        let finite: Vec<f64> = vals
+            .iter()
+            .map(|v| v.as_f64())
+            .filter(|v| v.is_finite())
+            .collect();
         let nonzero: Vec<f64> = finite
             .iter()
             .map(|v| v.abs())
@@ -114,7 +157,14 @@ impl Style {
         }
     }
 
-    fn write(self, v: f64) -> String {
+    fn write(self, v: Val) -> String {
+        let v = match v {
+            Val::I(i) if matches!(self, Style::Int) => return i.to_string(),
+            Val::I(i) if matches!(self, Style::Bool) => {
+                return if i != 0 { "True" } else { "False" }.into()
+            }
+            v => v.as_f64(),
+        };
         if v.is_nan() {
             return "nan".into();
         }
@@ -242,7 +292,7 @@ impl fmt::Display for Tensor {
             return write!(f, "{OPEN}[]{})", suffixes(self, &extra));
         }
         let body = if self.rank() == 0 {
-            self.to_vec_f64().map(|v| {
+            vals_of(self).map(|v| {
                 let style = Style::choose(self.dtype(), &v);
                 style.write(v[0])
             })
@@ -256,7 +306,7 @@ impl fmt::Display for Tensor {
                 let float = self.dtype().is_float();
                 let width = vals
                     .iter()
-                    .filter(|v| !float || (v.is_finite() && **v != 0.0))
+                    .filter(|v| !float || (v.as_f64().is_finite() && v.as_f64() != 0.0))
                     .map(|&v| style.write(v).len())
                     .max()
                     .unwrap_or(1);

@@ -13,8 +13,12 @@ impl Tensor {
     /// be negative (counted from the end). On CUDA the gather is one kernel, so a batch can
     /// be gathered on the device from a data set kept there.
     ///
+    /// A 0-d `self` takes `dim` 0 or -1 and a one-element index (0), and gives a 0-d
+    /// result, as PyTorch.
+    ///
     /// # Errors
-    /// [`Error::DimOutOfRange`]; [`Error::UnsupportedDType`] for an index that is not `i64`;
+    /// [`Error::DimOutOfRange`]; [`Error::InvalidArgument`] for a 0-d `self` and an index of
+    /// other than one element; [`Error::UnsupportedDType`] for an index that is not `i64`;
     /// [`Error::Shape`] for an index of more than one dimension; [`Error::DeviceMismatch`];
     /// on the CPU [`Error::IndexOutOfRange`] (or [`Error::InvalidArgument`] for a negative
     /// index). CUDA indices are not read back (that would be a sync): one outside the
@@ -32,6 +36,20 @@ impl Tensor {
     pub fn index_select(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
         let op = "index_select";
         let d = wrap_dim(dim, self.dim(), op)?;
+        if self.dim() == 0 {
+            // A 0-d tensor is indexed as the one element of dimension 0 (`dim` 0 or -1): the
+            // index must hold one value, 0, and the result is 0-d, as PyTorch's.
+            if index.numel() != 1 {
+                return Err(Error::InvalidArgument {
+                    op,
+                    what: format!(
+                        "index_select(): Index to scalar can have only 1 value, got {} value(s)",
+                        index.numel()
+                    ),
+                });
+            }
+            return self.reshape(&[1])?.index_select(0, index)?.reshape(&[]);
+        }
         infer::same_device(op, self, index)?;
         if index.dtype() != DType::I64 {
             return Err(Error::UnsupportedDType {

@@ -61,7 +61,7 @@ impl Tensor {
     }
 
     fn scalar_(&self, op: BinaryOp, s: f64) -> Result<()> {
-        let dtype = infer::scalar(op, self)?;
+        let dtype = infer::scalar_inplace(op, self, s)?;
         let kop = infer::kernel_op(op, dtype, true)?;
         let s = infer::kernel_scalar(s, dtype);
         infer::no_internal_overlap(op.name(), self)?;
@@ -100,9 +100,13 @@ impl Tensor {
     pub fn div_(&self, rhs: &Tensor) -> Result<()> {
         self.binary_(BinaryOp::Div, rhs)
     }
-    /// `self += s` (`s` converted to the dtype; for bool logical or with `s != 0`).
+    /// `self += s` (`s` converted to the dtype; for bool logical or with `s != 0`; an
+    /// integral `s` wraps into an integer dtype, as PyTorch's).
     ///
     /// # Errors
+    /// [`Error::ResultTypeCast`] for an integer or bool tensor and an `s` that is not an
+    /// integer in `i64`'s range (PyTorch: "result type Float can't be cast to the desired
+    /// output type Long"; [`Tensor::add_scalar`] returns the f32 result instead);
     /// [`Error::InternalOverlap`]; device errors.
     pub fn add_scalar_(&self, s: f64) -> Result<()> {
         self.scalar_(BinaryOp::Add, s)
@@ -110,7 +114,7 @@ impl Tensor {
     /// `self *= s` (`s` converted to the dtype; for bool logical and with `s != 0`).
     ///
     /// # Errors
-    /// [`Error::InternalOverlap`]; device errors.
+    /// As [`Tensor::add_scalar_`].
     pub fn mul_scalar_(&self, s: f64) -> Result<()> {
         self.scalar_(BinaryOp::Mul, s)
     }
@@ -122,10 +126,23 @@ impl Tensor {
     /// (`Note [Fused updates are exact]`).
     ///
     /// # Errors
-    /// As [`Tensor::add_`].
+    /// As [`Tensor::add_`]; [`Error::InvalidArgument`] for an integer or bool `self` and an
+    /// `alpha` that is not an integer (PyTorch: "For integral input tensors, argument alpha
+    /// must not be a floating point number.").
     pub fn add_scaled_(&self, other: &Tensor, alpha: f64) -> Result<()> {
         if alpha == 1.0 {
             return self.add_(other);
+        }
+        if !self.dtype().is_float() && infer::integral_i64(alpha).is_none() {
+            // PyTorch's `alpha_check` (else `other * alpha` would be f32: Note [Scalar
+            // promotion]).
+            return Err(Error::InvalidArgument {
+                op: "add_",
+                what: format!(
+                    "For integral input tensors, argument alpha must not be a floating point number (got {alpha}; the tensor is {})",
+                    self.dtype()
+                ),
+            });
         }
         let fused = matches!(self.dtype(), crate::DType::F32 | crate::DType::F64)
             && other.dtype() == self.dtype()

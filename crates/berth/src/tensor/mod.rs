@@ -200,16 +200,25 @@ impl Tensor {
         self.requires_grad
     }
 
-    /// Set the `requires_grad` flag on this handle (PyTorch's `requires_grad_`).
-    pub fn set_requires_grad(&mut self, requires_grad: bool) -> &mut Self {
+    /// Set the `requires_grad` flag on this handle (PyTorch's `requires_grad_`). Only
+    /// floating-point tensors can require gradients; clearing the flag always works.
+    ///
+    /// # Errors
+    /// [`crate::Error::UnsupportedDType`] for `true` on an integer or bool tensor (PyTorch:
+    /// "only Tensors of floating point dtype can require gradients").
+    pub fn set_requires_grad(&mut self, requires_grad: bool) -> Result<&mut Self> {
+        check_grad_dtype(self.dtype, requires_grad)?;
         self.requires_grad = requires_grad;
-        self
+        Ok(self)
     }
 
     /// The same tensor with `requires_grad` set (builder style).
-    pub fn with_requires_grad(mut self, requires_grad: bool) -> Tensor {
-        self.requires_grad = requires_grad;
-        self
+    ///
+    /// # Errors
+    /// As [`Tensor::set_requires_grad`].
+    pub fn with_requires_grad(mut self, requires_grad: bool) -> Result<Tensor> {
+        self.set_requires_grad(requires_grad)?;
+        Ok(self)
     }
 
     /// A view sharing storage with `requires_grad == false` (PyTorch's `detach()`): writes
@@ -246,6 +255,22 @@ impl Tensor {
         t.requires_grad = self.requires_grad;
         Ok(t)
     }
+}
+
+/// PyTorch's rule for `requires_grad`: only floating-point tensors can require gradients.
+///
+/// # Errors
+/// [`crate::Error::UnsupportedDType`] for `true` and a dtype that is not floating-point.
+fn check_grad_dtype(dtype: DType, requires_grad: bool) -> Result<()> {
+    if requires_grad && !dtype.is_float() {
+        return Err(crate::Error::UnsupportedDType {
+            op: "requires_grad_",
+            dtype,
+            expected:
+                "a floating dtype: only Tensors of floating point dtype can require gradients",
+        });
+    }
+    Ok(())
 }
 
 impl fmt::Debug for Tensor {

@@ -48,6 +48,11 @@ impl Tensor {
 
     pub(crate) fn scalar_op(&self, op: BinaryOp, s: f64, scalar_first: bool) -> Result<Tensor> {
         let dtype = infer::scalar(op, self)?;
+        let result = infer::scalar_result(dtype, s);
+        if result != dtype {
+            // Note [Scalar promotion]: an integer tensor and a float scalar compute in f32.
+            return self.to_dtype(result)?.scalar_op(op, s, scalar_first);
+        }
         let kop = infer::kernel_op(op, dtype, true)?;
         let s = infer::kernel_scalar(s, dtype);
         let out = alloc_tensor(self.device(), self.shape(), dtype, op.name())?;
@@ -143,26 +148,43 @@ impl Tensor {
 
     /// `self + s` (`s` converted to the dtype; on bool logical or with `s != 0`).
     ///
+    /// The result has `self`'s dtype, except for an integer or bool tensor and an `s` that is
+    /// not an integer in `i64`'s range (a fraction, NaN, ±inf, or beyond): then it is f32, as
+    /// PyTorch's `torch.tensor([1]) + 0.5` is `tensor([1.5])` (`Note [Scalar promotion]` in
+    /// [`crate::ops::infer`]). An integral `s` wraps into an integer dtype, as PyTorch's.
+    ///
     /// # Errors
     /// Device errors.
+    ///
+    /// # Examples
+    /// ```
+    /// use berth::{DType, Device, Tensor};
+    /// let x = Tensor::from_slice(&[1i64, 2], &[2], Device::Cpu)?;
+    /// assert_eq!(x.add_scalar(3.0)?.to_vec::<i64>()?, vec![4, 5]);
+    /// let y = x.add_scalar(0.5)?;
+    /// assert_eq!(y.dtype(), DType::F32);
+    /// assert_eq!(y.to_vec::<f32>()?, vec![1.5, 2.5]);
+    /// # Ok::<(), berth::Error>(())
+    /// ```
     pub fn add_scalar(&self, s: f64) -> Result<Tensor> {
         self.scalar_op(BinaryOp::Add, s, false)
     }
-    /// `self - s`.
+    /// `self - s` (the result's dtype as [`Tensor::add_scalar`]'s).
     ///
     /// # Errors
     /// [`Error::BoolArithmetic`] for bool; device errors.
     pub fn sub_scalar(&self, s: f64) -> Result<Tensor> {
         self.scalar_op(BinaryOp::Sub, s, false)
     }
-    /// `s - self` (`torch.rsub`).
+    /// `s - self` (`torch.rsub`; the result's dtype as [`Tensor::add_scalar`]'s).
     ///
     /// # Errors
     /// [`Error::BoolArithmetic`] for bool; device errors.
     pub fn rsub_scalar(&self, s: f64) -> Result<Tensor> {
         self.scalar_op(BinaryOp::Sub, s, true)
     }
-    /// `self * s` (`s` converted to the dtype; on bool logical and with `s != 0`).
+    /// `self * s` (`s` converted to the dtype; on bool logical and with `s != 0`; the
+    /// result's dtype as [`Tensor::add_scalar`]'s).
     ///
     /// # Errors
     /// Device errors.
@@ -271,21 +293,23 @@ impl Tensor {
     pub fn le(&self, rhs: &Tensor) -> Result<Tensor> {
         self.compare_op(CmpOp::Le, Some(rhs), 0.0)
     }
-    /// `self == s`.
+    /// `self == s`. On the CPU an integer tensor is compared exactly with an `s` that is an
+    /// integer in `i64`'s range (`2^53 + 1 != 2^53`), else in `f64`; a float tensor with `s`
+    /// converted to its dtype.
     ///
     /// # Errors
     /// Device errors.
     pub fn eq_scalar(&self, s: f64) -> Result<Tensor> {
         self.compare_op(CmpOp::Eq, None, s)
     }
-    /// `self > s`.
+    /// `self > s` (compared as [`Tensor::eq_scalar`]).
     ///
     /// # Errors
     /// Device errors.
     pub fn gt_scalar(&self, s: f64) -> Result<Tensor> {
         self.compare_op(CmpOp::Gt, None, s)
     }
-    /// `self < s`.
+    /// `self < s` (compared as [`Tensor::eq_scalar`]).
     ///
     /// # Errors
     /// Device errors.
@@ -293,7 +317,8 @@ impl Tensor {
         self.compare_op(CmpOp::Lt, None, s)
     }
 
-    /// Sum of all elements (0-dim; integers and bool sum to `i64`).
+    /// Sum of all elements (0-dim; integers and bool sum to `i64`, exactly and wrapping on
+    /// overflow as PyTorch's; floats are accumulated in `f64`).
     ///
     /// # Errors
     /// Device errors; [`crate::Error::HostOutOfMemory`] on the CPU when the offsets of the
@@ -308,7 +333,8 @@ impl Tensor {
     pub fn sum_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
         self.reduce_op(ReduceOp::Sum, Some(&[dim]), keepdim)
     }
-    /// Sum over several dims.
+    /// Sum over several dims (`x.sum(dims, keepdim)`). An empty `dims` sums over every
+    /// dimension, as PyTorch's `x.sum(dim=[])` (`tensor(6.)` for `ones(2, 3)`).
     ///
     /// # Errors
     /// Dims out of range or repeated.
@@ -443,8 +469,27 @@ impl Tensor {
     /// Mean cross-entropy of logits `[N, C]` against class indices `[N]` (`i64`), as
     /// `torch.nn.functional.cross_entropy` with `reduction='mean'`. 0-dim result.
     ///
+    /// A target of -100 (PyTorch's default `ignore_index`) skips its sample: the mean is over
+    /// the other samples, and NaN when every one is ignored, as PyTorch's. That holds on the
+    /// CPU. The CUDA kernel does not know `ignore_index`: there a target of -100, like any
+    /// other outside `[0, C)`, makes the loss NaN (the targets are not read back to the host
+    /// to check them, which would synchronise every training step); drop ignored samples
+    /// first (`index_select`) or compute the loss on the CPU.
+    ///
     /// # Errors
-    /// Shapes/dtypes (checked on every device); a target outside `[0, C)` (checked by the kernel).
+    /// Shapes/dtypes (checked on every device); on the CPU, a target outside `[0, C)` other
+    /// than -100 ([`Error::InvalidArgument`], "Target 5 is out of bounds").
+    ///
+    /// # Examples
+    /// ```
+    /// use berth::{Device, Tensor};
+    /// let logits = Tensor::from_slice(&[0.0f32, 0.0, 5.0, -5.0], &[2, 2], Device::Cpu)?;
+    /// let targets = Tensor::from_slice(&[1i64, -100], &[2], Device::Cpu)?;
+    /// // Only the first sample counts: -log(1/2).
+    /// let loss = logits.cross_entropy(&targets)?.item::<f32>()?;
+    /// assert!((loss - std::f32::consts::LN_2).abs() < 1e-6);
+    /// # Ok::<(), berth::Error>(())
+    /// ```
     pub fn cross_entropy(&self, targets: &Tensor) -> Result<Tensor> {
         infer::cross_entropy(self, targets)?;
         let out = alloc_tensor(self.device(), &[], self.dtype(), "cross_entropy")?;
@@ -454,7 +499,9 @@ impl Tensor {
         Ok(out)
     }
 
-    /// Gradient of [`Tensor::cross_entropy`] w.r.t. these logits: `(softmax − one_hot) / N`.
+    /// Gradient of [`Tensor::cross_entropy`] w.r.t. these logits: `(softmax − one_hot) / N`,
+    /// where on the CPU a sample whose target is -100 (`ignore_index`) gets a zero row and `N`
+    /// counts only the other samples, as PyTorch's (on CUDA, see [`Tensor::cross_entropy`]).
     ///
     /// # Errors
     /// As [`Tensor::cross_entropy`].

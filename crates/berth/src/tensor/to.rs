@@ -26,7 +26,9 @@ pub struct ToOptions {
 
 impl Tensor {
     /// Move and/or convert (`Tensor.to(device, dtype, non_blocking, copy)`); see the module
-    /// rules.
+    /// rules. The result keeps `requires_grad` unless `dtype` is not floating-point (only
+    /// floating-point tensors can require gradients, as in PyTorch). Integer to integer
+    /// conversions are exact and wrap as C++'s casts (`2^53 + 1` as i32 is 1).
     ///
     /// # Errors
     /// 1. The device cannot be used (out-of-range index, no CUDA, `mps`).
@@ -67,7 +69,9 @@ impl Tensor {
                 kernels_for(cuda_side, "to")?.transfer(&converted, target, non_blocking)?
             }
         };
-        out.requires_grad = self.requires_grad;
+        // A conversion to an integer or bool dtype is not differentiable: only floating-point
+        // tensors can require gradients, as in PyTorch.
+        out.requires_grad = self.requires_grad && dtype.is_float();
         Ok(out)
     }
 
@@ -162,8 +166,9 @@ impl Tensor {
     /// 1. [`Error::ElementType`] when `T` is not the tensor's dtype.
     /// 2. [`Error::MetaNoData`] for meta tensors
     ///    (<https://github.com/pytorch/pytorch/issues/119588>).
-    /// 3. [`Error::HostOutOfMemory`] when the host cannot hold the elements (an expanded
-    ///    tensor has as many as its shape says, whatever its storage).
+    /// 3. [`Error::StorageSizeOverflow`] when the elements would take more than `isize::MAX`
+    ///    bytes (an expanded tensor has as many as its shape says, whatever its storage);
+    ///    [`Error::HostOutOfMemory`] when the host cannot hold them.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         if self.dtype() != T::DTYPE {
             return Err(Error::ElementType {
@@ -172,6 +177,7 @@ impl Tensor {
                 requested: T::DTYPE,
             });
         }
+        crate::layout::checked_nbytes(self.shape(), self.dtype(), "to_vec")?;
         self.read_host("to_vec", |l, s| {
             crate::cpu::try_collect(l.numel(), l.indices().map(|i| T::from_repr(s[i])))
         })?
@@ -180,9 +186,10 @@ impl Tensor {
     /// The elements converted to `f64`, whatever the dtype.
     ///
     /// # Errors
-    /// [`Error::MetaNoData`] for meta tensors; [`Error::HostOutOfMemory`] as
-    /// [`Tensor::to_vec`].
+    /// [`Error::MetaNoData`] for meta tensors; [`Error::StorageSizeOverflow`] (8 bytes an
+    /// element) and [`Error::HostOutOfMemory`] as [`Tensor::to_vec`].
     pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
+        crate::layout::checked_nbytes(self.shape(), DType::F64, "to_vec")?;
         crate::cpu::with_repr!(self.dtype(), R => {
             self.read_host("to_vec", |l, s: &[R]| {
                 crate::cpu::try_collect(l.numel(), l.indices().map(|i| crate::cpu::num_to_f64(s[i])))
@@ -208,6 +215,10 @@ impl Tensor {
         }
         if self.dtype() == T::DTYPE {
             return Ok(self.to_vec::<T>()?[0]);
+        }
+        if !self.dtype().is_float() && !T::DTYPE.is_float() {
+            // Integer to integer exactly, wrapping as `to_dtype` (an f64 would round 2^53 + 1).
+            return Ok(self.cpu()?.to_dtype(T::DTYPE)?.to_vec::<T>()?[0]);
         }
         Ok(T::from_f64(self.to_vec_f64()?[0]))
     }

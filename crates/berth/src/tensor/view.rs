@@ -5,6 +5,22 @@ use super::Tensor;
 use crate::layout::{checked_numel, wrap_dim};
 use crate::{Error, Layout, Result};
 
+impl Tensor {
+    /// PyTorch's "`op`() cannot be applied to a 0-dim tensor." for ops that index a dimension.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for a 0-d tensor.
+    fn not_0d(&self, op: &'static str) -> Result<()> {
+        if self.rank() == 0 {
+            return Err(Error::Shape {
+                op,
+                what: format!("{op}() cannot be applied to a 0-dim tensor. (give it a dimension first: unsqueeze(0))"),
+            });
+        }
+        Ok(())
+    }
+}
+
 fn check_numel(op: &'static str, from: &[usize], to: &[usize]) -> Result<()> {
     let (a, b) = (from.iter().product::<usize>(), checked_numel(to, op)?);
     if a != b {
@@ -120,7 +136,7 @@ impl Tensor {
     /// # Errors
     /// [`Error::DimOutOfRange`].
     pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
-        let r = self.rank().max(1);
+        let r = self.rank();
         let (a, b) = (wrap_dim(d0, r, "transpose")?, wrap_dim(d1, r, "transpose")?);
         if self.rank() == 0 {
             return Ok(self.alias());
@@ -148,7 +164,7 @@ impl Tensor {
         let r = self.rank();
         let ds = dims
             .iter()
-            .map(|&d| wrap_dim(d, r.max(1), "permute"))
+            .map(|&d| wrap_dim(d, r, "permute"))
             .collect::<Result<Vec<_>>>()?;
         let mut seen = vec![false; r];
         let ok = ds.len() == r && ds.iter().all(|&d| !std::mem::replace(&mut seen[d], true));
@@ -164,8 +180,11 @@ impl Tensor {
     /// Elements `start..start + len` of dimension `dim` (`Tensor.narrow`). A view.
     ///
     /// # Errors
-    /// Dim out of range; `start + len` past the size.
+    /// [`Error::Shape`] for a 0-d tensor (PyTorch: "`narrow()` cannot be applied to a 0-dim
+    /// tensor."); [`Error::DimOutOfRange`]; [`Error::IndexOutOfRange`] for `start + len` past
+    /// the size.
     pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
+        self.not_0d("narrow")?;
         let d = wrap_dim(dim, self.rank(), "narrow")?;
         let size = self.shape()[d];
         if start.checked_add(len).is_none_or(|end| end > size) {
@@ -182,8 +201,10 @@ impl Tensor {
     /// Index `index` of dimension `dim`, removing that dimension (`Tensor.select`). A view.
     ///
     /// # Errors
-    /// Dim or index out of range.
+    /// [`Error::Shape`] for a 0-d tensor (PyTorch: "`select()` cannot be applied to a 0-dim
+    /// tensor."); [`Error::DimOutOfRange`]; [`Error::IndexOutOfRange`].
     pub fn select(&self, dim: isize, index: usize) -> Result<Tensor> {
+        self.not_0d("select")?;
         let d = wrap_dim(dim, self.rank(), "select")?;
         let size = self.shape()[d];
         if index >= size {
@@ -219,15 +240,16 @@ impl Tensor {
         self.with_layout(self.layout().squeeze(None))
     }
 
-    /// Remove dimension `dim` if its size is 1 (else unchanged, as PyTorch). A view.
+    /// Remove dimension `dim` if its size is 1 (else unchanged, as PyTorch). A view. A 0-d
+    /// tensor takes `dim` 0 or -1 and stays as it is, as PyTorch's.
     ///
     /// # Errors
-    /// [`Error::DimOutOfRange`].
+    /// [`Error::DimOutOfRange`] (for a 0-d tensor: outside `[-1, 0]`).
     pub fn squeeze_dim(&self, dim: isize) -> Result<Tensor> {
+        let d = wrap_dim(dim, self.rank(), "squeeze")?;
         if self.rank() == 0 {
             return Ok(self.alias());
         }
-        let d = wrap_dim(dim, self.rank(), "squeeze")?;
         Ok(self.with_layout(self.layout().squeeze(Some(d))))
     }
 

@@ -156,12 +156,18 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
 ///   with the next batch. A panic in `iter` or in the stream's `next`, in a worker, is caught and
 ///   reported at its batch ([`DataError::WorkerPanicked`]); that stream is not polled again this
 ///   epoch (an iterator that unwound is in an unknown state, and a Python generator that raised
-///   is finished too), while the worker thread and the other workers carry on.
+///   is finished too), while the worker thread and the other workers carry on. Without workers
+///   the same panic is not caught: it unwinds out of the loader iterator's `next` on the calling
+///   thread, as PyTorch with `num_workers=0` raises the stream's exception straight out of
+///   `__next__`. A panic in `worker_init_fn` is reported at that worker's first batch of each
+///   epoch ([`DataError::WorkerInitPanicked`]), and its stream then counts as ended. A timeout
+///   ([`DataError::Timeout`]) ends the epoch after that one error.
 /// - **Options**: `shuffle`, `sampler` and `batch_sampler` make no sense for a stream and are
 ///   refused with PyTorch's messages. `persistent_workers`, `prefetch_factor`, `pin_memory`,
 ///   `timeout`, `worker_init_fn` and `generator` behave as for a map-style loader: a persistent
 ///   pool starts a fresh stream in each worker every epoch, and `prefetch_factor × num_workers`
-///   batches are requested ahead.
+///   batches are requested ahead (at most [`STREAM_PREFETCH_LIMIT`](crate::STREAM_PREFETCH_LIMIT)
+///   per worker, since a stream has no last batch to stop at).
 ///
 /// # Examples
 /// Sharding by worker, so that the workers' streams together are the data once (the pattern of
@@ -291,17 +297,24 @@ impl<D: Dataset> Subset<D> {
 pub enum SplitLengths {
     /// Item counts; they must sum to the dataset's length.
     Counts(Vec<usize>),
-    /// Fractions summing to 1 (±1e-6): each part gets `floor(len × f)` items, then the remainder
-    /// is dealt one item at a time, round-robin from the first part (PyTorch's rule).
+    /// Fractions, each in `[0, 1]`, summing to 1 (±1e-6): each part gets `floor(len × f)` items,
+    /// then the remainder is dealt one item at a time, round-robin from the first part
+    /// (PyTorch's rule). Fractions that sum to a little more than 1 can give floors that
+    /// already add up to more than `len`; that is [`DataError::SplitLengths`] (PyTorch refuses
+    /// any fraction sum above 1 with the same error).
     Fractions(Vec<f64>),
 }
 
 /// Splits `dataset` into non-overlapping [`Subset`]s of a random permutation drawn from
-/// `generator` (`random_split`): the same seed gives the same split.
+/// `generator` (`random_split`,
+/// <https://github.com/pytorch/pytorch/blob/main/torch/utils/data/dataset.py>): the same seed
+/// gives the same split.
 ///
 /// # Errors
-/// [`DataError::SplitLengths`] when counts do not sum to the length;
-/// [`DataError::InvalidOption`] when fractions are negative or do not sum to 1.
+/// [`DataError::SplitLengths`] when the counts (or, for fractions, the counts they give) do not
+/// sum to the length, with the exact sum (also when it overflows `usize`);
+/// [`DataError::InvalidOption`] when a fraction is outside `[0, 1]` (or NaN) or the fractions
+/// do not sum to 1.
 pub fn random_split<D: Dataset>(
     dataset: Arc<D>,
     lengths: SplitLengths,
@@ -310,31 +323,18 @@ pub fn random_split<D: Dataset>(
     let n = dataset.len();
     let counts = match lengths {
         SplitLengths::Counts(c) => c,
-        SplitLengths::Fractions(f) => {
-            let sum: f64 = f.iter().sum();
-            if f.iter().any(|x| !(0.0..=1.0).contains(x)) || (sum - 1.0).abs() > 1e-6 {
-                return Err(DataError::option(
-                    "lengths",
-                    format!("Fractions must be in [0, 1] and sum up to 1, got {f:?} (sum {sum})"),
-                ));
-            }
-            let mut c: Vec<usize> = f.iter().map(|x| (n as f64 * x).floor() as usize).collect();
-            let rest = n - c.iter().sum::<usize>();
-            let parts = c.len();
-            for i in 0..rest {
-                c[i % parts] += 1;
-            }
-            c
-        }
+        SplitLengths::Fractions(f) => fraction_counts(&f, n)?,
     };
-    let sum: usize = counts.iter().sum();
-    if sum != n {
+    // Exact: a `u128` holds the sum of any `Vec<usize>` that fits in memory.
+    let sum: u128 = counts.iter().map(|&c| c as u128).sum();
+    if sum != n as u128 {
         return Err(DataError::SplitLengths { sum, len: n });
     }
     let perm = generator.randperm(n);
     let mut out = Vec::with_capacity(counts.len());
     let mut start = 0;
     for c in counts {
+        // In range: the counts sum to `n == perm.len()`.
         out.push(Subset {
             dataset: Arc::clone(&dataset),
             indices: perm[start..start + c].to_vec(),
@@ -342,4 +342,40 @@ pub fn random_split<D: Dataset>(
         start += c;
     }
     Ok(out)
+}
+
+/// The part sizes `fractions` give for `n` items, by PyTorch's rule (`random_split`): the
+/// floor of `n × f` for each, then the remainder `n − Σ floors` dealt one item at a time,
+/// round-robin from the first part. The parts never sum to more than `n`: floors that already
+/// exceed it (fractions summing to a little over 1) are [`DataError::SplitLengths`].
+fn fraction_counts(fractions: &[f64], n: usize) -> Result<Vec<usize>> {
+    let total: f64 = fractions.iter().sum();
+    if fractions.iter().any(|x| !(0.0..=1.0).contains(x)) || (total - 1.0).abs() > 1e-6 {
+        return Err(DataError::option(
+            "lengths",
+            format!("Fractions must be in [0, 1] and sum up to 1, got {fractions:?} (sum {total})"),
+        ));
+    }
+    // Each fraction is at most 1; `min(n)` covers lengths past 2^53, where `n as f64` can round
+    // up (and `as usize` saturates).
+    let mut counts: Vec<usize> = fractions
+        .iter()
+        .map(|x| ((n as f64 * x).floor() as usize).min(n))
+        .collect();
+    let floors: u128 = counts.iter().map(|&c| c as u128).sum();
+    let Some(rest) = (n as u128).checked_sub(floors) else {
+        return Err(DataError::SplitLengths {
+            sum: floors,
+            len: n,
+        });
+    };
+    // Round-robin, in closed form: every part gets `rest / parts` more, the first
+    // `rest % parts` one more again (`rest <= n`, so no sum exceeds `n`; there is at least one
+    // part, since an empty list sums to 0 and is refused above).
+    let rest = rest as usize;
+    let parts = counts.len();
+    for (i, c) in counts.iter_mut().enumerate() {
+        *c += rest / parts + usize::from(i < rest % parts);
+    }
+    Ok(counts)
 }

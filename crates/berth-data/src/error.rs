@@ -91,6 +91,10 @@ pub enum DataError {
     /// and serves the next batch (an iterable dataset's stream that panicked is not polled
     /// again this epoch). The message has [`DataError::InWorker`]'s form, with "panic" as the
     /// type; a panic payload is not an error, so there is no source.
+    ///
+    /// Only with workers: with `num_workers = 0` the same panic unwinds out of the loader
+    /// iterator's `next` on the calling thread, as PyTorch with `num_workers=0` raises the
+    /// dataset's exception directly rather than wrapping it.
     #[error(
         "Caught panic in DataLoader worker thread {worker_id} (batch {batch_index}).\nOriginal panic message: {message}"
     )]
@@ -102,14 +106,38 @@ pub enum DataError {
         /// The panic payload, when it was a string.
         message: String,
     },
-    /// Worker threads ended while batches were still owed (a panic outside item loading, e.g. in
-    /// `worker_init_fn`). PyTorch: "DataLoader worker (pid(s) …) exited unexpectedly".
+    /// `worker_init_fn` panicked in a worker, so that worker loads nothing (its setup did not
+    /// happen). The panic is caught and reported as the error of the batches that worker owed,
+    /// in order: for a map-style loader every batch dealt to it (the other workers' batches still
+    /// arrive); for an iterable loader its first batch of each epoch, after which its stream
+    /// counts as ended. PyTorch's `_worker_loop`
+    /// (<https://github.com/pytorch/pytorch/blob/main/torch/utils/data/_utils/worker.py>) also
+    /// stores the `worker_init_fn` exception and sends it as the result of the worker's first
+    /// task, as "Caught {type} in DataLoader worker process {id}"; its later tasks fail on the
+    /// fetcher that was never created. berth's message starts with the same words as
+    /// [`DataError::WorkerPanicked`] and names `worker_init_fn`, since a Rust panic has no
+    /// traceback to show where it happened.
+    #[error(
+        "Caught panic in DataLoader worker thread {worker_id} in worker_init_fn (batch {batch_index} not loaded: a worker whose worker_init_fn panicked loads nothing).\nOriginal panic message: {message}"
+    )]
+    WorkerInitPanicked {
+        /// The worker thread whose `worker_init_fn` panicked (0-based).
+        worker_id: usize,
+        /// The batch this error stands for (0-based position in the epoch).
+        batch_index: usize,
+        /// The panic payload, when it was a string.
+        message: String,
+    },
+    /// Worker threads ended while batches were still owed (a panic outside any user call the
+    /// worker guards, e.g. in the `Drop` of an iterable dataset's stream). PyTorch: "DataLoader
+    /// worker (pid(s) …) exited unexpectedly". The epoch ends after this error.
     #[error("DataLoader worker (thread(s) {}) exited unexpectedly", join_ids(.worker_ids))]
     WorkersExited {
         /// The ids of the dead workers.
         worker_ids: Vec<usize>,
     },
-    /// No batch arrived within `timeout` (PyTorch: "DataLoader timed out after N seconds").
+    /// No batch arrived within `timeout` (PyTorch: "DataLoader timed out after N seconds"). The
+    /// epoch ends after this error: the iterator then returns `None`.
     #[error(
         "DataLoader timed out after {} seconds (waiting for batch {batch_index} from worker {worker_id})",
         fmt_secs(.timeout)
@@ -146,11 +174,14 @@ pub enum DataError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// `random_split` lengths do not add up (PyTorch's message).
+    /// `random_split` lengths do not add up (PyTorch's `ValueError` message,
+    /// <https://github.com/pytorch/pytorch/blob/main/torch/utils/data/dataset.py>).
     #[error("Sum of input lengths does not equal the length of the input dataset! (lengths sum to {sum}, dataset has {len} items)")]
     SplitLengths {
-        /// Sum of the requested lengths (items).
-        sum: usize,
+        /// Sum of the requested lengths (items), exact: a `u128`, so that counts whose sum
+        /// overflows `usize` are reported as they are. For fractions, the sum of
+        /// `floor(len × fraction)`.
+        sum: u128,
         /// The dataset's length (items).
         len: usize,
     },
@@ -173,8 +204,35 @@ impl DataError {
         }
     }
 
-    /// Builds a [`DataError::Collate`].
-    pub(crate) fn collate(message: impl Into<String>) -> Self {
+    /// A [`DataError::Collate`] with `message`: for a custom collate (`collate_fn`, a
+    /// [`Collatable`](crate::Collatable) or [`Collate`](crate::Collate) impl) whose items do
+    /// not fit together. Say what did not match and what would, as `default_collate` does
+    /// ("each element in list of batch should be of equal size"). Displays as
+    /// "collate: {message}".
+    ///
+    /// # Examples
+    /// ```
+    /// use berth_data::{DataError, DataLoader, VecDataset};
+    ///
+    /// let loader = DataLoader::builder(VecDataset::new(vec![vec![1u8, 2], vec![3]]))
+    ///     .batch_size(2)
+    ///     .collate_fn(|rows: Vec<Vec<u8>>| {
+    ///         let width = rows[0].len();
+    ///         match rows.iter().position(|r| r.len() != width) {
+    ///             Some(bad) => Err(DataError::collate(format!(
+    ///                 "row {bad} has {} values; expected {width}, as row 0",
+    ///                 rows[bad].len()
+    ///             ))),
+    ///             None => Ok(rows),
+    ///         }
+    ///     })
+    ///     .build()?;
+    /// let err = loader.iter().next().unwrap().unwrap_err();
+    /// assert!(matches!(err.original(), DataError::Collate { .. }));
+    /// assert_eq!(err.to_string(), "batch 0: collate: row 1 has 1 values; expected 2, as row 0");
+    /// # Ok::<(), DataError>(())
+    /// ```
+    pub fn collate(message: impl Into<String>) -> Self {
         DataError::Collate {
             message: message.into(),
         }
@@ -194,6 +252,7 @@ impl DataError {
             DataError::InWorker { .. } => "DataError::InWorker",
             DataError::InBatch { .. } => "DataError::InBatch",
             DataError::WorkerPanicked { .. } => "DataError::WorkerPanicked",
+            DataError::WorkerInitPanicked { .. } => "DataError::WorkerInitPanicked",
             DataError::WorkersExited { .. } => "DataError::WorkersExited",
             DataError::Timeout { .. } => "DataError::Timeout",
             DataError::Pin { .. } => "DataError::Pin",

@@ -29,6 +29,14 @@ use crate::worker::{Task, WorkerPool};
 /// (PyTorch's `MP_STATUS_CHECK_INTERVAL` is 5 s; threads are cheap to check, so 100 ms).
 pub const STATUS_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The most batches an [`IterableDataLoader`](crate::IterableDataLoader) requests ahead per
+/// worker, whatever `prefetch_factor` says (1024). A stream has no last batch to stop at, and
+/// every batch requested ahead is a queued task and, once loaded, a batch held in memory; so
+/// a huge `prefetch_factor` (PyTorch primes `prefetch_factor × num_workers` tasks at once and
+/// would hang on `2**40`) is capped here. A map-style [`DataLoader`] needs no cap: it never
+/// requests more batches than the epoch has left.
+pub const STREAM_PREFETCH_LIMIT: usize = 1024;
+
 /// The options and the (persistent) pool both loader kinds share.
 pub(crate) struct Core<F: Fetcher> {
     pub shared: F,
@@ -129,8 +137,7 @@ impl<'a, F: Fetcher> Epoch<'a, F> {
                     next_worker: 0,
                     reorder: BTreeMap::new(),
                 };
-                let prime = core.prefetch_factor.unwrap_or(1) * core.num_workers;
-                for _ in 0..prime {
+                for _ in 0..Self::prime_count(core, &plan) {
                     Self::try_put(&mut m, &mut plan);
                 }
                 State::Multi(m)
@@ -143,6 +150,20 @@ impl<'a, F: Fetcher> Epoch<'a, F> {
             rcvd_idx: 0,
             state,
             base_seed,
+        }
+    }
+
+    /// How many tasks to send when the epoch starts: `prefetch_factor × num_workers`
+    /// (saturating), but no more than the epoch's batches (map-style) or
+    /// [`STREAM_PREFETCH_LIMIT`] per worker (iterable). Each batch handed out (or stream
+    /// answered "exhausted") then sends one more, so this is also the most tasks ever in flight.
+    fn prime_count(core: &Core<F>, plan: &Plan) -> usize {
+        let prefetch = core.prefetch_factor.unwrap_or(1);
+        match plan {
+            Plan::Batches(b) => prefetch.saturating_mul(core.num_workers).min(b.len()),
+            Plan::Stream => prefetch
+                .min(STREAM_PREFETCH_LIMIT)
+                .saturating_mul(core.num_workers),
         }
     }
 
@@ -188,6 +209,17 @@ impl<'a, F: Fetcher> Epoch<'a, F> {
         }
     }
 
+    /// The most items [`next`](Iterator::next) can still yield, when the plan knows
+    /// (map-style): one per batch left (an error that ends the epoch, a timeout or a dead
+    /// worker, takes the place of a batch), or the one error of a failed start.
+    pub fn max_items(&self) -> Option<usize> {
+        match (&self.state, &self.plan) {
+            (State::Failed(e), _) => Some(usize::from(e.is_some())),
+            (_, Plan::Batches(_)) => self.remaining(),
+            (_, Plan::Stream) => None,
+        }
+    }
+
     /// The base seed drawn for this iterator (see [`LoaderIter::base_seed`]).
     pub fn base_seed(&self) -> u64 {
         self.base_seed
@@ -205,6 +237,25 @@ impl<'a, F: Fetcher> Epoch<'a, F> {
                         .unwrap_or_else(PoisonError::into_inner) = Some(pool);
                 }
                 // else: dropping the pool stops and joins its workers.
+            }
+        }
+        self.state = State::Done;
+    }
+
+    /// Ends the epoch after a timeout, without waiting for the late batch: the tasks still
+    /// queued are invalidated and no more are sent. A persistent pool goes back to the loader
+    /// (its workers finish the item in hand, then serve the next epoch); otherwise the workers
+    /// are told to stop but not joined, so a worker stuck in an item cannot hang the consumer:
+    /// its thread ends by itself when the item returns. (A thread cannot be killed; PyTorch
+    /// terminates a worker that does not exit within its join timeout.)
+    fn end_after_timeout(&mut self) {
+        if self.core.persistent_workers {
+            self.finish();
+            return;
+        }
+        if let State::Multi(m) = &mut self.state {
+            if let Some(pool) = m.pool.take() {
+                pool.detach();
             }
         }
         self.state = State::Done;
@@ -232,7 +283,8 @@ impl<'a, F: Fetcher> Epoch<'a, F> {
                 self.rcvd_idx += 1;
                 Self::try_put(m, &mut self.plan);
                 return Some(result.map_err(|e| match e {
-                    e @ DataError::WorkerPanicked { .. } => e,
+                    e @ (DataError::WorkerPanicked { .. }
+                    | DataError::WorkerInitPanicked { .. }) => e,
                     e => DataError::InWorker {
                         worker_id,
                         batch_index,
@@ -331,6 +383,9 @@ impl<'a, F: Fetcher> Iterator for Epoch<'a, F> {
                         }
                         self.state = State::Done;
                     }
+                    // PyTorch raises "DataLoader timed out" out of `__next__`, which ends the
+                    // `for` loop: one error, then the epoch is over.
+                    Some(Err(DataError::Timeout { .. })) => self.end_after_timeout(),
                     Some(_) => {}
                 }
                 out
@@ -345,9 +400,27 @@ impl<F: Fetcher> Drop for Epoch<'_, F> {
     }
 }
 
-/// One epoch of a map-style [`DataLoader`]: batches in sampler order. Yields `Err` for a batch
-/// whose loading failed and goes on with the next batch; after a dead worker or a failed start it
-/// yields that error once, then ends. Dropping it mid-epoch stops and joins the workers (or, with
+/// One epoch of a map-style [`DataLoader`]: batches in sampler order.
+///
+/// # Errors
+/// - A batch whose loading failed in a worker yields `Err` ([`DataError::InWorker`]; a panic in
+///   the dataset or the collate, caught in the worker, [`DataError::WorkerPanicked`]; a panic
+///   in `worker_init_fn`, [`DataError::WorkerInitPanicked`]) at its turn, and the epoch goes on
+///   with the next batch (PyTorch's `ExceptionWrapper`).
+/// - Without workers (`num_workers = 0`) a failed batch yields [`DataError::InBatch`], but a
+///   *panic* in [`Dataset::get`], the collate or the pin step is not caught: it unwinds out of
+///   [`next`](Iterator::next) on the calling thread, as PyTorch with `num_workers=0` raises the
+///   dataset's exception straight out of `__next__`. With workers the same panic is caught in
+///   the worker and reported as [`DataError::WorkerPanicked`] at its batch.
+/// - A timeout ([`DataError::Timeout`], PyTorch's "DataLoader timed out after N seconds"), a
+///   dead worker ([`DataError::WorkersExited`]) or a failed start ([`DataError::Spawn`]) is
+///   yielded once, then the epoch is over and `next` returns `None`. After a timeout the
+///   consumer does not wait for the late batch: the workers are told to stop (a persistent
+///   pool goes back to the loader for the next epoch) and a worker busy with an item ends once
+///   that item returns.
+///
+/// [`size_hint`](Iterator::size_hint)'s upper bound is the number of batches left (one item
+/// for a failed start). Dropping the iterator mid-epoch stops and joins the workers (or, with
 /// `persistent_workers`, returns the pool to the loader).
 pub struct LoaderIter<'a, D: Dataset, C: Collate<D>> {
     epoch: Epoch<'a, WorkerShared<D, C>>,
@@ -385,6 +458,6 @@ impl<D: Dataset, C: Collate<D>> Iterator for LoaderIter<'_, D, C> {
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (0, Some(self.remaining() + 1))
+        (0, self.epoch.max_items())
     }
 }

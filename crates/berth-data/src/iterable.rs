@@ -104,7 +104,8 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoader<D, C> {
         self.core.shared.pin.is_some()
     }
 
-    /// The wait for one batch before [`DataError::Timeout`]; zero means no limit.
+    /// The wait for one batch before [`DataError::Timeout`] (which ends the epoch); zero means
+    /// no limit.
     pub fn timeout(&self) -> Duration {
         self.core.timeout
     }
@@ -140,9 +141,13 @@ impl<'a, D: IterableDataset, C: CollateItems<D::Item>> IntoIterator
 }
 
 /// One epoch of an [`IterableDataLoader`]: the workers' batches, round-robin, until every stream
-/// has ended. Yields `Err` for a batch whose loading failed and goes on; after a dead worker or a
-/// failed start it yields that error once, then ends. Dropping it mid-epoch stops and joins the
-/// workers (or, with `persistent_workers`, returns the pool to the loader).
+/// has ended. Yields `Err` for a batch whose loading failed and goes on; after a timeout, a dead
+/// worker or a failed start it yields that error once, then ends (see
+/// [`LoaderIter`](crate::LoaderIter) for the details, and [`IterableDataset`] for the rules).
+/// Without workers a panic in the stream is not caught and unwinds out of `next`, as PyTorch
+/// with `num_workers=0` raises the stream's exception; with workers it is reported as
+/// [`DataError::WorkerPanicked`]. Dropping it mid-epoch stops and joins the workers (or, with
+/// `persistent_workers`, returns the pool to the loader).
 pub struct IterableLoaderIter<'a, D: IterableDataset, C: CollateItems<D::Item>> {
     epoch: Epoch<'a, IterShared<D, C>>,
 }

@@ -59,7 +59,7 @@ pub use collate::{Collatable, Collate, CollateContext, CollateFn, CollateItems, 
 pub use dataset::{random_split, Dataset, IterableDataset, SplitLengths, Subset, VecDataset};
 pub use error::{DataError, OriginalError, Result};
 pub use fashion_mnist::{FashionMnist, Split};
-pub use iter::{LoaderIter, STATUS_CHECK_INTERVAL};
+pub use iter::{LoaderIter, STATUS_CHECK_INTERVAL, STREAM_PREFETCH_LIMIT};
 pub use iterable::{IterableDataLoader, IterableDataLoaderBuilder, IterableLoaderIter};
 pub use loader::{DataLoader, DataLoaderBuilder, DEFAULT_PREFETCH_FACTOR};
 pub use pin::{PinMemory, PinTarget, PinnedHost};

@@ -95,7 +95,8 @@ impl<D: Dataset, C: Collate<D>> DataLoader<D, C> {
         self.core.shared.pin.is_some()
     }
 
-    /// The wait for one batch before [`DataError::Timeout`]; zero means no limit.
+    /// The wait for one batch before [`DataError::Timeout`] (which ends the epoch); zero means
+    /// no limit.
     pub fn timeout(&self) -> Duration {
         self.core.timeout
     }

@@ -166,14 +166,18 @@ macro_rules! loader_option_setters {
         }
 
         /// Batches loaded in advance per worker (default 2 with workers; only valid with
-        /// workers).
+        /// workers). Any positive value is accepted: a map-style loader never requests more
+        /// batches than the epoch has left, and an iterable one at most
+        /// [`STREAM_PREFETCH_LIMIT`](crate::STREAM_PREFETCH_LIMIT) per worker.
         pub fn prefetch_factor(mut self, prefetch_factor: isize) -> Self {
             self.opts.prefetch_factor = Some(prefetch_factor);
             self
         }
 
         /// Seconds to wait for one batch before [`DataError::Timeout`](crate::DataError::Timeout)
-        /// (default 0: no limit; needs workers when positive).
+        /// (default 0: no limit; needs workers when positive). A timeout ends the epoch after
+        /// that one error, as PyTorch's `RuntimeError` ends a `for` loop; the late batch is not
+        /// waited for (see [`LoaderIter`](crate::LoaderIter)).
         pub fn timeout(mut self, seconds: f64) -> Self {
             self.opts.timeout_secs = seconds;
             self

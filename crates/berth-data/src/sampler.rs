@@ -65,6 +65,11 @@ pub struct RandomSampler {
 
 impl RandomSampler {
     /// A sampler over `len` items without replacement, `len` samples per epoch.
+    ///
+    /// Over an empty dataset (`len = 0`) the sampler is empty: `len()` is 0 and every epoch is
+    /// empty. (PyTorch's constructor refuses that case, with `ValueError("num_samples should
+    /// be a positive integer value, but got num_samples=0")`; asking an empty dataset for
+    /// samples with [`with_num_samples`](Self::with_num_samples) is refused here too.)
     pub fn new(len: usize, generator: Option<Generator>) -> Self {
         RandomSampler {
             data_len: len,
@@ -83,12 +88,26 @@ impl RandomSampler {
     /// Sets the number of samples per epoch (`num_samples`).
     ///
     /// # Errors
-    /// [`DataError::InvalidOption`] when `num_samples` is 0 (PyTorch's message).
+    /// [`DataError::InvalidOption`] when `num_samples` is 0 (PyTorch's message), and when the
+    /// dataset is empty, with or without replacement: there is nothing to draw, so `len()`
+    /// could not match the epoch. PyTorch's `RandomSampler`
+    /// (<https://github.com/pytorch/pytorch/blob/main/torch/utils/data/sampler.py>) accepts
+    /// that sampler and fails on the first draw (`torch.randint` with `high=0`: `random_
+    /// expects 'from' to be less than 'to', but got from=0 >= to=0`; without replacement, a
+    /// division by zero); berth fails when it is configured.
     pub fn with_num_samples(mut self, num_samples: usize) -> Result<Self> {
         if num_samples == 0 {
             return Err(DataError::option(
                 "num_samples",
                 "num_samples should be a positive integer value, but got num_samples=0",
+            ));
+        }
+        if self.data_len == 0 {
+            return Err(DataError::option(
+                "num_samples",
+                format!(
+                    "num_samples={num_samples} cannot be drawn from an empty dataset: RandomSampler needs at least one item (PyTorch fails on the first draw: random_ expects 'from' to be less than 'to', but got from=0 >= to=0)"
+                ),
             ));
         }
         self.num_samples = num_samples;
@@ -159,10 +178,15 @@ impl Sampler for SubsetRandomSampler {
 
 /// Indices drawn with probability proportional to `weights` (`WeightedRandomSampler`,
 /// `torch.multinomial`).
+///
+/// Any finite non-negative weights work, however large: they are divided by the largest weight
+/// before they are summed, so a sum that would overflow (`1e308 + 1e308`) does not turn every
+/// probability into 0.
 #[derive(Debug, Clone)]
 pub struct WeightedRandomSampler {
-    /// Cumulative weights, normalised so the last is 1.
+    /// Cumulative weights, normalised so the last is exactly 1.
     cumulative: Vec<f64>,
+    /// The weights as given (all finite and non-negative).
     weights: Vec<f64>,
     num_samples: usize,
     replacement: bool,
@@ -194,8 +218,8 @@ impl WeightedRandomSampler {
                 format!("invalid multinomial distribution (encountering probability entry < 0 or not finite: {w})"),
             ));
         }
-        let total: f64 = weights.iter().sum();
-        if total <= 0.0 {
+        let max = weights.iter().copied().fold(0.0, f64::max);
+        if max <= 0.0 {
             return Err(DataError::option(
                 "weights",
                 "invalid multinomial distribution (sum of probabilities <= 0)",
@@ -210,14 +234,20 @@ impl WeightedRandomSampler {
                 ),
             ));
         }
+        // Scaled by the largest weight, each term is at most 1 and the sum at most `len`:
+        // finite. Dividing by the last partial sum makes the last entry exactly 1, so a draw
+        // in [0, 1) never falls past the last non-zero weight.
         let mut acc = 0.0;
-        let cumulative = weights
+        let mut cumulative: Vec<f64> = weights
             .iter()
             .map(|w| {
-                acc += w / total;
+                acc += w / max;
                 acc
             })
             .collect();
+        for c in &mut cumulative {
+            *c /= acc;
+        }
         Ok(WeightedRandomSampler {
             cumulative,
             weights,
@@ -244,23 +274,37 @@ impl Sampler for WeightedRandomSampler {
                 .map(|_| Self::draw(&self.cumulative, self.generator.uniform()))
                 .collect();
         }
-        // Without replacement: draw, zero the drawn weight, renormalise (what multinomial does).
-        let mut w = self.weights.clone();
+        // Without replacement: draw, remove the drawn item, renormalise (what multinomial
+        // does). Each draw scales the weights left by the largest of them, so the sum stays
+        // finite and is at least 1. A positive weight too small to survive the scaling (it
+        // underflows to 0 beside a huge one) is still drawn once the larger ones are gone.
+        let mut left: Vec<bool> = self.weights.iter().map(|w| *w > 0.0).collect();
         let mut out = Vec::with_capacity(self.num_samples);
         for _ in 0..self.num_samples {
-            let total: f64 = w.iter().sum();
+            let live = || {
+                self.weights
+                    .iter()
+                    .zip(&left)
+                    .enumerate()
+                    .filter(|(_, (_, l))| **l)
+                    .map(|(i, (w, _))| (i, *w))
+            };
+            let max = live().map(|(_, w)| w).fold(0.0, f64::max);
+            // `new` checked there are at least `num_samples` positive weights.
+            let Some(last) = live().next_back().map(|(i, _)| i) else {
+                break;
+            };
+            let total: f64 = live().map(|(_, w)| w / max).sum();
             let u = self.generator.uniform() * total;
             let mut acc = 0.0;
-            let mut pick = w.iter().rposition(|x| *x > 0.0).unwrap_or(0);
-            for (i, x) in w.iter().enumerate() {
-                acc += x;
-                if *x > 0.0 && u < acc {
-                    pick = i;
-                    break;
-                }
-            }
+            let pick = live()
+                .find(|&(_, w)| {
+                    acc += w / max;
+                    u < acc
+                })
+                .map_or(last, |(i, _)| i);
             out.push(pick);
-            w[pick] = 0.0;
+            left[pick] = false;
         }
         out
     }

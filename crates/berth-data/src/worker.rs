@@ -11,10 +11,13 @@
 //! For an [`IterableDataset`](crate::IterableDataset) each worker starts its own stream per
 //! epoch and answers "exhausted" once it ends (PyTorch's `_IterableDatasetStopIteration`); the
 //! consumer then deals no more tasks to it. What differs: a thread cannot be killed, so shutdown
-//! waits for the item each worker is loading; a panic in user code is caught per batch instead of
-//! killing a process; the dataset is one shared object, not a copy per worker (the per-worker
-//! state of an iterable dataset is its stream); error messages say "worker thread" where PyTorch
-//! says "worker process" ([`DataError::InWorker`]); device work in a worker runs in the same
+//! waits for the item each worker is loading (except after a timeout, when the consumer leaves
+//! the busy worker to finish on its own); a panic in user code is caught per batch (and in
+//! `worker_init_fn`, reported at the worker's batches, as PyTorch stores the `worker_init_fn`
+//! exception for the first task) instead of killing a process; the dataset is one shared
+//! object, not a copy per worker (the per-worker state of an iterable dataset is its stream);
+//! error messages say "worker thread" where PyTorch says "worker process"
+//! ([`DataError::InWorker`]); device work in a worker runs in the same
 //! process as the parent, so there is no "cannot re-initialize CUDA in forked subprocess" failure
 //! (<https://github.com/pytorch/pytorch/issues/40403>): it either works or fails exactly as on
 //! the main thread.
@@ -138,6 +141,12 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// current generation with exactly one result. A new generation (a new epoch of a persistent
 /// pool) starts a fresh stream (PyTorch's `_ResumeIteration` rebuilds the fetcher); once a
 /// stream is exhausted, every further task of that epoch is answered "exhausted".
+///
+/// A panic in `worker_init_fn` is caught (PyTorch's `_worker_loop` stores the exception as
+/// `init_exception`) and the worker loads nothing: its first task of each epoch is answered
+/// with [`DataError::WorkerInitPanicked`]; later tasks of the epoch get the same error
+/// (map-style, whose every batch must be answered) or "exhausted" (iterable, whose stream
+/// would otherwise never end).
 fn worker_loop<F: Fetcher>(
     info: WorkerInfo,
     shared: F,
@@ -153,10 +162,10 @@ fn worker_loop<F: Fetcher>(
             rng: Generator::new(seed),
         })
     });
-    if let Some(init) = shared.init() {
-        // A panic here ends the thread; the consumer reports it as "exited unexpectedly".
-        init(id);
-    }
+    let init_panic = shared
+        .init()
+        .and_then(|init| catch_unwind(AssertUnwindSafe(|| init(id))).err())
+        .map(|payload| panic_message(payload.as_ref()));
     // The epoch whose stream `stream` is; `None` in `stream` once it is exhausted.
     let mut stream_generation = None;
     let mut stream: Option<F::Stream<'_>> = None;
@@ -170,7 +179,17 @@ fn worker_loop<F: Fetcher>(
             message: panic_message(payload.as_ref()),
         };
         let mut result = None;
-        if stream_generation != Some(task.generation) {
+        if let Some(message) = &init_panic {
+            let first = stream_generation != Some(task.generation);
+            stream_generation = Some(task.generation);
+            if first || !F::PANIC_ENDS_STREAM {
+                result = Some(Err(DataError::WorkerInitPanicked {
+                    worker_id: id,
+                    batch_index: task.batch_index,
+                    message: message.clone(),
+                }));
+            }
+        } else if stream_generation != Some(task.generation) {
             stream_generation = Some(task.generation);
             stream = None;
             match catch_unwind(AssertUnwindSafe(|| shared.start())) {
@@ -269,6 +288,14 @@ impl<B: Send + 'static> WorkerPool<B> {
     /// Sends a task to worker `worker_id`; `false` if that worker is gone.
     pub fn send(&self, worker_id: usize, task: Task) -> bool {
         self.tasks[worker_id].send(task).is_ok()
+    }
+
+    /// Stops the workers without joining them: queued tasks are invalidated and the task
+    /// channels closed, so each thread ends once the item it is loading returns (its result
+    /// then has no receiver). For a worker that may be stuck (after a timeout).
+    pub fn detach(mut self) {
+        // Dropping a `JoinHandle` detaches its thread; `drop` then joins nothing.
+        self.handles.clear();
     }
 
     /// The ids of workers whose thread has ended.

@@ -386,7 +386,8 @@ fn stuck_worker_times_out_and_dead_worker_is_reported() {
     .build()
     .unwrap();
     assert_eq!(dl.iter().next().unwrap().unwrap(), vec![0]);
-    // (b) a worker that dies: prompt error, no hang.
+    // (b) a worker whose setup fails: a prompt error with the cause, no hang. (A worker
+    // thread that dies is reported too: `worker_failures::worker_thread_that_dies_is_reported_not_hung`.)
     let dl = DataLoaderBuilder::with_collate(range(4), CollateFn(|v: Vec<usize>| Ok(v)))
         .num_workers(1)
         .worker_init_fn(|_| panic!("worker died"))
@@ -397,7 +398,7 @@ fn stuck_worker_times_out_and_dead_worker_is_reported() {
     assert!(t0.elapsed() < Duration::from_secs(2));
     assert_eq!(
         err.to_string(),
-        "DataLoader worker (thread(s) 0) exited unexpectedly"
+        "Caught panic in DataLoader worker thread 0 in worker_init_fn (batch 0 not loaded: a worker whose worker_init_fn panicked loads nothing).\nOriginal panic message: worker died"
     );
 }
 

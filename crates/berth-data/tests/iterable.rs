@@ -666,6 +666,7 @@ fn timeout_fires_for_a_stuck_stream() {
     assert!(err
         .to_string()
         .starts_with("DataLoader timed out after 0.2 seconds"));
+    assert!(it.next().is_none(), "a timeout ends the epoch");
 }
 
 /// Worker `w` yields two `[2]` tensors filled with `w`.

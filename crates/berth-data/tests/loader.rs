@@ -335,37 +335,6 @@ fn per_worker_seeds_differ_and_share_a_base() {
 }
 
 #[test]
-fn worker_that_dies_outside_an_item_is_reported_not_hung() {
-    let dl = builder(range(8))
-        .batch_size(2)
-        .num_workers(2)
-        .worker_init_fn(|id| {
-            if id == 1 {
-                panic!("init failed");
-            }
-        })
-        .build()
-        .unwrap();
-    let t0 = Instant::now();
-    let out: Vec<_> = dl.iter().collect();
-    assert!(t0.elapsed() < Duration::from_secs(3));
-    let last = out.last().unwrap().as_ref().unwrap_err();
-    assert!(
-        matches!(last, DataError::WorkersExited { worker_ids } if worker_ids == &vec![1]),
-        "{last:?}"
-    );
-    assert_eq!(
-        last.to_string(),
-        "DataLoader worker (thread(s) 1) exited unexpectedly"
-    );
-    assert_eq!(
-        out[0].as_ref().unwrap(),
-        &vec![0, 1],
-        "worker 0's batch still arrives"
-    );
-}
-
-#[test]
 fn custom_batch_sampler_and_len() {
     struct Pairs;
     impl berth_data::BatchSampling for Pairs {

@@ -1,5 +1,6 @@
 //! Integration tests of berth-data (one binary, modules per area).
 
+mod bad_input;
 mod bugs;
 mod idx;
 mod iterable;
@@ -8,3 +9,4 @@ mod pinned;
 mod sampler;
 mod tensors;
 mod util;
+mod worker_failures;

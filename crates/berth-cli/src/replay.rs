@@ -23,9 +23,7 @@ use berth_alloc::caching::CachingAllocator;
 use berth_alloc::replay::{CompiledTrace, ReplayError, ReplayReport, TraceCompiler};
 use berth_alloc::stats::format_size;
 use berth_alloc::trace::{parse_trace_into, read_trace_into, TraceError, TraceEvent};
-use berth_alloc::{
-    AllocError, AllocatorConfig, DeviceAllocator, MemoryBackend, PagedBestFit, TraceAction,
-};
+use berth_alloc::{AllocatorConfig, DeviceAllocator, MemoryBackend, PagedBestFit, TraceAction};
 
 use crate::replay_torch::{Recorded, Reference, TORCH_MODES};
 use crate::UsageError;
@@ -452,7 +450,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
                         cold.ns_per_op,
                         None,
                     ),
-                    Err(e) if matches!(e.source, AllocError::OutOfMemory { .. }) => (
+                    Err(e) if e.source.is_out_of_memory() => (
                         ReplayReport {
                             peak_requested: trace.compiled.peak_requested(),
                             ..ReplayReport::default()

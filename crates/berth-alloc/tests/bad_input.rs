@@ -294,7 +294,7 @@ fn paged_interior_pointer_is_invalid_not_a_double_free() {
 }
 
 /// `paged` under a memory fraction: a request whose pages alone exceed the cap is
-/// `CapExceeded` ("raise it with set_memory_fraction"), not advice to free tensors; one that
+/// `CapExceeded` ("raise it with `set_memory_fraction`"), not advice to free tensors; one that
 /// only fails because of what is live stays `OutOfMemory`.
 #[test]
 fn paged_request_over_the_fraction_alone_is_cap_exceeded() {

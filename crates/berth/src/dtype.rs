@@ -125,20 +125,11 @@ impl DType {
     /// PyTorch's legacy tensor-type name for this dtype on a device kind, e.g.
     /// `torch.cuda.FloatTensor` (used in PyTorch-compatible error messages).
     pub fn torch_tensor_type(self, cuda: bool) -> String {
-        let n = match self {
-            DType::F32 => "FloatTensor",
-            DType::F64 => "DoubleTensor",
-            DType::F16 => "HalfTensor",
-            DType::BF16 => "BFloat16Tensor",
-            DType::I64 => "LongTensor",
-            DType::I32 => "IntTensor",
-            DType::U8 => "ByteTensor",
-            DType::Bool => "BoolTensor",
-        };
+        let n = self.scalar_type_name();
         if cuda {
-            format!("torch.cuda.{n}")
+            format!("torch.cuda.{n}Tensor")
         } else {
-            format!("torch.{n}")
+            format!("torch.{n}Tensor")
         }
     }
 }

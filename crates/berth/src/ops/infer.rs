@@ -176,9 +176,7 @@ pub fn scalar(op: BinaryOp, a: &Tensor) -> Result<DType> {
 /// Python int scalar of PyTorch's can have; `None` for a fraction, NaN, ±inf or an integral
 /// value past that range.
 pub fn integral_i64(s: f64) -> Option<i64> {
-    // 2^63 is exact in f64; `i64::MAX as f64` would round up to it.
-    const LIMIT: f64 = 9_223_372_036_854_775_808.0;
-    (s.fract() == 0.0 && (-LIMIT..LIMIT).contains(&s)).then_some(s as i64)
+    (s.fract() == 0.0 && DType::I64.holds(s)).then_some(s as i64)
 }
 
 /// The dtype a tensor–scalar op on a tensor of `dtype` computes in and returns, by

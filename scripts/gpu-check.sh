@@ -311,9 +311,17 @@ if want profile; then
     # The same with CUPTI left attached after the profile (no cuptiFinalize): what the
     # teardown of Note [Activity tracing] saves in the epochs after the profiled steps.
     BERTH_CUPTI_TEARDOWN=0 timeout 200 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-keep.json > "$OUT/profile-steps-keep-$r.json" 2>"$OUT/profile-steps-keep-$r.err" || status=1
+    # The default 5 steps, but in epoch 2 (after 940 of the 938 steps an epoch has at batch 64),
+    # so that epoch 2's time, profiler start, stop and trace writing included, compares with
+    # epoch 2 of the off run: the "profiler-on epoch".
+    timeout 200 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-e2.json --profile-warmup 940 > "$OUT/profile-steps-e2-$r.json" 2>"$OUT/profile-steps-e2-$r.err" || status=1
     timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all.json --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all-$r.json" 2>"$OUT/profile-all-$r.err" || status=1
     timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all-cpu.json --profile-activities cpu --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all-cpu-$r.json" 2>"$OUT/profile-all-cpu-$r.err" || status=1
   done
+  # PyTorch's side: torch.profiler over the same loop (off, 5 steps after 20, every step with
+  # CPU and CUDA activities, every step CPU only), alternated PROFILE_ROUNDS times in one process.
+  [ "${PROFILE_TORCH:-1}" = 0 ] || timeout 400 python3 scripts/torch_profile_cost.py .gpu/shared/bench data/fashion-mnist --rounds "${PROFILE_ROUNDS:-3}" > "$OUT/profile-torch.jsonl" 2>"$OUT/profile-torch.err" || status=1
+  tail -1 "$OUT/profile-torch.jsonl" 2>/dev/null
   # Every step timed with CUDA events instead of CUPTI (the default where CUPTI loads);
   # PROFILE_QUICK=1 skips it and the batch-4096 run.
   [ "${PROFILE_QUICK:-0}" = 1 ] || timeout 300 .gpu/berth train --device cuda:0 --epochs 4 --json --profile /tmp/berth-profile-all-events.json --profile-device-timer events --profile-warmup 0 --profile-steps 0 > "$OUT/profile-all-events-1.json" 2>"$OUT/profile-all-events-1.err" || status=1
@@ -329,18 +337,19 @@ if want profile; then
   python3 - "$OUT" <<'PY' | tee "$OUT/profile-summary.json"
 import json, os, sys
 out = sys.argv[1]
-def epochs(tag, first):
+import glob, statistics
+tags = ("off", "steps", "steps-e2", "steps-keep", "all", "all-cpu", "all-events", "b4096")
+report = {}
+# epochs 2 and on (epoch 1 compiles the kernels), every epoch (the whole run, the profiled
+# steps of epoch 1 included), and epoch 2 alone (where steps-e2 profiles).
+def epochs(tag, span):
     try:
         v = json.load(open(os.path.join(out, f"profile-{tag}.json")))["epoch_seconds"]
     except Exception as e:
         return str(e)
-    return sum(v[first:]) / len(v[first:])
-import glob, statistics
-tags = ("off", "steps", "steps-keep", "all", "all-cpu", "all-events", "b4096")
-report = {}
-# epochs 2 and on (epoch 1 compiles the kernels), and every epoch (the whole run, the profiled
-# steps of epoch 1 included).
-for key, first in (("epochs_2_on", 1), ("all_epochs", 0)):
+    v = v[span[0]:span[1]]
+    return sum(v) / len(v)
+for key, first in (("epochs_2_on", (1, None)), ("all_epochs", (0, None)), ("epoch_2", (1, 2))):
     runs = {}
     for t in tags:
         files = sorted(glob.glob(os.path.join(out, f"profile-{t}-[0-9]*.json"))) or [os.path.join(out, f"profile-{t}.json")]

@@ -325,6 +325,44 @@ fn one_profiler_at_a_time_and_nothing_when_off() {
     );
 }
 
+/// `prepare` starts nothing and records nothing; only an explicit CUPTI timer can refuse
+/// (with the reason), and without CUDA activity or with CUDA events it does nothing.
+#[test]
+fn prepare_records_nothing_and_only_an_explicit_cupti_refuses() {
+    let _g = serial();
+    let a = Tensor::ones(&[4], DType::F32, Device::Cpu).unwrap();
+    for b in [
+        profiler::profile(),
+        profiler::profile().device_timer(DeviceTimer::CudaEvents),
+        profiler::profile()
+            .activities(&[ProfilerActivity::Cpu])
+            .device_timer(DeviceTimer::Cupti),
+    ] {
+        b.prepare().unwrap();
+        assert!(!profiler::is_active());
+    }
+    match profiler::profile()
+        .device_timer(DeviceTimer::Cupti)
+        .prepare()
+    {
+        Ok(()) => {}
+        Err(e) => assert!(
+            e.to_string().contains("DeviceTimer::Auto to fall back"),
+            "the error says what to do instead: {e}"
+        ),
+    }
+    let _ = a.neg().unwrap();
+    let p = profiler::profile()
+        .activities(&[ProfilerActivity::Cpu])
+        .start()
+        .unwrap();
+    let profile = p.stop().unwrap();
+    assert!(
+        profile.records().ops.is_empty(),
+        "an op between prepare and start is not recorded"
+    );
+}
+
 /// A subscriber of the user's own (here a minimal one, on this thread) sees each op as a
 /// `tracing` span of target `berth::profiler` named `op`, with the op's name as a field.
 #[test]
@@ -452,13 +490,15 @@ fn cuda_profile_with(timer: DeviceTimer) {
     let pageable = Tensor::ones(&[1024], DType::F32, Device::Cpu).unwrap();
     let w = Tensor::ones(&[256, 256], DType::F32, dev).unwrap();
     berth::cuda::synchronize(0).unwrap();
-    let p = profiler::profile()
+    let builder = profiler::profile()
         .activities(&[ProfilerActivity::Cpu, ProfilerActivity::Cuda])
         .record_shapes(true)
         .profile_memory(true)
-        .device_timer(timer)
-        .start()
-        .unwrap();
+        .device_timer(timer);
+    // As `berth train --profile` does: CUPTI attached before the start, nothing recorded yet.
+    builder.prepare().unwrap();
+    assert!(!profiler::is_active(), "prepare records nothing");
+    let p = builder.start().unwrap();
     let mut seen = Vec::new();
     let mut note = || {
         seen.push((

@@ -352,6 +352,7 @@ pub fn train_on(
         args.profile_device_timer,
         args.json,
     );
+    prof.prepare()?;
     let waits_before = report::host_waits();
     let mut epochs = Vec::with_capacity(args.epochs);
     let mut steps = 0u64;

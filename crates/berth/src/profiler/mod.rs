@@ -148,6 +148,35 @@ impl ProfilerBuilder {
         self
     }
 
+    /// Does the slow part of [`start`](Self::start) now, while nothing is recorded: with
+    /// activity `Cuda` timed by CUPTI, loads CUPTI and attaches it to the driver (about 11 ms
+    /// on an H200 host, 2026-12-02), so that the later start costs well under a millisecond and
+    /// the first profiled steps run as unprofiled ones do. `torch.profiler`'s schedule does the
+    /// same in its warm-up steps (Kineto's `prepareTrace`). Call it before a loop's timed part;
+    /// it records nothing, and a profile's stop undoes it (`Note [Activity tracing]` in
+    /// berth-cuda), so prepare again before the next profile. Without activity `Cuda`, or with
+    /// [`DeviceTimer::CudaEvents`], it does nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when [`DeviceTimer::Cupti`] was asked for and CUPTI cannot
+    /// trace (the message says why). With [`DeviceTimer::Auto`] a CUPTI that cannot trace is
+    /// not an error: `start` then falls back to CUDA events.
+    pub fn prepare(&self) -> Result<()> {
+        if !self.cuda || self.device_timer == DeviceTimer::CudaEvents {
+            return Ok(());
+        }
+        match berth_cuda::activity::prepare() {
+            Err(why) if self.device_timer == DeviceTimer::Cupti => Err(Error::InvalidArgument {
+                op: "profiler::prepare",
+                what: format!(
+                    "device_timer(DeviceTimer::Cupti): {why}; use DeviceTimer::Auto to fall \
+                     back to CUDA events"
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Starts profiling the whole process.
     ///
     /// # Errors

@@ -349,11 +349,11 @@ def epochs(tag, span):
         return str(e)
     v = v[span[0]:span[1]]
     return sum(v) / len(v)
-for key, first in (("epochs_2_on", (1, None)), ("all_epochs", (0, None)), ("epoch_2", (1, 2))):
+for key, span in (("epochs_2_on", (1, None)), ("all_epochs", (0, None)), ("epoch_2", (1, 2))):
     runs = {}
     for t in tags:
         files = sorted(glob.glob(os.path.join(out, f"profile-{t}-[0-9]*.json"))) or [os.path.join(out, f"profile-{t}.json")]
-        runs[t] = [epochs(os.path.basename(f)[len("profile-"):-len(".json")], first) for f in files]
+        runs[t] = [epochs(os.path.basename(f)[len("profile-"):-len(".json")], span) for f in files]
     med = {t: statistics.median(v) for t, v in runs.items() if v and all(isinstance(x, float) for x in v)}
     vs_off = {t: med[t] / med["off"] - 1 for t in med if "off" in med and t not in ("off", "b4096")}
     report[key] = {"mean_s_per_round": runs, "median_s": med, "slowdown_vs_off_median": vs_off}

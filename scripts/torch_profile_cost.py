@@ -2,7 +2,7 @@
 profiler (`berth train --profile`).
 
 The loop is `torch_train.py`'s loader mode (MLP 784 -> 256 -> 10, SGD with momentum, batch 64,
-DataLoader with 2 workers and pinned memory, non-blocking copies), run three ways in one process:
+DataLoader with 2 workers and pinned memory, non-blocking copies), run four ways in one process:
   off:      no profiler
   steps:    `torch.profiler.profile` with CPU and CUDA activities over 5 steps after 20 of
             warm-up (`schedule(wait=0, warmup=20, active=5, repeat=1)`), then off: what

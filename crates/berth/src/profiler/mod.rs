@@ -166,13 +166,9 @@ impl ProfilerBuilder {
             return Ok(());
         }
         match berth_cuda::activity::prepare() {
-            Err(why) if self.device_timer == DeviceTimer::Cupti => Err(Error::InvalidArgument {
-                op: "profiler::prepare",
-                what: format!(
-                    "device_timer(DeviceTimer::Cupti): {why}; use DeviceTimer::Auto to fall \
-                     back to CUDA events"
-                ),
-            }),
+            Err(why) if self.device_timer == DeviceTimer::Cupti => {
+                Err(cupti_refused("profiler::prepare", why))
+            }
             _ => Ok(()),
         }
     }
@@ -195,13 +191,8 @@ impl ProfilerBuilder {
         drop(record::take());
         device_time::clear();
         if self.cuda {
-            device_time::begin(self.device_timer).map_err(|why| Error::InvalidArgument {
-                op: "profiler::start",
-                what: format!(
-                    "device_timer(DeviceTimer::Cupti): {why}; use DeviceTimer::Auto to fall \
-                     back to CUDA events"
-                ),
-            })?;
+            device_time::begin(self.device_timer)
+                .map_err(|why| cupti_refused("profiler::start", why))?;
         }
         record::RECORD_SHAPES.store(self.record_shapes, Ordering::Relaxed);
         record::PROFILE_MEMORY.store(self.profile_memory, Ordering::Relaxed);
@@ -219,6 +210,17 @@ impl ProfilerBuilder {
             start_memory,
             stopped: false,
         })
+    }
+}
+
+/// The error of `op` when [`DeviceTimer::Cupti`] was asked for and CUPTI cannot trace.
+fn cupti_refused(op: &'static str, why: impl std::fmt::Display) -> Error {
+    Error::InvalidArgument {
+        op,
+        what: format!(
+            "device_timer(DeviceTimer::Cupti): {why}; use DeviceTimer::Auto to fall back to \
+             CUDA events"
+        ),
     }
 }
 

@@ -15,6 +15,15 @@ fn berth(args: &[&str]) -> Output {
         .expect("berth runs")
 }
 
+/// As [`berth`], for arguments that need not be UTF-8.
+fn berth_os(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(args)
+        .env_remove("BERTH_DATA_DIR")
+        .output()
+        .expect("berth runs")
+}
+
 fn json_of(out: &Output) -> serde_json::Value {
     assert!(
         out.status.success(),
@@ -28,13 +37,26 @@ fn json_of(out: &Output) -> serde_json::Value {
 
 #[test]
 fn one_epoch_on_cpu_reaches_75_percent_and_eval_reproduces_it() {
+    use std::os::unix::ffi::OsStrExt;
     let dir = TempDir::new("train");
-    let save = dir.join("mlp.safetensors");
-    let save_s = save.to_str().unwrap();
-    let out = berth(&[
-        "train", "--device", "cpu", "--epochs", "1", "--seed", "0", "--json", "--save", save_s,
+    // A file name that is not UTF-8 (byte 0xff): the JSON reports spell it lossily instead of
+    // failing after the run.
+    let save = dir.join(std::ffi::OsStr::from_bytes(b"mlp-\xff.safetensors"));
+    let save_s = save.as_os_str();
+    let out = berth_os(&[
+        "train".as_ref(),
+        "--device".as_ref(),
+        "cpu".as_ref(),
+        "--epochs".as_ref(),
+        "1".as_ref(),
+        "--seed".as_ref(),
+        "0".as_ref(),
+        "--json".as_ref(),
+        "--save".as_ref(),
+        save_s,
     ]);
     let v = json_of(&out);
+    assert_eq!(v["saved"], save.to_string_lossy().as_ref());
     assert_eq!(v["device"], "cpu");
     assert_eq!(v["epochs"], 1);
     let acc = v["test_accuracy"].as_f64().unwrap();
@@ -48,9 +70,15 @@ fn one_epoch_on_cpu_reaches_75_percent_and_eval_reproduces_it() {
     assert!(peak >= 2 * 814_120, "peak {peak}");
     assert_eq!(v["peak_reserved"].as_u64().unwrap(), peak);
 
-    let ev = json_of(&berth(&[
-        "eval", "--load", save_s, "--device", "cpu", "--json",
+    let ev = json_of(&berth_os(&[
+        "eval".as_ref(),
+        "--load".as_ref(),
+        save_s,
+        "--device".as_ref(),
+        "cpu".as_ref(),
+        "--json".as_ref(),
     ]));
+    assert_eq!(ev["load"], save.to_string_lossy().as_ref());
     assert_eq!(
         ev["test_accuracy"].as_f64().unwrap(),
         acc,
@@ -74,6 +102,34 @@ fn meta_predicts_without_data_or_memory() {
     assert!(
         reserved >= alloc && reserved.is_multiple_of(2 << 20),
         "{reserved}"
+    );
+}
+
+/// `--resident` keeps the training split on the device: the prediction holds it (60,000 ×
+/// 784 f32 normalised pixels and 60,000 i64 labels, 188,640,000 B) and the epoch's i64 order
+/// (480,000 B), where the loader's path holds two batches instead.
+#[test]
+fn meta_prediction_holds_the_resident_split() {
+    let plain = json_of(&berth(&["train", "--device", "meta", "--json"]));
+    let resident = json_of(&berth(&[
+        "train",
+        "--device",
+        "meta",
+        "--resident",
+        "--json",
+    ]));
+    assert_eq!(resident["resident"], true);
+    assert_eq!(plain["resident"], false);
+    let (p, r) = (
+        plain["peak_allocated"].as_u64().unwrap(),
+        resident["peak_allocated"].as_u64().unwrap(),
+    );
+    let split = 60_000 * 784 * 4 + 60_000 * 8 + 60_000 * 8;
+    assert!(r >= split, "resident peak {r} below the split's {split} B");
+    assert!(r > p + split - 2 * (64 * 784 * 4 + 64 * 8), "{r} vs {p}");
+    assert!(
+        r < p + split + (4 << 20),
+        "{r} vs {p}: more than the split and the order"
     );
 }
 
@@ -123,6 +179,14 @@ fn new_user_errors_are_one_line_with_status_2() {
         &["train", "--epochs", "0"],
         "berth: error: --epochs 0: the number of epochs must be at least 1 (e.g. --epochs 5)",
     );
+    // A billion epochs reserved a report slot per epoch up front and aborted; 10^18 overflowed
+    // the step count.
+    for epochs in ["1000000001", "1000000000000000000", "18446744073709551615"] {
+        assert_usage_error(
+            &["train", "--epochs", epochs],
+            &format!("berth: error: --epochs {epochs}: at most 1000000 epochs"),
+        );
+    }
     // 100,000 worker threads aborted the process (no stack guard page for a new thread).
     assert_usage_error(
         &["train", "--device", "cpu", "--epochs", "1", "--workers", "100000"],
@@ -186,8 +250,84 @@ fn save_problems_are_caught_before_training() {
             dir.join("mlp.safetensors").display()
         ),
     );
+    // A folder that exists but cannot hold the file: found by opening it before training.
+    assert_usage_error(
+        &[
+            "train",
+            "--device",
+            "cpu",
+            "--save",
+            "/proc/berth-x.safetensors",
+        ],
+        "berth: error: --save /proc/berth-x.safetensors: cannot write there (",
+    );
+    assert!(
+        !std::path::Path::new("/proc/berth-x.safetensors").exists(),
+        "the check leaves no file"
+    );
+    // Two outputs naming one file, spelt two ways.
+    let p = dir.join("out.json");
+    let p_dot = dir.join(".").join("out.json");
+    assert_usage_error(
+        &[
+            "train",
+            "--device",
+            "cpu",
+            "--save",
+            p.to_str().unwrap(),
+            "--profile",
+            p_dot.to_str().unwrap(),
+        ],
+        &format!(
+            "berth: error: --save and --profile both name {}: one file would overwrite the other",
+            p.display()
+        ),
+    );
+    assert!(!p.exists(), "nothing was written");
     // Rejected before any epoch runs (an epoch takes seconds).
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
+}
+
+/// An IDX split that declares no images is refused before training, not reported as a run
+/// with 0% accuracy.
+#[test]
+fn an_empty_split_is_a_usage_error() {
+    let dir = TempDir::new("empty-split");
+    let images = |n: u32| -> Vec<u8> {
+        [0x0803u32, n, 28, 28]
+            .iter()
+            .flat_map(|v| v.to_be_bytes())
+            .chain(std::iter::repeat_n(0u8, n as usize * 784))
+            .collect()
+    };
+    let labels = |n: u32| -> Vec<u8> {
+        [0x0801u32, n]
+            .iter()
+            .flat_map(|v| v.to_be_bytes())
+            .chain(std::iter::repeat_n(0u8, n as usize))
+            .collect()
+    };
+    for (train, test, needle) in [
+        (0, 4, "the training split holds 0 images"),
+        (4, 0, "the test split holds 0 images"),
+    ] {
+        std::fs::write(dir.join("train-images-idx3-ubyte"), images(train)).unwrap();
+        std::fs::write(dir.join("train-labels-idx1-ubyte"), labels(train)).unwrap();
+        std::fs::write(dir.join("t10k-images-idx3-ubyte"), images(test)).unwrap();
+        std::fs::write(dir.join("t10k-labels-idx1-ubyte"), labels(test)).unwrap();
+        assert_usage_error(
+            &[
+                "train",
+                "--device",
+                "cpu",
+                "--epochs",
+                "1",
+                "--data-dir",
+                dir.to_str().unwrap(),
+            ],
+            needle,
+        );
+    }
 }
 
 #[test]
@@ -393,7 +533,27 @@ fn profile_problems_are_caught_before_training() {
         ],
         "--profile-activities cuda with --device cpu: device time is recorded for CUDA devices only",
     );
+    assert_usage_error(
+        &[
+            "train",
+            "--device",
+            "cpu",
+            "--profile",
+            "/tmp/p.json",
+            "--profile-device-timer",
+            "cupti",
+        ],
+        "--profile-device-timer cupti with --device cpu: it times CUDA work",
+    );
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    // `--resident` uses no workers: giving both is refused by the parser.
+    let out = berth(&["train", "--device", "cpu", "--resident", "--workers", "8"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("'--resident' cannot be used with '--workers <WORKERS>'"),
+        "{err}"
+    );
     // Without --profile, its options are refused by the parser (status 2, several lines).
     let out = berth(&["train", "--device", "cpu", "--profile-steps", "3"]);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -45,12 +45,32 @@ pub fn load(dir: &Path, split: Split) -> anyhow::Result<FashionSplit> {
         Split::Train => FmSplit::Train,
         Split::Test => FmSplit::Test,
     };
-    FashionMnist::load(dir, s).map(Arc::new).map_err(|e| {
+    let data = FashionMnist::load(dir, s).map_err(|e| {
         UsageError(format!(
             "{e}; pass --data-dir DIR with the four Fashion-MNIST IDX files"
         ))
-        .into()
-    })
+    })?;
+    if berth_data::Dataset::len(&data) == 0 {
+        let file = match split {
+            Split::Train => "train-images-idx3-ubyte",
+            Split::Test => "t10k-images-idx3-ubyte",
+        };
+        return Err(UsageError(format!(
+            "{}: the {} split holds 0 images ({file} declares none); nothing to {}. Use the \
+             full Fashion-MNIST files (60,000 training and 10,000 test images)",
+            dir.display(),
+            match split {
+                Split::Train => "training",
+                Split::Test => "test",
+            },
+            match split {
+                Split::Train => "train on",
+                Split::Test => "evaluate on",
+            }
+        ))
+        .into());
+    }
+    Ok(Arc::new(data))
 }
 
 /// The data folder: `--data-dir`, else `$BERTH_DATA_DIR`, else `data/fashion-mnist` in the

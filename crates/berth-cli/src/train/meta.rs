@@ -6,7 +6,8 @@
 //! the real run uses ([`super::train_step`], [`super::eval_batch`], [`super::data::prepare`]),
 //! while a [`MetaPlan`] is active: every meta tensor takes its bytes from PyTorch's caching
 //! allocator on a simulated device, so the prediction includes 512-byte rounding, segment
-//! sizes and caching (Note [Meta storage] in `berth::meta_plan`).
+//! sizes and caching (Note [Meta storage] in `berth::meta_plan`). With `--resident` the steps
+//! gather their batches from the split kept on the device, as `super::resident` does on CUDA.
 
 use berth::meta_plan::MetaPlan;
 use berth::{DType, Device, Generator, Tensor};
@@ -57,6 +58,17 @@ pub fn predict_with(
         Ok((_, total)) => total as u64,
         Err(_) => DEFAULT_CAPACITY_BYTES,
     };
+    // A resident run keeps the whole training split on the device: its length decides the
+    // bytes, so the split's files are read (its images are not needed).
+    let resident_rows = if args.resident {
+        let dir = data::resolve_dir(args.data_dir.as_deref())?;
+        Some(berth_data::Dataset::len(&*data::load(
+            &dir,
+            data::Split::Train,
+        )?))
+    } else {
+        None
+    };
     let plan = MetaPlan::with_config(capacity, config)?;
     let parameter_bytes;
     {
@@ -65,17 +77,42 @@ pub fn predict_with(
         let model = Mlp::new(args.hidden, Device::Meta, &mut g)?;
         parameter_bytes = model.params().iter().map(|p| p.nbytes() as u64).sum();
         let mut opt = Sgd::new(args.lr, args.momentum);
-        let loss_sum = Tensor::zeros(&[], DType::F32, Device::Meta)?;
-        // The GPU run feeds batches through a `DevicePrefetcher`: when the loop takes batch n,
-        // the copy of batch n+1 is already allocated, so two raw batches are live during a step.
-        let mut next = raw_batch(args.batch_size)?;
-        for _ in 0..2 {
-            let (pixels, y) = std::mem::replace(&mut next, raw_batch(args.batch_size)?);
-            let x = data::prepare(&pixels)?;
-            drop(pixels);
-            train_step(&model, &mut opt, &x, &y, &loss_sum)?;
+        // Kept live through the evaluation below, as in the real run: the running loss, and
+        // for a resident run the split on the device and the epoch's order.
+        let loss_sum;
+        let _resident;
+        if let Some(n) = resident_rows {
+            // `super::resident::Resident` on CUDA, in the order the real run allocates: the
+            // normalised split and its labels, then per epoch the running loss and the
+            // shuffled order (i64), then per step two `index_select` outputs.
+            let x_all = Tensor::empty(&[n, super::mlp::INPUTS], DType::F32, Device::Meta)?;
+            let y_all = Tensor::empty(&[n], DType::I64, Device::Meta)?;
+            loss_sum = Tensor::zeros(&[], DType::F32, Device::Meta)?;
+            let order = Tensor::empty(&[n], DType::I64, Device::Meta)?;
+            for i in 0..2 {
+                let start = (i * args.batch_size).min(n);
+                let b = args.batch_size.min(n - start);
+                let rows = order.narrow(0, start, b)?;
+                let x = x_all.index_select(0, &rows)?;
+                let y = y_all.index_select(0, &rows)?;
+                train_step(&model, &mut opt, &x, &y, &loss_sum)?;
+            }
+            _resident = Some((x_all, y_all, order));
+        } else {
+            _resident = None;
+            loss_sum = Tensor::zeros(&[], DType::F32, Device::Meta)?;
+            // The GPU run feeds batches through a `DevicePrefetcher`: when the loop takes
+            // batch n, the copy of batch n+1 is already allocated, so two raw batches are
+            // live during a step.
+            let mut next = raw_batch(args.batch_size)?;
+            for _ in 0..2 {
+                let (pixels, y) = std::mem::replace(&mut next, raw_batch(args.batch_size)?);
+                let x = data::prepare(&pixels)?;
+                drop(pixels);
+                train_step(&model, &mut opt, &x, &y, &loss_sum)?;
+            }
+            drop(next);
         }
-        drop(next);
         let correct = Tensor::zeros(&[], DType::I64, Device::Meta)?;
         let mut next = raw_batch(data::EVAL_BATCH)?;
         for _ in 0..2 {
@@ -126,6 +163,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             "policy": policy,
             "batch_size": args.batch_size,
             "hidden": args.hidden,
+            "resident": args.resident,
             "peak_allocated": p.peak_allocated,
             "peak_reserved": p.peak_reserved,
             "parameter_bytes": p.parameter_bytes,
@@ -142,9 +180,14 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     );
     println!("{}", plan.memory_summary());
     println!(
-        "meta: one training step (batch {}, hidden {}) and one evaluation batch ({}) on meta tensors",
+        "meta: one training step (batch {}, hidden {}{}) and one evaluation batch ({}) on meta tensors",
         args.batch_size,
         args.hidden,
+        if args.resident {
+            ", the training split resident on the device"
+        } else {
+            ""
+        },
         data::EVAL_BATCH
     );
     println!(

@@ -25,13 +25,17 @@ pub use berth::optim::Sgd;
 pub use mlp::Mlp;
 use report::{EpochReport, MemoryReport, TrainReport};
 
+/// The most epochs `berth train` accepts: a bound that keeps the step count and the per-epoch
+/// report far from overflow (a million epochs at batch 1 is 6·10¹⁰ steps).
+pub const MAX_EPOCHS: usize = 1_000_000;
+
 /// Arguments of `berth train`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TrainArgs {
     /// Device: `auto` (cuda:0 when present, else cpu), `cpu`, `cuda`, `cuda:i` or `meta`.
     #[arg(long, default_value = "auto")]
     pub device: String,
-    /// Passes over the 60,000 training images.
+    /// Passes over the 60,000 training images (1 to 1,000,000).
     #[arg(long, default_value_t = 5, allow_negative_numbers = true,
           value_parser = crate::whole_usize("--epochs", "the number of epochs", 1, 5))]
     pub epochs: usize,
@@ -56,8 +60,9 @@ pub struct TrainArgs {
     /// Keep the whole training split in memory, normalised once, and gather each batch by
     /// shuffled index instead of using the DataLoader (an expert's loop; `torch_train.py
     /// --modes resident`). Same batches in the same order as with workers. On CUDA the split
-    /// is kept on the device and each batch gathered there.
-    #[arg(long)]
+    /// is kept on the device and each batch gathered there. Uses no workers, so it cannot be
+    /// given with `--workers`.
+    #[arg(long, conflicts_with = "workers")]
     pub resident: bool,
     /// Seed of the model's initialisation and of the shuffle.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true,
@@ -160,6 +165,13 @@ fn short_float(x: f64) -> String {
 
 fn check_train_args(a: &TrainArgs) -> anyhow::Result<()> {
     crate::check_at_least_one("--epochs", a.epochs, "epochs", 5)?;
+    if a.epochs > MAX_EPOCHS {
+        return Err(UsageError(format!(
+            "--epochs {}: at most {MAX_EPOCHS} epochs (each is a pass over the 60,000 training images; e.g. --epochs 5)",
+            a.epochs
+        ))
+        .into());
+    }
     crate::check_workers(a.workers)?;
     if a.batch_size == 0 {
         return Err(UsageError(
@@ -238,12 +250,25 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         }
         return meta::run(&args);
     }
+    check_distinct_outputs(&[
+        ("--save", args.save.as_deref()),
+        ("--profile", args.profile.as_deref()),
+        ("--memory-snapshot", args.memory_snapshot.as_deref()),
+    ])?;
     if let Some(path) = &args.save {
         check_output_path("--save", path, "mlp.safetensors")?;
     }
     // Checked before training, not when the file is written at the end.
     if let Some(path) = &args.profile {
         check_output_path("--profile", path, "trace.json")?;
+        if !device.is_cuda() && args.profile_device_timer != profile::Timer::Auto {
+            return Err(UsageError(format!(
+                "--profile-device-timer {} with --device {device}: it times CUDA work, and a run \
+                 on {device} has none; drop it, or train on cuda",
+                args.profile_device_timer.name()
+            ))
+            .into());
+        }
         if !device.is_cuda() && args.profile_activities.contains(&profile::Activity::Cuda) {
             return Err(UsageError(format!(
                 "--profile-activities cuda with --device {device}: device time is recorded for \
@@ -269,7 +294,9 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
 }
 
 /// A file path for `flag` to write at the end of the run: not a folder, in a folder that
-/// exists (`example` names a file to suggest).
+/// exists, and one this process can open for writing now, so that a bad path fails before the
+/// training, not after it (`example` names a file to suggest). A file the check creates is
+/// removed again; an existing one is opened without truncating it.
 fn check_output_path(flag: &str, path: &std::path::Path, example: &str) -> Result<(), UsageError> {
     if path.is_dir() {
         return Err(UsageError(format!(
@@ -288,6 +315,58 @@ fn check_output_path(flag: &str, path: &std::path::Path, example: &str) -> Resul
             path.display(),
             parent.display()
         )));
+    }
+    let existed = path.exists();
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+    {
+        Ok(_) => {
+            if !existed {
+                // Best effort: the file is written again at the end of the run.
+                let _ = std::fs::remove_file(path);
+            }
+            Ok(())
+        }
+        Err(e) => Err(UsageError(format!(
+            "{flag} {}: cannot write there ({e}); give a path in a folder you can write to",
+            path.display()
+        ))),
+    }
+}
+
+/// `path` with its folder resolved (links, `.`, `..`): the same file spelt two ways compares
+/// equal, whether or not it exists yet.
+fn resolved(path: &std::path::Path) -> Option<std::path::PathBuf> {
+    if let Ok(p) = std::fs::canonicalize(path) {
+        return Some(p);
+    }
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    Some(std::fs::canonicalize(parent).ok()?.join(path.file_name()?))
+}
+
+/// Refuses two output flags naming the same file (`--save`, `--profile`, `--memory-snapshot`):
+/// the last one written would silently replace the other.
+fn check_distinct_outputs(outputs: &[(&str, Option<&std::path::Path>)]) -> Result<(), UsageError> {
+    let named: Vec<(&str, &std::path::Path)> = outputs
+        .iter()
+        .filter_map(|&(flag, p)| p.map(|p| (flag, p)))
+        .collect();
+    for (i, &(flag_a, a)) in named.iter().enumerate() {
+        for &(flag_b, b) in &named[i + 1..] {
+            let same = a == b || matches!((resolved(a), resolved(b)), (Some(x), Some(y)) if x == y);
+            if same {
+                return Err(UsageError(format!(
+                    "{flag_a} and {flag_b} both name {}: one file would overwrite the other; give each its own path",
+                    a.display()
+                )));
+            }
+        }
     }
     Ok(())
 }
@@ -354,7 +433,7 @@ pub fn train_on(
     );
     prof.prepare()?;
     let waits_before = report::host_waits();
-    let mut epochs = Vec::with_capacity(args.epochs);
+    let mut epochs = Vec::new();
     let mut steps = 0u64;
     for epoch in 1..=args.epochs {
         let bar = report::progress_bar(steps_per_epoch as u64, epoch, args.epochs, args.json);
@@ -530,7 +609,11 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
     if args.json {
         println!(
             "{}",
-            serde_json::json!({ "device": device.to_string(), "test_accuracy": acc, "load": args.load })
+            serde_json::json!({
+                "device": device.to_string(),
+                "test_accuracy": acc,
+                "load": args.load.to_string_lossy(),
+            })
         );
     } else {
         println!(

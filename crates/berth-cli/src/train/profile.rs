@@ -49,6 +49,15 @@ pub enum Timer {
 }
 
 impl Timer {
+    /// The value as typed on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Timer::Auto => "auto",
+            Timer::Cupti => "cupti",
+            Timer::Events => "events",
+        }
+    }
+
     fn device_timer(self) -> DeviceTimer {
         match self {
             Timer::Auto => DeviceTimer::Auto,

@@ -215,7 +215,8 @@ impl TrainReport {
                 "allocator_policy": self.memory.policy,
                 "implicit_syncs_per_step": self.implicit_syncs_per_step,
                 "per_epoch": self.epochs,
-                "saved": saved,
+                // Lossy: a path that is not UTF-8 still gets a JSON string (with U+FFFD).
+                "saved": saved.map(|p| p.to_string_lossy().into_owned()),
             });
             println!("{}", serde_json::to_string(&obj)?);
             return Ok(());

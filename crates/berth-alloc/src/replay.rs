@@ -4,8 +4,11 @@
 //! `stream` and remember the pointer under the row's `addr`; on `free_completed` free the block
 //! remembered under `addr`; ignore every other row. Freeing at `free_completed` honours the
 //! trace's streams: the recording already delayed it until the other streams' events
-//! completed. An `alloc` at an address still live (never seen in real traces) frees the older
-//! block right after the new allocation, uncounted.
+//! completed. An `alloc` at an address still live cannot happen in a real recording (an
+//! allocator hands out an address once until it is freed): [`CompiledTrace::try_new`] and
+//! [`TraceCompiler`] refuse it with [`LiveAlloc`]; when skipping unknown frees (below) it frees
+//! the older block right after the new allocation, uncounted, as PyTorch's replay script
+//! overwrites its pointer.
 //!
 //! A `free_completed` of an address that is not live (never allocated, or already freed) is
 //! refused with [`UnknownFree`] by [`CompiledTrace::try_new`] and [`TraceCompiler`]: PyTorch's
@@ -74,26 +77,62 @@ pub struct UnknownFree {
     pub addr: u64,
 }
 
+/// An `alloc` row at an address that is still live: two live blocks cannot share an address, so
+/// an earlier `free_completed` of it is missing (the replay rules of this module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("alloc at address {addr:#x}, which is already live (allocated by row #{earlier} and not freed since); an allocator hands out an address once until it is freed, so the trace is damaged; expected a free_completed of it before this alloc")]
+pub struct LiveAlloc {
+    /// 0-based index of the row in the trace.
+    pub index: usize,
+    /// The address it allocates.
+    pub addr: u64,
+    /// 0-based index of the `alloc` row that made the address live.
+    pub earlier: usize,
+}
+
+/// A trace row the replay rules refuse: [`UnknownFree`] or [`LiveAlloc`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadRow {
+    /// A `free_completed` of an address that is not live.
+    #[error(transparent)]
+    UnknownFree(#[from] UnknownFree),
+    /// An `alloc` at an address that is still live.
+    #[error(transparent)]
+    LiveAlloc(#[from] LiveAlloc),
+}
+
+impl BadRow {
+    /// 0-based index of the refused row in the trace.
+    pub fn index(&self) -> usize {
+        match self {
+            BadRow::UnknownFree(e) => e.index,
+            BadRow::LiveAlloc(e) => e.index,
+        }
+    }
+}
+
 /// Compiles trace rows one at a time into a [`CompiledTrace`] (so a trace can be compiled as
 /// it is read, `Note [Streaming trace reader]` in [`crate::trace`]), checking each `free_completed`
 /// against the live addresses.
 ///
 /// ```
-/// use berth_alloc::replay::{TraceCompiler, UnknownFree};
+/// use berth_alloc::replay::{BadRow, LiveAlloc, TraceCompiler, UnknownFree};
 /// use berth_alloc::trace::TraceEvent;
 /// use berth_alloc::{StreamId, TraceAction};
 /// let row = |action, addr| TraceEvent { action, addr, size: 512, stream: StreamId::DEFAULT, time_us: 0 };
 /// let mut c = TraceCompiler::new();
 /// c.push(0, &row(TraceAction::Alloc, 0x100)).unwrap();
 /// c.push(1, &row(TraceAction::FreeCompleted, 0x100)).unwrap();
-/// assert_eq!(c.push(2, &row(TraceAction::FreeCompleted, 0x100)), Err(UnknownFree { index: 2, addr: 0x100 }));
-/// assert_eq!(c.finish().ops(), 2);
+/// assert_eq!(c.push(2, &row(TraceAction::FreeCompleted, 0x100)), Err(BadRow::from(UnknownFree { index: 2, addr: 0x100 })));
+/// c.push(3, &row(TraceAction::Alloc, 0x200)).unwrap();
+/// assert_eq!(c.push(4, &row(TraceAction::Alloc, 0x200)), Err(BadRow::from(LiveAlloc { index: 4, addr: 0x200, earlier: 3 })));
+/// assert_eq!(c.finish().ops(), 3);
 /// ```
 #[derive(Debug, Default)]
 pub struct TraceCompiler {
     trace: CompiledTrace,
-    /// Live address → (slot, requested bytes).
-    live: HashMap<u64, (u32, u64)>,
+    /// Live address → (slot, requested bytes, index of its `alloc` row).
+    live: HashMap<u64, (u32, u64, usize)>,
     free_slots: Vec<u32>,
     /// Bytes live now; u128 because a crafted trace can have more than 2^64 bytes live (fuzzing
     /// found two allocations of 2^63 overflowing a u64); the peak saturates at `u64::MAX`.
@@ -118,17 +157,29 @@ impl TraceCompiler {
     /// `alloc` and `free_completed` compile to nothing.
     ///
     /// # Errors
-    /// [`UnknownFree`] for a `free_completed` of an address that is not live (unless skipped);
-    /// the row is then not compiled, and the compiler can go on.
+    /// [`BadRow::UnknownFree`] for a `free_completed` of an address that is not live, and
+    /// [`BadRow::LiveAlloc`] for an `alloc` at an address that is still live, both unless
+    /// skipping unknown frees ([`TraceCompiler::skip_unknown_frees`]); the row is then not
+    /// compiled, and the compiler can go on.
     ///
     /// # Panics
     /// Only with 2^32 blocks live at once (slot indices are `u32`), which would take 128 GiB of
     /// compiled operations first.
-    pub fn push(&mut self, index: usize, e: &TraceEvent) -> Result<(), UnknownFree> {
+    pub fn push(&mut self, index: usize, e: &TraceEvent) -> Result<(), BadRow> {
         let row = index as u64;
         let t = &mut self.trace;
         match e.action {
             TraceAction::Alloc => {
+                if !self.skip_unknown_frees {
+                    if let Some(&(_, _, earlier)) = self.live.get(&e.addr) {
+                        return Err(LiveAlloc {
+                            index,
+                            addr: e.addr,
+                            earlier,
+                        }
+                        .into());
+                    }
+                }
                 let slot = self.free_slots.pop().unwrap_or_else(|| {
                     t.slots += 1;
                     u32::try_from(t.slots - 1).expect("fewer than 2^32 blocks live at once")
@@ -144,7 +195,7 @@ impl TraceCompiler {
                 self.requested += u128::from(e.size);
                 let live_now = u64::try_from(self.requested).unwrap_or(u64::MAX);
                 t.peak_requested = t.peak_requested.max(live_now);
-                if let Some((old, size)) = self.live.insert(e.addr, (slot, e.size)) {
+                if let Some((old, size, _)) = self.live.insert(e.addr, (slot, e.size, index)) {
                     self.requested -= u128::from(size);
                     t.ops.push(Op {
                         size,
@@ -157,7 +208,7 @@ impl TraceCompiler {
                 }
             }
             TraceAction::FreeCompleted => match self.live.remove(&e.addr) {
-                Some((slot, size)) => {
+                Some((slot, size, _)) => {
                     self.requested -= u128::from(size);
                     t.ops.push(Op {
                         size,
@@ -174,7 +225,8 @@ impl TraceCompiler {
                     return Err(UnknownFree {
                         index,
                         addr: e.addr,
-                    })
+                    }
+                    .into())
                 }
             },
             _ => {}
@@ -268,14 +320,15 @@ impl CompiledTrace {
     }
 
     /// Compiles `events` as [`CompiledTrace::new`] does, but refuses a free of an address that
-    /// is not live, as PyTorch's allocator does (this module's docs).
+    /// is not live, as PyTorch's allocator does, and an alloc at an address that is still live
+    /// (this module's docs).
     ///
     /// # Errors
-    /// [`UnknownFree`] naming the first such row and its address.
+    /// [`BadRow`] naming the first such row and its address.
     ///
     /// # Panics
     /// As [`CompiledTrace::new`].
-    pub fn try_new(events: &[TraceEvent]) -> Result<Self, UnknownFree> {
+    pub fn try_new(events: &[TraceEvent]) -> Result<Self, BadRow> {
         let mut c = TraceCompiler::new();
         for (index, e) in events.iter().enumerate() {
             c.push(index, e)?;
@@ -447,13 +500,21 @@ mod tests {
         assert_eq!(t.ops[1].stream, StreamId(7));
         let one = t.clone().on_stream(StreamId::DEFAULT);
         assert!(one.ops.iter().all(|o| o.stream == StreamId::DEFAULT));
+        // Row 7 allocates 0x20 while row 3's block there is live: refused when not skipping.
         assert_eq!(
             CompiledTrace::try_new(&events).unwrap_err(),
-            UnknownFree {
+            BadRow::UnknownFree(UnknownFree {
                 index: 5,
                 addr: 0xdead
-            }
+            })
         );
+        let mut c = TraceCompiler::new();
+        let refused: Vec<usize> = events
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| c.push(i, e).err().map(|e| e.index()))
+            .collect();
+        assert_eq!(refused, [5, 7]);
     }
 
     /// Found by fuzzing: two live allocations of 2^63 bytes overflowed the requested-bytes sum.

@@ -414,3 +414,52 @@ fn pickle_truncations_of_pytorchs_pickle_name_the_opcode() {
         }
     );
 }
+
+/// `snapshot` as a pickle value whose first trace entry of device 0 has `action`.
+fn with_first_action(snapshot: &MemorySnapshot, action: &str) -> Vec<u8> {
+    let mut v = snapshot_to_value(snapshot);
+    let PickleValue::Dict(top) = &mut v else {
+        panic!("a snapshot is a dict")
+    };
+    let (_, traces) = top
+        .iter_mut()
+        .find(|(k, _)| k.as_str() == Some("device_traces"))
+        .expect("device_traces");
+    let PickleValue::List(devices) = traces else {
+        panic!("a list of devices")
+    };
+    let PickleValue::List(entries) = &mut devices[0] else {
+        panic!("a list of entries")
+    };
+    let PickleValue::Dict(first) = &mut entries[0] else {
+        panic!("an entry is a dict")
+    };
+    let (_, a) = first
+        .iter_mut()
+        .find(|(k, _)| k.as_str() == Some("action"))
+        .expect("action");
+    *a = PickleValue::str(action);
+    to_vec(&v)
+}
+
+/// PyTorch's `user_defined` entries mark a moment and are skipped; an action that is none of
+/// PyTorch's is refused, naming the entry, instead of being dropped silently.
+#[test]
+fn pickle_unknown_trace_actions_are_refused_but_user_defined_is_skipped() {
+    let s = replayed_snapshot();
+    let entries = s.device_traces[0].len();
+    let skipped = load_snapshot(&with_first_action(&s, "user_defined")).unwrap();
+    assert_eq!(skipped.device_traces[0].len(), entries - 1);
+    assert_eq!(skipped.device_traces[0][..], s.device_traces[0][1..]);
+    let err = load_snapshot(&with_first_action(&s, "bogus"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("field `device_traces[0][0].action`: expected one of PyTorch's trace actions (alloc, free_requested,"),
+        "{err}"
+    );
+    assert!(
+        err.ends_with("user_defined and annotate are skipped), found str \"bogus\""),
+        "{err}"
+    );
+}

@@ -9,7 +9,7 @@ use std::cell::Cell;
 use std::io::Read;
 use std::rc::Rc;
 
-use berth_alloc::replay::{CompiledTrace, TraceCompiler, UnknownFree};
+use berth_alloc::replay::{BadRow, CompiledTrace, TraceCompiler, UnknownFree};
 use berth_alloc::trace::{parse_trace, parse_trace_into, read_trace, TraceError, TraceEvent};
 use berth_alloc::TraceAction;
 
@@ -337,10 +337,10 @@ fn a_free_of_an_address_that_is_not_live_is_refused_with_its_row_and_address() {
     let e = CompiledTrace::try_new(&events).unwrap_err();
     assert_eq!(
         e,
-        UnknownFree {
+        BadRow::UnknownFree(UnknownFree {
             index: 3,
             addr: 0x1000
-        }
+        })
     );
     assert!(
         e.to_string()

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::caching::CachingAllocator;
-use berth_alloc::replay::{CompiledTrace, ReplayError, ReplayReport, TraceCompiler};
+use berth_alloc::replay::{BadRow, CompiledTrace, ReplayError, ReplayReport, TraceCompiler};
 use berth_alloc::stats::format_size;
 use berth_alloc::trace::{parse_trace_into, read_trace_into, TraceError, TraceEvent};
 use berth_alloc::{AllocatorConfig, DeviceAllocator, MemoryBackend, PagedBestFit, TraceAction};
@@ -38,7 +38,7 @@ pub struct ReplayArgs {
     /// (`expandable_segments:True`), `paged` (berth's own `PagedBestFit`) or `all`.
     #[arg(long, default_value = "paged")]
     pub policy: String,
-    /// Simulated device memory in bytes (suffixes KiB, MiB, GiB, TiB allowed); default: an
+    /// Simulated device memory in bytes (suffixes KiB, MiB, GiB, TiB, PiB allowed); default: an
     /// H200's 150109880320. Only with `--device sim`.
     #[arg(long, value_name = "BYTES")]
     pub capacity: Option<String>,
@@ -60,6 +60,10 @@ pub struct ReplayArgs {
     /// whose start was cut off (a wrapped `_record_memory_history` ring buffer).
     #[arg(long)]
     pub skip_unknown_frees: bool,
+    /// Which device's history to replay from a snapshot pickle (its `device_traces[N]`).
+    /// Default: the only device with a history; a snapshot with several needs this.
+    #[arg(long, value_name = "N")]
+    pub snapshot_device: Option<usize>,
 }
 
 /// A replay policy of `--policy`.
@@ -168,7 +172,7 @@ fn headings(paths: &[PathBuf]) -> Vec<String> {
         .collect()
 }
 
-/// Parses `--capacity`: an integer number of bytes, optionally followed by KiB/MiB/GiB/TiB.
+/// Parses `--capacity`: an integer number of bytes, optionally followed by KiB/MiB/GiB/TiB/PiB.
 fn parse_capacity(s: &str) -> Result<u64, UsageError> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
@@ -179,6 +183,7 @@ fn parse_capacity(s: &str) -> Result<u64, UsageError> {
         "MiB" => 20,
         "GiB" => 30,
         "TiB" => 40,
+        "PiB" => 50,
         _ => u32::MAX,
     };
     let value = digits
@@ -213,6 +218,8 @@ struct LoadOptions {
     keep_segments: bool,
     /// `--skip-unknown-frees`.
     skip_unknown_frees: bool,
+    /// `--snapshot-device`.
+    snapshot_device: Option<usize>,
 }
 
 /// The leading byte of every pickle of protocol 2 or later (`PROTO`), which
@@ -263,7 +270,7 @@ fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedTrace> {
             segment_addresses.push(e.addr);
         }
         compiler.push(index, &e).map_err(|err| {
-            unknown_free.set(true);
+            unknown_free.set(matches!(err, BadRow::UnknownFree(_)));
             err.to_string()
         })
     };
@@ -287,13 +294,16 @@ fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedTrace> {
             Some(bytes) => bytes,
             None => std::fs::read(path).map_err(cannot_read)?,
         };
-        let trace = berth_alloc::pickle::load_trace_pickle(&bytes).map_err(|e| {
+        let snapshot = berth_alloc::pickle::load_snapshot(&bytes).map_err(|e| {
             UsageError(format!(
                 "{}: not a valid PyTorch snapshot pickle: {e}",
                 path.display()
             ))
         })?;
         drop(bytes);
+        let device = snapshot_device(path, &snapshot, options.snapshot_device)?;
+        let trace = berth_alloc::pickle::snapshot_trace(&snapshot, device);
+        drop(snapshot);
         for (index, e) in trace.events.iter().enumerate() {
             sink(index, *e).map_err(|message| {
                 load_error(
@@ -318,6 +328,69 @@ fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedTrace> {
         segment_addresses,
         recorded: Recorded::from_stats(&stats, alloc_conf.as_deref()),
     })
+}
+
+/// The device whose history a snapshot replay uses: `chosen` (`--snapshot-device`) if it has
+/// one, else the only device with a history (device 0 when none has one, so an empty snapshot
+/// replays as an empty trace). A device other than 0 is named on stderr.
+///
+/// # Errors
+/// A [`UsageError`] when `chosen` has no history, or when several devices have one and none
+/// was chosen.
+fn snapshot_device(
+    path: &Path,
+    snapshot: &berth_alloc::MemorySnapshot,
+    chosen: Option<usize>,
+) -> Result<usize, UsageError> {
+    let with_history: Vec<usize> = snapshot
+        .device_traces
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !t.is_empty())
+        .map(|(i, _)| i)
+        .collect();
+    let listed = || {
+        with_history
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let device = match (chosen, &with_history[..]) {
+        (Some(d), _) if with_history.contains(&d) => d,
+        (Some(d), []) => {
+            return Err(UsageError(format!(
+                "{}: --snapshot-device {d}: the snapshot holds no allocator history on any \
+                 device (record one with torch.cuda.memory._record_memory_history())",
+                path.display()
+            )))
+        }
+        (Some(d), _) => {
+            return Err(UsageError(format!(
+                "{}: --snapshot-device {d}: that device has no allocator history; the \
+                 snapshot has one for device {}",
+                path.display(),
+                listed()
+            )))
+        }
+        (None, []) => 0,
+        (None, [d]) => *d,
+        (None, _) => {
+            return Err(UsageError(format!(
+                "{}: the snapshot holds the allocator histories of devices {}; pass \
+                 --snapshot-device N to replay one",
+                path.display(),
+                listed()
+            )))
+        }
+    };
+    if device != 0 {
+        eprintln!(
+            "berth: {}: replaying device {device}'s history",
+            path.display()
+        );
+    }
+    Ok(device)
 }
 
 /// The one-line error of a trace that could not be loaded; a free of an address that is not
@@ -417,6 +490,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         capacity: cuda.is_none().then_some(capacity),
         keep_segments: args.real_addrs,
         skip_unknown_frees: args.skip_unknown_frees,
+        snapshot_device: args.snapshot_device,
     };
     let traces: Vec<(String, LoadedTrace)> = headings(&args.traces)
         .into_iter()
@@ -518,8 +592,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
             e.full
         ),
         _ => anyhow::bail!(
-            "out of memory: {} (the rows above say where; pass a larger --capacity, or none for \
-             an unbounded device)",
+            "out of memory: {} (the rows above say where; pass a larger --capacity: the default is \
+             an H200's 139.8 GiB, the most 64 PiB)",
             oom.iter()
                 .map(|(r, _)| format!("{} on {}", r.policy.name(), r.trace))
                 .collect::<Vec<_>>()
@@ -749,6 +823,9 @@ mod tests {
             .0
             .contains("64 PiB"));
         assert_eq!(parse_capacity("65536TiB").unwrap(), 1 << 56);
+        // The limit as its own message spells it is accepted.
+        assert_eq!(parse_capacity("64PiB").unwrap(), 1 << 56);
+        assert!(parse_capacity("65PiB").is_err());
     }
 
     #[test]

@@ -520,6 +520,116 @@ fn a_free_of_an_address_that_is_not_live_is_refused_naming_event_and_address() {
     assert_eq!(v["ops"], 2, "the alloc and its free: {v}");
 }
 
+/// Two live blocks cannot share an address: an alloc at a live one is refused at that event,
+/// not blamed on a later free.
+#[test]
+fn an_alloc_at_a_live_address_is_refused_at_that_event() {
+    let (_dir, path) = trace_file(
+        "live-alloc",
+        "t.json",
+        r#"{"events": [["alloc", 16, 100, 0, 1], ["alloc", 16, 100, 0, 2], ["free_completed", 16, 100, 0, 3], ["free_completed", 16, 100, 0, 4]]}"#,
+    );
+    let out = berth(&["replay", path.to_str().unwrap()]);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(": trace event #1: alloc at address 0x10, which is already live (allocated by row #0 and not freed since)"),
+        "{err}"
+    );
+}
+
+/// A snapshot pickle holding `histories` (device index → alloc sizes, each freed) as bytes.
+fn snapshot_pickle(histories: &[&[u64]]) -> Vec<u8> {
+    use berth_alloc::{MemorySnapshot, StreamId, TraceAction, TraceEntry};
+    let entry = |action, addr, size| TraceEntry {
+        action,
+        addr,
+        size,
+        stream: StreamId::DEFAULT,
+        time_us: 0,
+    };
+    let device_traces = histories
+        .iter()
+        .map(|sizes| {
+            let mut t = Vec::new();
+            for (i, &size) in sizes.iter().enumerate() {
+                let addr = 0x1000 * (i as u64 + 1);
+                t.push(entry(TraceAction::Alloc, addr, size));
+                t.push(entry(TraceAction::FreeCompleted, addr, size));
+            }
+            t
+        })
+        .collect();
+    berth_alloc::pickle::dump_snapshot(&MemorySnapshot {
+        segments: Vec::new(),
+        device_traces,
+        allocator_settings: berth_alloc::AllocatorConfig::default(),
+    })
+}
+
+/// A snapshot is replayed for the device that has a history (named on stderr when it is not
+/// device 0); with several, `--snapshot-device` picks one and its absence is an error.
+#[test]
+fn a_snapshot_replays_the_device_with_a_history() {
+    let dir = temp_dir("snapshot-device");
+    let only_2 = dir.join("only2.pickle");
+    std::fs::write(&only_2, snapshot_pickle(&[&[], &[], &[1024, 2048]])).unwrap();
+    let out = berth(&[
+        "replay",
+        "--json",
+        "--policy",
+        "pytorch",
+        only_2.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("replaying device 2's history"), "{err}");
+    let v = normalize(String::from_utf8(out.stdout).unwrap().trim_end());
+    assert_eq!(v["ops"], 4, "device 2's two allocs and frees: {v}");
+    assert_eq!(v["peak_requested"], 2048);
+
+    let two = dir.join("two.pickle");
+    std::fs::write(&two, snapshot_pickle(&[&[512], &[4096, 8192, 512]])).unwrap();
+    let two_s = two.to_str().unwrap();
+    let out = berth(&["replay", two_s]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("the snapshot holds the allocator histories of devices 0, 1; pass --snapshot-device N to replay one"),
+        "{err}"
+    );
+    for (device, ops, peak) in [("0", 2, 512), ("1", 6, 8192)] {
+        let out = berth(&[
+            "replay",
+            "--json",
+            "--policy",
+            "pytorch",
+            "--snapshot-device",
+            device,
+            two_s,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v = normalize(String::from_utf8(out.stdout).unwrap().trim_end());
+        assert_eq!(
+            (v["ops"].as_u64(), v["peak_requested"].as_u64()),
+            (Some(ops), Some(peak)),
+            "device {device}: {v}"
+        );
+    }
+    let out = berth(&["replay", "--snapshot-device", "5", two_s]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--snapshot-device 5: that device has no allocator history; the snapshot has one for device 0, 1"),
+        "{err}"
+    );
+}
+
 #[test]
 fn an_empty_trace_has_no_ratio_instead_of_one() {
     let (_dir, path) = trace_file("empty", "empty.json", r#"{"events": []}"#);
@@ -671,7 +781,7 @@ fn replay_reports_each_policy_that_runs_out_of_memory_and_runs_the_rest() {
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
         "berth: error: out of memory: pytorch on small_two_stream, expandable on \
-         small_two_stream (the rows above say where; pass a larger --capacity, or none for an \
-         unbounded device)\n"
+         small_two_stream (the rows above say where; pass a larger --capacity: the default is an \
+         H200's 139.8 GiB, the most 64 PiB)\n"
     );
 }

@@ -39,8 +39,8 @@ pub fn dump_snapshot(snapshot: &MemorySnapshot) -> Vec<u8> {
 /// Decodes a `_dump_snapshot` pickle (PyTorch's or berth's) into a [`MemorySnapshot`].
 ///
 /// Stack frames, `external_annotations` and per-entry `compile_context` / `user_metadata` are
-/// not kept. Trace entries whose action berth does not model (newer PyTorch's `annotate` and
-/// user-defined entries) are skipped.
+/// not kept. Trace entries whose action berth does not model (PyTorch's `user_defined` and
+/// `annotate`) are skipped; any other action that is not one of [`TraceAction`]'s is refused.
 ///
 /// # Errors
 ///
@@ -345,12 +345,27 @@ fn block_from(f: &Field<'_>) -> Result<BlockInfo, PickleError> {
     })
 }
 
+/// Trace actions PyTorch writes that berth does not model: entries of
+/// `torch.cuda.memory._record_memory_history` that mark a point in time rather than change
+/// memory (`TraceEntry::USER_DEFINED` in
+/// <https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.h>, and
+/// annotations). [`load_snapshot`] skips them; any other unknown action is an error.
+const NOT_MODELLED_ACTIONS: [&str; 2] = ["user_defined", "annotate"];
+
 fn trace_from(f: &Field<'_>) -> Result<Vec<TraceEntry>, PickleError> {
     let mut out = Vec::new();
     for e in f.items()? {
         let action = e.key("action")?;
-        let Ok(parsed) = action.str()?.parse::<TraceAction>() else {
-            continue; // annotate / user-defined entries: nothing to replay
+        let name = action.str()?;
+        let Ok(parsed) = name.parse::<TraceAction>() else {
+            if NOT_MODELLED_ACTIONS.contains(&name) {
+                continue; // nothing to replay or draw
+            }
+            return Err(action.err(format!(
+                "one of PyTorch's trace actions ({}; {} are skipped)",
+                TraceAction::ALL.map(TraceAction::as_str).join(", "),
+                NOT_MODELLED_ACTIONS.join(" and ")
+            )));
         };
         let addr = if parsed == TraceAction::Oom {
             e.opt_key("device_free").or_else(|| e.opt_key("addr"))

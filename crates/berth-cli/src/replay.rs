@@ -34,7 +34,8 @@ pub struct ReplayArgs {
     /// Trace files (`*.trace.json.gz`, JSON, or PyTorch snapshot pickles).
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,
-    /// Allocator policy: `pytorch` (PyTorch's default caching allocator), `expandable`
+    /// Allocator policy: `pytorch` (PyTorch's default caching allocator, tuned by the settings of
+    /// `BERTH_ALLOC_CONF` such as `max_split_size_mb`, as `expandable` is), `expandable`
     /// (`expandable_segments:True`), `paged` (berth's own `PagedBestFit`) or `all`.
     #[arg(long, default_value = "paged")]
     pub policy: String,
@@ -95,19 +96,47 @@ impl Policy {
         }
     }
 
+    /// The policy over `sim`. `conf` (`BERTH_ALLOC_CONF`'s) tunes the PyTorch policy of the
+    /// `pytorch` and `expandable` rows (`max_split_size_mb`, `roundup_power2_divisions`, ...);
+    /// which policy runs is the row's, whatever its `backend` and `expandable_segments` say.
     pub(crate) fn allocator<B: MemoryBackend>(
         self,
         sim: B,
+        conf: &AllocatorConfig,
     ) -> anyhow::Result<Box<dyn DeviceAllocator>> {
+        let caching = |expandable_segments| AllocatorConfig {
+            backend: None,
+            expandable_segments,
+            ..conf.clone()
+        };
         Ok(match self {
-            Policy::Pytorch => Box::new(CachingAllocator::new(sim)),
-            Policy::Expandable => {
-                let config = AllocatorConfig::parse("expandable_segments:True")?;
-                Box::new(CachingAllocator::with_config(sim, config)?)
-            }
+            Policy::Pytorch => Box::new(CachingAllocator::with_config(sim, caching(false))?),
+            Policy::Expandable => Box::new(CachingAllocator::with_config(sim, caching(true))?),
             Policy::Paged => Box::new(PagedBestFit::new(sim)?),
         })
     }
+}
+
+/// `BERTH_ALLOC_CONF` for a replay: its PyTorch-policy settings apply to the `pytorch` and
+/// `expandable` rows; a `backend` or `expandable_segments` in it is overridden by `--policy`,
+/// which stderr says.
+///
+/// # Errors
+/// A [`UsageError`] for a malformed `BERTH_ALLOC_CONF`.
+fn replay_conf() -> Result<AllocatorConfig, UsageError> {
+    let conf = AllocatorConfig::from_env().map_err(|e| {
+        let value = std::env::var_os("BERTH_ALLOC_CONF").unwrap_or_default();
+        UsageError(format!("BERTH_ALLOC_CONF={}: {e}", value.to_string_lossy()))
+    })?;
+    if conf.backend.is_some() || conf.expandable_segments {
+        eprintln!(
+            "berth: note: BERTH_ALLOC_CONF={}: replay runs the policies --policy names; its \
+             `backend` and `expandable_segments` are not used, its other settings tune the \
+             pytorch and expandable rows",
+            conf.conf_string
+        );
+    }
+    Ok(conf)
 }
 
 /// Passes over each trace on one allocator, as PyTorch's C++ replay makes: the first is cold,
@@ -497,8 +526,9 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         .zip(&args.traces)
         .map(|(label, p)| Ok((label, load(p, &options)?)))
         .collect::<anyhow::Result<_>>()?;
+    let conf = replay_conf()?;
     if let Some(index) = cuda {
-        return crate::replay_cuda::run(index, &traces, &policies, args.json);
+        return crate::replay_cuda::run(index, &traces, &policies, &conf, args.json);
     }
     let total: u64 =
         traces.iter().map(|(_, t)| t.events as u64).sum::<u64>() * policies.len() as u64;
@@ -511,7 +541,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
             if args.real_addrs {
                 sim = sim.with_addresses(trace.segment_addresses.clone());
             }
-            let alloc = policy.allocator(sim)?;
+            let alloc = policy.allocator(sim, &conf)?;
             // A policy that runs out of memory gets a row saying so, and the others still run
             // ("which policies fit in --capacity?"); any other error stops the replay.
             let (report, cold_ns_per_op, out_of_memory) =
@@ -576,7 +606,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
             }
         }
     } else {
-        print!("{}", table(&rows));
+        print!("{}", table(&rows, args.real_addrs));
     }
     let oom: Vec<(&Row, &OutOfMemory)> = rows
         .iter()
@@ -674,9 +704,16 @@ const REFERENCE_NOTE: &str =
 const RECORDED_NOTE: &str = "(torch (recorded): PyTorch's own figures from the trace's `stats`, memory_stats() at \
      the end of the recorded run: requested_bytes.all.peak, reserved_bytes.all.peak, num_device_alloc)";
 
+/// Explains a `pytorch` row that differs from the `torch (recorded)` row of a trace recorded in
+/// PyTorch's default mode, once, when the replay did not use the recorded addresses.
+const TIES_NOTE: &str = "(pytorch differs from torch (recorded) above: PyTorch breaks ties \
+     between equal-size free blocks by address, and this replay handed out increasing addresses; \
+     pass --real-addrs to use the segment addresses the trace recorded)";
+
 /// The human table: one block per trace, one row per policy, PyTorch's rows beneath; the notes
-/// that explain a kind of row come once, at the end.
-fn table(rows: &[Row]) -> String {
+/// that explain a kind of row come once, at the end. `real_addrs`: the replay used the
+/// recorded segment addresses (`--real-addrs`).
+fn table(rows: &[Row], real_addrs: bool) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let header = format!(
@@ -691,6 +728,7 @@ fn table(rows: &[Row]) -> String {
         "ns/op"
     );
     let (mut any_na, mut any_reference, mut any_recorded) = (false, false, false);
+    let mut any_ties = false;
     let mut last = None;
     for row in rows {
         if last != Some(row.group) {
@@ -776,6 +814,14 @@ fn table(rows: &[Row]) -> String {
                     rec.alloc_conf
                 );
             }
+            let pytorch_differs = rows.iter().any(|x| {
+                x.group == row.group
+                    && x.policy == Policy::Pytorch
+                    && x.out_of_memory.is_none()
+                    && (x.report.peak_reserved != rec.peak_reserved
+                        || rec.segments.is_some_and(|s| s != x.report.device_allocs))
+            });
+            any_ties |= pytorch_differs && !real_addrs && rec.alloc_conf.is_empty();
             if let Some(recorded) = rec.peak_requested.filter(|&p| p != r.peak_requested) {
                 let _ = writeln!(
                     out,
@@ -793,6 +839,7 @@ fn table(rows: &[Row]) -> String {
         (any_na, NA_NOTE),
         (any_reference, REFERENCE_NOTE),
         (any_recorded, RECORDED_NOTE),
+        (any_ties, TIES_NOTE),
     ];
     if notes.iter().any(|(shown, _)| *shown) {
         out.push('\n');

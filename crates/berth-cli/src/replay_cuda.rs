@@ -27,13 +27,14 @@ pub fn run(
     index: usize,
     traces: &[(String, LoadedTrace)],
     policies: &[Policy],
+    conf: &berth_alloc::AllocatorConfig,
     json: bool,
 ) -> anyhow::Result<()> {
     for (name, trace) in traces {
         let compiled = trace.compiled.clone().on_stream(StreamId::DEFAULT);
         for &policy in policies {
             let backend = CudaBackend::new(index)?;
-            let alloc = policy.allocator(backend.clone())?;
+            let alloc = policy.allocator(backend.clone(), conf)?;
             let (free_before, _) = mem_get_info(index)?;
             let (cold, warm) = passes(&compiled, alloc.as_ref())
                 .with_context(|| format!("{name} / {}", policy.name()))?;

@@ -191,3 +191,49 @@ fn dataloader_text_names_its_references_and_measures_each_count_once() {
     );
     assert!(host[1].contains("workers=0 "), "{text}");
 }
+
+/// `--json` is one JSON object per line, and a machine without a GPU says so in one of them
+/// (the text mode's `gpu: skipped` line) instead of leaving the GPU figures silently out.
+#[test]
+fn dataloader_json_says_when_the_gpu_part_was_skipped() {
+    let out = berth(&[
+        "bench",
+        "dataloader",
+        "--samples",
+        "64",
+        "--features",
+        "4",
+        "--batch-size",
+        "8",
+        "--workers",
+        "0",
+        "--epochs",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let skipped: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|v| v.get("skipped").is_some())
+        .collect();
+    if berth::cuda::is_available() {
+        assert!(skipped.is_empty(), "{lines:?}");
+    } else {
+        assert_eq!(skipped.len(), 1, "{lines:?}");
+        assert_eq!(skipped[0]["target"], "cuda");
+        let reason = skipped[0]["skipped"].as_str().unwrap();
+        assert_eq!(
+            reason,
+            berth::cuda::unavailable_reason().unwrap_or_default()
+        );
+        assert!(!reason.is_empty());
+    }
+}

@@ -443,6 +443,10 @@ fn bad_input_is_a_one_line_error() {
         "{err}"
     );
     assert!(!out.exists(), "no page is written on error");
+    // `cuda:N`, as the other subcommands spell a device, names the same device.
+    let (code, err) = fails(&["memviz", real_s, "-o", out_s, "--device", "cuda:3"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--device 3"), "{err}");
 
     // `-o` is the snapshot: refused, and the snapshot is kept.
     std::fs::write(path("keep.pickle"), &bytes).unwrap();

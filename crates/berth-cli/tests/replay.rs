@@ -520,6 +520,99 @@ fn a_free_of_an_address_that_is_not_live_is_refused_naming_event_and_address() {
     assert_eq!(v["ops"], 2, "the alloc and its free: {v}");
 }
 
+/// `BERTH_ALLOC_CONF` tunes the PyTorch policy's rows (here `max_split_size_mb`, which makes
+/// PyTorch's policy reserve more on `lstm_varlen_train`), is checked, and its policy keys are
+/// named as unused.
+#[test]
+fn replay_reads_berth_alloc_conf_for_the_pytorch_rows() {
+    let lstm = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../berth-alloc/tests/data/lstm_varlen_train.trace.json.gz");
+    let run = |conf: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_berth"));
+        c.args([
+            "replay",
+            "--json",
+            "--policy",
+            "pytorch",
+            lstm.to_str().unwrap(),
+        ]);
+        match conf {
+            Some(v) => c.env("BERTH_ALLOC_CONF", v),
+            None => c.env_remove("BERTH_ALLOC_CONF"),
+        };
+        c.output().expect("berth runs")
+    };
+    let reserved = |out: &Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        normalize(String::from_utf8_lossy(&out.stdout).trim_end())["peak_reserved"]
+            .as_u64()
+            .unwrap()
+    };
+    let plain = reserved(&run(None));
+    // PyTorch's own live figure for this trace in its default mode.
+    assert_eq!(plain, 20_088_619_008);
+    let split = reserved(&run(Some("max_split_size_mb:64")));
+    assert!(
+        split > plain,
+        "max_split_size_mb:64 gave {split}, the default {plain}"
+    );
+    let noted = run(Some("backend:native"));
+    assert_eq!(reserved(&noted), plain);
+    assert!(
+        String::from_utf8_lossy(&noted.stderr)
+            .contains("its `backend` and `expandable_segments` are not used"),
+        "{}",
+        String::from_utf8_lossy(&noted.stderr)
+    );
+    let bad = run(Some("bogus"));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with(
+            "berth: error: BERTH_ALLOC_CONF=bogus: unrecognized allocator config key 'bogus'"
+        ),
+        "{err}"
+    );
+}
+
+/// Where the PyTorch policy's row differs from PyTorch's recorded figures because of address
+/// ties, the table says how to match them (`--real-addrs`), and with it they match.
+#[test]
+fn a_pytorch_row_off_by_address_ties_points_to_real_addrs() {
+    let unet = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../berth-alloc/tests/data/unet_diffusion_train.trace.json.gz");
+    let unet = unet.to_str().unwrap();
+    let out = berth(&["replay", "--policy", "pytorch", unet]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("pass --real-addrs to use the segment addresses the trace recorded"),
+        "{text}"
+    );
+    let out = berth(&["replay", "--policy", "pytorch", "--real-addrs", unet]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("--real-addrs"), "{text}");
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("pytorch ") || l.starts_with("torch (recorded) "))
+        .collect();
+    // Segments, ratio, the peak reserved's unit and number: from the right, past the two
+    // columns the recorded row leaves as `-` (device calls, ns/op).
+    fn figures(l: &str) -> Vec<&str> {
+        l.split_whitespace().rev().skip(2).take(4).collect()
+    }
+    assert_eq!(rows.len(), 2, "{text}");
+    assert_eq!(figures(rows[0]), figures(rows[1]), "{text}");
+}
+
 /// Two live blocks cannot share an address: an alloc at a live one is refused at that event,
 /// not blamed on a later free.
 #[test]

@@ -316,11 +316,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 
     if !berth::cuda::is_available() {
-        if !args.json {
+        let reason = berth::cuda::unavailable_reason().unwrap_or_default();
+        if args.json {
+            // One JSON object per line, so a reader of the figures sees the GPU part was skipped.
             println!(
-                "gpu: skipped ({})",
-                berth::cuda::unavailable_reason().unwrap_or_default()
+                "{}",
+                serde_json::json!({ "bench": "dataloader", "target": "cuda", "skipped": reason })
             );
+        } else {
+            println!("gpu: skipped ({reason})");
         }
         return Ok(());
     }

@@ -36,9 +36,18 @@ pub struct MemvizArgs {
     /// The HTML file to write (self-contained: open it in any browser, offline).
     #[arg(short, long, value_name = "OUT.html")]
     pub output: PathBuf,
-    /// The device to show (default: the first device with segments or trace entries).
-    #[arg(long, value_name = "INDEX")]
+    /// The device to show, as an index (`0`) or as `cuda:0` (default: the first device with
+    /// segments or trace entries).
+    #[arg(long, value_name = "INDEX", value_parser = parse_device_index)]
     pub device: Option<usize>,
+}
+
+/// `--device`: `N` or `cuda:N`, as the other subcommands spell a CUDA device.
+fn parse_device_index(s: &str) -> Result<usize, String> {
+    let digits = s.strip_prefix("cuda:").unwrap_or(s);
+    digits
+        .parse::<usize>()
+        .map_err(|_| format!("expected a device index such as 0 (or cuda:0), found {s:?}"))
 }
 
 /// What can go wrong in `berth memviz`.
@@ -337,6 +346,17 @@ pub fn run(args: MemvizArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_is_an_index_or_cuda_index() {
+        assert_eq!(parse_device_index("2"), Ok(2));
+        assert_eq!(parse_device_index("cuda:1"), Ok(1));
+        assert_eq!(
+            parse_device_index("gpu0"),
+            Err("expected a device index such as 0 (or cuda:0), found \"gpu0\"".to_owned())
+        );
+        assert!(parse_device_index("cuda:-1").is_err());
+    }
     use berth_alloc::snapshot::{TraceAction, TraceEntry};
 
     #[test]

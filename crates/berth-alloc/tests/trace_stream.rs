@@ -158,6 +158,18 @@ fn columns_before_the_events_are_checked_before_any_row_is_read() {
     // After the events (as `scripts/traces/record_traces.py` writes them), they are checked at the end.
     let e = parse_trace(br#"{"events": [["alloc", 1, 2, 0, 0]], "columns": ["a"]}"#).unwrap_err();
     assert!(matches!(e, TraceError::Columns { found } if found == ["a"]));
+    // What was there, not an empty list: a string instead of a list, or entries that are not
+    // strings.
+    let e = parse_trace(br#"{"columns": "x", "events": []}"#).unwrap_err();
+    assert!(
+        matches!(&e, TraceError::Columns { found } if *found == ["\"x\" (not a list)"]),
+        "{e:?}"
+    );
+    let e = parse_trace(br#"{"columns": ["action", 7], "events": []}"#).unwrap_err();
+    assert!(
+        matches!(&e, TraceError::Columns { found } if *found == ["action", "7"]),
+        "{e:?}"
+    );
     let ok = parse_trace(
         br#"{"events": [["alloc", 1, 2, 0, 0]], "columns": ["action", "addr", "size", "stream", "time_us"], "stats": {"num_ooms": 0}}"#,
     )
@@ -354,4 +366,22 @@ fn a_free_of_an_address_that_is_not_live_is_refused_with_its_row_and_address() {
     }
     assert_eq!(c.finish().ops(), 2);
     assert_eq!(CompiledTrace::new(&events).ops(), 2);
+}
+
+/// An empty file says so, whatever its name, instead of "not gzip data" or a JSON parse error.
+#[test]
+fn an_empty_trace_file_is_called_empty() {
+    let dir = std::env::temp_dir().join(format!("berth-empty-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["t.json", "t.trace.json.gz"] {
+        let path = dir.join(name);
+        std::fs::write(&path, b"").unwrap();
+        let e = read_trace(&path).unwrap_err();
+        assert!(matches!(e, TraceError::EmptyFile), "{name}: {e:?}");
+        assert!(
+            e.to_string().starts_with("the file is empty (0 bytes)"),
+            "{e}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -472,9 +472,10 @@ fn cuda_index(args: &ReplayArgs) -> anyhow::Result<Option<usize>> {
         ))
         .into());
     }
-    let device: berth::Device = args.device.parse().map_err(|e| {
+    let device: berth::Device = args.device.parse().map_err(|_| {
         UsageError(format!(
-            "--device {}: {e}; or sim for the simulated device",
+            "--device {}: replay runs on sim (the simulated device, the default) or cuda:N (a \
+             GPU, e.g. cuda:0)",
             args.device
         ))
     })?;
@@ -692,7 +693,7 @@ fn ratio_cell(ratio: Option<f64>) -> String {
 }
 
 /// Explains `n/a` in the ratio and ns/op columns, once.
-const NA_NOTE: &str = "(n/a: the trace requests no bytes, so there is no peak to divide by, and no operation to time)";
+const NA_NOTE: &str = "(n/a: a trace that requests no bytes has no peak to divide by, and one with no operations has nothing to time)";
 
 /// Explains the PyTorch rows of the published traces, once.
 const REFERENCE_NOTE: &str =

@@ -89,11 +89,12 @@ impl FashionMnist {
         let labels = idx_path(dir, &format!("{p}-labels-idx1-ubyte"));
         let data = read_images_labels(&images, &labels, CLASSES.len())?;
         if (data.rows, data.cols) != (28, 28) {
-            return Err(DataError::Idx(IdxError::Truncated {
+            return Err(DataError::Idx(IdxError::ImageSize {
                 path: images,
-                what: "28×28 images",
-                expected_bytes: data.len() * PIXELS,
-                actual_bytes: data.pixels.len(),
+                rows: data.rows,
+                cols: data.cols,
+                expected_rows: 28,
+                expected_cols: 28,
             }));
         }
         Ok(FashionMnist {

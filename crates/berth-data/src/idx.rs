@@ -78,6 +78,20 @@ pub enum IdxError {
         /// The dimensions read from the header.
         dims: Vec<usize>,
     },
+    /// The images are not the size the dataset has.
+    #[error("IDX file {path} holds {rows}×{cols} images; this dataset's are {expected_rows}×{expected_cols} (the Fashion-MNIST files)")]
+    ImageSize {
+        /// The image file.
+        path: PathBuf,
+        /// Rows per image in the header.
+        rows: usize,
+        /// Columns per image in the header.
+        cols: usize,
+        /// Rows the dataset needs.
+        expected_rows: usize,
+        /// Columns the dataset needs.
+        expected_cols: usize,
+    },
     /// The image and label files disagree on the number of items.
     #[error("{images_path} holds {images} images but {labels_path} holds {labels} labels; they must be equal")]
     CountMismatch {

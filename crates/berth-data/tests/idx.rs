@@ -308,3 +308,38 @@ fn missing_file_and_bad_label() {
         "{err:?}"
     );
 }
+
+/// Images of the wrong size are called that, not a truncated file.
+#[test]
+fn images_that_are_not_28_by_28() {
+    let d = scratch("size");
+    std::fs::write(
+        d.join("train-images-idx3-ubyte"),
+        idx_bytes(IMAGES_MAGIC, &[2, 14, 14], &[0; 2 * 196]),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("train-labels-idx1-ubyte"),
+        idx_bytes(LABELS_MAGIC, &[2], &[0, 1]),
+    )
+    .unwrap();
+    let err = FashionMnist::load(&*d, Split::Train).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DataError::Idx(IdxError::ImageSize {
+                rows: 14,
+                cols: 14,
+                expected_rows: 28,
+                expected_cols: 28,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .contains("holds 14×14 images; this dataset's are 28×28"),
+        "{err}"
+    );
+}

@@ -210,8 +210,8 @@ impl Device {
             DeviceKind::Cpu | DeviceKind::Meta => Ok(self),
             DeviceKind::Mps => Err(Error::DeviceNotAvailable {
                 device: self,
-                reason: "MPS is Apple's Metal backend; it is not available on this platform \
-                         (use cpu or cuda)"
+                reason: "MPS is Apple's Metal backend, which berth does not drive (its \
+                         devices are cpu, cuda and meta)"
                     .into(),
             }),
             DeviceKind::Cuda => {

@@ -133,14 +133,15 @@ impl<'de, S: EventSink + ?Sized> Visitor<'de> for Document<'_, S> {
                 }
                 "columns" => {
                     let value: Value = map.next_value()?;
-                    let found: Vec<String> = value
-                        .as_array()
-                        .map(|a| {
-                            a.iter()
-                                .map(|c| c.as_str().unwrap_or("?").to_owned())
-                                .collect()
-                        })
-                        .unwrap_or_default();
+                    // What was there, as the error shows it: each entry of a list (a string
+                    // as itself, anything else as JSON), or the whole value if not a list.
+                    let found: Vec<String> = match value.as_array() {
+                        Some(a) => a
+                            .iter()
+                            .map(|c| c.as_str().map_or_else(|| c.to_string(), str::to_owned))
+                            .collect(),
+                        None => vec![format!("{value} (not a list)")],
+                    };
                     if self.state.saw_events {
                         // Checked at the end (the rows were read with the default layout).
                         self.state.columns = Some(found);

@@ -142,6 +142,9 @@ pub enum TraceError {
     /// `1f 8b`: it is not gzip data at all (plain JSON renamed, or another format).
     #[error("the file name ends in .gz but the content is not gzip data (it does not start with the gzip magic bytes 1f 8b); expected a gzip-compressed JSON trace, or rename a plain JSON trace to .json")]
     NotGzip,
+    /// The file has no bytes at all.
+    #[error("the file is empty (0 bytes); expected a JSON trace such as torch_trace.py records, gzip-compressed if named .gz")]
+    EmptyFile,
     /// The gzip stream is corrupt or truncated.
     #[error("corrupt or truncated gzip data after {decompressed} decompressed bytes: {message}; expected a complete .json.gz file")]
     Gzip {
@@ -206,8 +209,9 @@ pub fn read_trace(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
 /// its row is parsed (`Note [Streaming trace reader]`); returns the rest of the file.
 ///
 /// # Errors
-/// [`TraceError::Io`] if the file cannot be opened or read; [`TraceError::NotGzip`] if its name
-/// ends in `.gz` but its content is not gzip data; otherwise as [`parse_trace_into`].
+/// [`TraceError::Io`] if the file cannot be opened or read; [`TraceError::EmptyFile`] if it has
+/// no bytes; [`TraceError::NotGzip`] if its name ends in `.gz` but its content is not gzip data;
+/// otherwise as [`parse_trace_into`].
 pub fn read_trace_into<S: EventSink + ?Sized>(
     path: impl AsRef<Path>,
     sink: &mut S,
@@ -227,6 +231,9 @@ pub fn read_trace_into<S: EventSink + ?Sized>(
         tally: Rc::clone(&file_errors),
     })
     .map_err(io)?;
+    if !is_gz && std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+        return Err(TraceError::EmptyFile);
+    }
     if named_gz && !is_gz {
         return Err(TraceError::NotGzip);
     }

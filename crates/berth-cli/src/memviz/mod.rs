@@ -326,19 +326,20 @@ pub fn run(args: MemvizArgs) -> anyhow::Result<()> {
         source,
     })?;
     let t = &data.timeline;
+    let count =
+        |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     println!(
-        "wrote {} ({} KiB): device {}, {} segments, {} blocks, {} trace entries; timeline of {} \
-         steps in {} columns, {} of {} blocks drawn one by one",
+        "wrote {} ({} KiB): device {}, {}, {}, {}; timeline of {} in {}, {} of {} drawn one by one",
         args.output.display(),
         html.len().div_ceil(1024),
         data.device,
-        data.counts.segments,
-        data.counts.blocks,
-        data.counts.trace_entries,
-        t.steps,
-        t.columns.step.len(),
+        count(data.counts.segments, "segment", "segments"),
+        count(data.counts.blocks, "block", "blocks"),
+        count(data.counts.trace_entries, "trace entry", "trace entries"),
+        count(t.steps, "step", "steps"),
+        count(t.columns.step.len(), "column", "columns"),
         t.bands.len(),
-        t.blocks,
+        count(t.blocks, "block", "blocks"),
     );
     Ok(())
 }

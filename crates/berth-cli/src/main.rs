@@ -228,11 +228,13 @@ pub fn whole_usize(
     }
 }
 
-/// Exit status for an error: 2 for bad user input (the error chain holds a [`UsageError`] or an
-/// input [`memviz::MemvizError`]), 1 otherwise.
+/// Exit status for an error: 2 for bad user input (the error chain holds a [`UsageError`], a
+/// malformed `BERTH_ALLOC_CONF` or an input [`memviz::MemvizError`]), 1 otherwise.
 fn exit_code(err: &anyhow::Error) -> i32 {
     let input = |e: &(dyn std::error::Error + 'static)| {
         e.is::<UsageError>()
+            // A malformed BERTH_ALLOC_CONF is bad input too.
+            || e.is::<berth_alloc::ConfigError>()
             || e.downcast_ref::<memviz::MemvizError>()
                 .is_some_and(memviz::MemvizError::is_input)
     };

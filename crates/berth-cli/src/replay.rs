@@ -124,10 +124,8 @@ impl Policy {
 /// # Errors
 /// A [`UsageError`] for a malformed `BERTH_ALLOC_CONF`.
 fn replay_conf() -> Result<AllocatorConfig, UsageError> {
-    let conf = AllocatorConfig::from_env().map_err(|e| {
-        let value = std::env::var_os("BERTH_ALLOC_CONF").unwrap_or_default();
-        UsageError(format!("BERTH_ALLOC_CONF={}: {e}", value.to_string_lossy()))
-    })?;
+    let conf =
+        AllocatorConfig::from_env().map_err(|e| UsageError(format!("BERTH_ALLOC_CONF: {e}")))?;
     if conf.backend.is_some() || conf.expandable_segments {
         eprintln!(
             "berth: note: BERTH_ALLOC_CONF={}: replay runs the policies --policy names; its \

@@ -574,7 +574,7 @@ fn replay_reads_berth_alloc_conf_for_the_pytorch_rows() {
     assert_eq!(bad.status.code(), Some(2), "{err}");
     assert!(
         err.starts_with(
-            "berth: error: BERTH_ALLOC_CONF=bogus: unrecognized allocator config key 'bogus'"
+            "berth: error: BERTH_ALLOC_CONF: unrecognized allocator config key 'bogus'"
         ),
         "{err}"
     );

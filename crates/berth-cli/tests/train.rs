@@ -592,3 +592,22 @@ fn resident_batches_match_the_loader_on_cuda() {
     }
     resident_matches_the_loader_on("cuda:0");
 }
+
+/// A malformed `BERTH_ALLOC_CONF` is bad input: one line, status 2, as the flags' errors.
+#[test]
+fn a_bad_berth_alloc_conf_is_a_usage_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["train", "--device", "meta"])
+        .env("BERTH_ALLOC_CONF", "bogus")
+        .output()
+        .expect("berth runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with(
+            "berth: error: BERTH_ALLOC_CONF: unrecognized allocator config key 'bogus'"
+        ),
+        "{err}"
+    );
+}

@@ -92,12 +92,16 @@ fi
 # DataLoader to the GPU.
 if want train; then
 # Per allocator policy: the default (berth's paged), PyTorch's policy, PyTorch's expandable
-# segments; each GPU run beside its meta prediction, and a memory snapshot of the default's.
-for conf in "" "backend:native" "expandable_segments:True"; do
-  tag=${conf:-default}; tag=${tag//[:]/-}
-  snap=(); [ -z "$conf" ] && snap=(--memory-snapshot "$OUT/train-default.snapshot.pickle")
-  BERTH_ALLOC_CONF=$conf timeout 300 .gpu/berth train --device auto --epochs 5 --json "${snap[@]}" > "$OUT/train-cuda-$tag.json" 2>"$OUT/train-cuda-$tag.err" || status=1
-  BERTH_ALLOC_CONF=$conf timeout 60 .gpu/berth train --device meta --json > "$OUT/train-meta-$tag.json" 2>>"$OUT/train-cuda-$tag.err" || status=1
+# segments; each GPU run beside its meta prediction, and a memory snapshot of the default's;
+# then the same with --resident (the split on the device; 1 epoch), beside its prediction.
+for conf in "" "backend:native" "expandable_segments:True" \
+            "resident" "resident backend:native" "resident expandable_segments:True"; do
+  res=(); epochs=5
+  if [ "${conf#resident}" != "$conf" ]; then res=(--resident); epochs=1; conf=${conf#resident}; conf=${conf# }; fi
+  tag=${conf:-default}; tag=${tag//[:]/-}; tag=$tag${res:+-resident}
+  snap=(); [ -z "$conf" ] && [ -z "${res[*]}" ] && snap=(--memory-snapshot "$OUT/train-default.snapshot.pickle")
+  BERTH_ALLOC_CONF=$conf timeout 300 .gpu/berth train --device auto --epochs $epochs --json "${res[@]}" "${snap[@]}" > "$OUT/train-cuda-$tag.json" 2>"$OUT/train-cuda-$tag.err" || status=1
+  BERTH_ALLOC_CONF=$conf timeout 60 .gpu/berth train --device meta --json "${res[@]}" > "$OUT/train-meta-$tag.json" 2>>"$OUT/train-cuda-$tag.err" || status=1
   python3 - "$OUT" "$tag" <<'PY' | tee -a "$OUT/train-policies.jsonl"
 import json, os, sys
 out, tag = sys.argv[1], sys.argv[2]

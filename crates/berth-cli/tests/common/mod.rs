@@ -49,3 +49,31 @@ impl Drop for TempDir {
         std::fs::remove_dir_all(&self.0).ok();
     }
 }
+
+/// Drops the fields that depend on the machine (`ns_per_op`, the warm figure, and
+/// `cold_ns_per_op`) after checking they are positive numbers.
+pub fn normalize(line: &str) -> serde_json::Value {
+    let mut v: serde_json::Value =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    for field in ["ns_per_op", "cold_ns_per_op"] {
+        let ns = v
+            .as_object_mut()
+            .unwrap()
+            .remove(field)
+            .unwrap_or_else(|| panic!("{field} present"));
+        assert!(
+            ns.as_f64().is_some_and(|n| n > 0.0),
+            "{field} {ns} is a positive number"
+        );
+    }
+    v
+}
+
+/// A trace file of `events` (JSON rows) in a fresh folder; returns (folder, path). Keep the
+/// folder guard alive while the path is used: it removes the folder when it drops.
+pub fn trace_file(test: &str, name: &str, json: &str) -> (TempDir, std::path::PathBuf) {
+    let dir = TempDir::new(&format!("replay-{test}"));
+    let path = dir.join(name);
+    std::fs::write(&path, json).unwrap();
+    (dir, path)
+}

@@ -5,7 +5,9 @@ use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::paged::MAX_RUN_UNITS;
 use berth_alloc::replay::{replay, ReplayReport};
 use berth_alloc::trace::read_trace;
-use berth_alloc::{AllocError, DeviceAllocator, DevicePtr, PagedBestFit, PagedTuning, StreamId};
+use berth_alloc::{
+    AllocError, BlockState, DeviceAllocator, DevicePtr, PagedBestFit, PagedTuning, StreamId,
+};
 
 use crate::util::{trace_path, MIB, TRACES};
 
@@ -152,6 +154,31 @@ fn paged_record_stream_defers_reuse_until_event_completes() {
         "block still in use on stream 7 is not handed out again"
     );
     assert_eq!(alloc.stats().active_bytes.all().current, 2 * 4096);
+    // The snapshot agrees with the stats: the freed block still used on stream 7 is
+    // `active_pending_free` (active, not allocated), as PyTorch's snapshot shows it.
+    let snap = alloc.snapshot();
+    let blocks: Vec<(u64, BlockState)> = snap
+        .segments
+        .iter()
+        .flat_map(|s| s.blocks.iter().map(|b| (b.address, b.state)))
+        .filter(|(_, st)| *st != BlockState::Inactive)
+        .collect();
+    assert_eq!(blocks, {
+        let mut want = vec![
+            (a.0, BlockState::ActivePendingFree),
+            (b.0, BlockState::ActiveAllocated),
+        ];
+        want.sort_unstable_by_key(|w| w.0);
+        want
+    });
+    let (active, allocated, requested) = snap.segments.iter().fold((0, 0, 0), |(x, y, z), s| {
+        (
+            x + s.active_size,
+            y + s.allocated_size,
+            z + s.requested_size,
+        )
+    });
+    assert_eq!((active, allocated, requested), (2 * 4096, 4096, 2 * 4096));
     alloc.backend().complete_events_on(s1);
     alloc.raw_delete(b).unwrap();
     let c = alloc.raw_alloc(4096, s0).unwrap();

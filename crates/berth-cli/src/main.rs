@@ -143,14 +143,9 @@ fn error_line(err: &anyhow::Error) -> String {
     line
 }
 
-/// The most DataLoader worker threads `--workers` may ask for.
-///
-/// Each worker is an OS thread of this process. Far past the number of cores they only add
-/// switching, and at some tens of thousands the OS refuses the memory for a new thread's stack
-/// guard page, which aborts the whole process from inside the new thread (no error to catch).
-/// 1024 is far above any useful count (PyTorch suggests at most the number of cores) and far
-/// below that abort.
-pub const MAX_WORKERS: usize = 1024;
+/// The most DataLoader worker threads `--workers` may ask for: the loader's own bound
+/// ([`berth_data::MAX_WORKERS`], which says why).
+pub const MAX_WORKERS: usize = berth_data::MAX_WORKERS;
 
 /// Checks a `--workers` value against [`MAX_WORKERS`].
 ///

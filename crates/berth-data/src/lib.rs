@@ -61,7 +61,7 @@ pub use error::{DataError, OriginalError, Result};
 pub use fashion_mnist::{FashionMnist, Split};
 pub use iter::{LoaderIter, STATUS_CHECK_INTERVAL, STREAM_PREFETCH_LIMIT};
 pub use iterable::{IterableDataLoader, IterableDataLoaderBuilder, IterableLoaderIter};
-pub use loader::{DataLoader, DataLoaderBuilder, DEFAULT_PREFETCH_FACTOR};
+pub use loader::{DataLoader, DataLoaderBuilder, DEFAULT_PREFETCH_FACTOR, MAX_WORKERS};
 pub use pin::{PinMemory, PinTarget, PinnedHost};
 pub use pinned_default::AllocatorPinnedHost;
 pub use rng::Generator;

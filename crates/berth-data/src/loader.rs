@@ -224,7 +224,7 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
     ///
     /// # Errors
     /// [`DataError::InvalidOption`] with PyTorch's message for: negative `num_workers`, negative
-    /// (or NaN) `timeout`, a `timeout` too large for a [`Duration`] (infinity included: 0 is
+    /// (or NaN) `timeout`, and with berth's for more than [`MAX_WORKERS`] workers; a `timeout` too large for a [`Duration`] (infinity included: 0 is
     /// "no limit"), `prefetch_factor` without workers, negative (or zero) `prefetch_factor`,
     /// `persistent_workers` without workers, `sampler` with `shuffle`, `batch_sampler` with
     /// `batch_size`/`shuffle`/`sampler`/`drop_last`, `batch_size = 0`; and a positive `timeout`
@@ -294,6 +294,15 @@ where
     }
 }
 
+/// The most worker threads a loader may start (`num_workers`).
+///
+/// Each worker is an OS thread of this process. Far past the number of cores they only add
+/// switching, and at some tens of thousands the OS refuses the memory for a new thread's stack
+/// guard page, which aborts the whole process from inside the new thread (no error to catch).
+/// 1024 is far above any useful count (PyTorch suggests at most the number of cores) and far
+/// below that abort. PyTorch has no such bound: its workers are processes.
+pub const MAX_WORKERS: usize = 1024;
+
 /// The worker options both loader kinds validate first, in PyTorch's order
 /// (`DataLoader.__init__`,
 /// <https://github.com/pytorch/pytorch/blob/main/torch/utils/data/dataloader.py>): `num_workers`,
@@ -324,6 +333,15 @@ pub(crate) fn validate_workers(
         ));
     };
     let num_workers = num_workers as usize;
+    if num_workers > MAX_WORKERS {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        return Err(DataError::option(
+            "num_workers",
+            format!(
+                "num_workers={num_workers}: at most {MAX_WORKERS} worker threads (each is a thread of this process; this machine has {cores} cores, e.g. num_workers={cores})"
+            ),
+        ));
+    }
     let prefetch_factor = match (num_workers, prefetch_factor) {
         (0, Some(_)) => {
             return Err(DataError::option(

@@ -130,6 +130,16 @@ fn option_validation_messages_are_pytorchs() {
         msg(b().num_workers(-1)),
         "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing."
     );
+    // 100,000 worker threads aborted the process (no memory for a stack guard page: no error
+    // to catch), so the builder refuses more than MAX_WORKERS.
+    for n in [1025, 100_000, isize::MAX] {
+        let m = msg(b().num_workers(n));
+        assert!(
+            m.starts_with(&format!("num_workers={n}: at most 1024 worker threads (each is a thread of this process; this machine has ")),
+            "{m}"
+        );
+    }
+    assert!(b().num_workers(1024).build().is_ok());
     assert_eq!(
         msg(b().timeout(-1.0)),
         "timeout option should be non-negative"

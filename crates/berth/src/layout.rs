@@ -123,10 +123,10 @@ impl Layout {
         }
     }
 
-    /// A layout from its parts (strides and offset in elements). Not checked against a
-    /// storage size; the tensor layer checks that.
+    /// A layout from its parts (strides and offset in elements). Not checked here:
+    /// [`crate::Tensor::from_parts`] refuses one whose `strides` do not have one entry per
+    /// dimension of `shape`, or that reaches past its storage.
     pub fn from_parts(shape: Vec<usize>, strides: Vec<usize>, offset: usize) -> Layout {
-        debug_assert_eq!(shape.len(), strides.len());
         Layout {
             shape,
             strides,

@@ -40,7 +40,10 @@ use berth_alloc::{Allocation, AllocatorConfig, DeviceAllocator, MemoryStats, Str
 use crate::{Error, Result};
 
 thread_local! {
-    static ACTIVE: RefCell<Vec<Arc<dyn DeviceAllocator>>> = const { RefCell::new(Vec::new()) };
+    /// The active plans of this thread, innermost last, each with its guard's id.
+    static ACTIVE: RefCell<Vec<(u64, Arc<dyn DeviceAllocator>)>> = const { RefCell::new(Vec::new()) };
+    /// The id of the next guard on this thread.
+    static NEXT_GUARD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// A simulated device whose caching allocator records what meta tensors would have allocated.
@@ -59,7 +62,7 @@ impl std::fmt::Debug for MetaPlan {
 
 impl MetaPlan {
     /// A plan over a simulated device of `capacity_bytes` (use the real GPU's total memory to
-    /// also predict out-of-memory), with the policy and options `BERTH_ALLOC_CONF` selects for
+    /// also predict out-of-memory: [`MetaPlan::num_ooms`] then counts what would not fit), with the policy and options `BERTH_ALLOC_CONF` selects for
     /// CUDA devices ([`AllocatorConfig::policy`]: berth's `paged` by default, PyTorch's
     /// caching allocator with `backend:native`), so the prediction is of the allocator the
     /// real run uses.
@@ -83,12 +86,28 @@ impl MetaPlan {
     }
 
     /// Makes this plan record the meta storages created on this thread until the guard drops.
-    /// Plans nest; the innermost one records.
+    /// Plans nest; the most recently activated one whose guard is alive records. Dropping a
+    /// guard deactivates its own plan, in whatever order guards are dropped.
     pub fn activate(&self) -> MetaPlanGuard {
-        ACTIVE.with(|a| a.borrow_mut().push(Arc::clone(&self.allocator)));
+        let id = NEXT_GUARD.with(|n| {
+            let id = n.get();
+            n.set(id + 1);
+            id
+        });
+        ACTIVE.with(|a| a.borrow_mut().push((id, Arc::clone(&self.allocator))));
         MetaPlanGuard {
+            id,
             _not_send: std::marker::PhantomData,
         }
+    }
+
+    /// Planned allocations that did not fit the simulated device (the allocator's
+    /// `num_ooms`): the real run would have run out of memory. The peaks
+    /// ([`MetaPlan::max_memory_allocated`], [`MetaPlan::max_memory_reserved`]) leave out the
+    /// requests that did not fit, so a prediction is complete only when this is 0. Meta code
+    /// itself never fails for lack of memory.
+    pub fn num_ooms(&self) -> u64 {
+        self.allocator.stats().num_ooms.max(0) as u64
     }
 
     /// The plan's allocator (statistics, `memory_summary`, snapshot).
@@ -130,13 +149,18 @@ impl MetaPlan {
 /// Deactivates its [`MetaPlan`] on drop. Not `Send`: a plan is active on one thread.
 #[derive(Debug)]
 pub struct MetaPlanGuard {
+    /// Which entry of this thread's active plans is this guard's.
+    id: u64,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for MetaPlanGuard {
     fn drop(&mut self) {
         ACTIVE.with(|a| {
-            a.borrow_mut().pop();
+            let mut a = a.borrow_mut();
+            if let Some(i) = a.iter().rposition(|(id, _)| *id == self.id) {
+                a.remove(i);
+            }
         });
     }
 }
@@ -147,7 +171,7 @@ impl Drop for MetaPlanGuard {
 pub(crate) fn plan_allocation(nbytes: usize) -> Option<Allocation> {
     ACTIVE.with(|a| {
         let a = a.borrow();
-        let alloc = a.last()?;
+        let (_, alloc) = a.last()?;
         alloc.allocate(nbytes, StreamId::DEFAULT).ok()
     })
 }

@@ -102,10 +102,29 @@ fn integer_casts_wrap_and_are_exact() {
             .unwrap(),
         vec![want; 4]
     );
+    // `item` converts as PyTorch's C++ `item<T>()` (`checked_convert`): exactly when the
+    // value fits, an error when it does not (it wrapped to 1 before).
     assert_eq!(
-        i64s(&[BIG], &[]).item::<i32>().unwrap(),
-        1,
+        i64s(&[i64::from(i32::MIN)], &[]).item::<i32>().unwrap(),
+        i32::MIN,
         "item between integer dtypes is exact"
+    );
+    let e = i64s(&[BIG], &[]).item::<i32>().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            berth::Error::ValueOverflow {
+                op: "item",
+                dtype: DType::I32,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string()
+            .starts_with("item: value cannot be converted to type int without overflow"),
+        "{e}"
     );
 }
 

@@ -97,3 +97,47 @@ fn reading_meta_is_one_typed_error_with_both_torch_messages() {
         .add_(&Tensor::ones(&[3], DType::F32, Device::Meta).unwrap())
         .is_err());
 }
+
+/// Each guard deactivates its own plan, whatever the order guards are dropped in: dropping the
+/// outer guard first left the inner plan's guard deactivating the outer plan.
+#[test]
+fn plan_guards_dropped_out_of_order_deactivate_their_own_plan() {
+    use berth::alloc::AllocatorConfig;
+    use berth::meta_plan::MetaPlan;
+    let plan = || {
+        MetaPlan::with_config(1 << 30, AllocatorConfig::parse("backend:native").unwrap()).unwrap()
+    };
+    let (p1, p2) = (plan(), plan());
+    let g1 = p1.activate();
+    let g2 = p2.activate();
+    let _a = Tensor::zeros(&[1000], DType::F32, Device::Meta).unwrap();
+    drop(g1);
+    let _b = Tensor::zeros(&[1000], DType::F32, Device::Meta).unwrap();
+    assert_eq!(
+        (p1.max_memory_allocated(), p2.max_memory_allocated()),
+        (0, 8192)
+    );
+    drop(g2);
+    let _c = Tensor::zeros(&[1000], DType::F32, Device::Meta).unwrap();
+    assert_eq!(
+        (p1.max_memory_allocated(), p2.max_memory_allocated()),
+        (0, 8192)
+    );
+}
+
+/// A tensor that does not fit the plan's device is counted by `num_ooms` and left out of the
+/// peak; meta code itself goes on.
+#[test]
+fn a_plan_counts_what_does_not_fit() {
+    use berth::alloc::AllocatorConfig;
+    use berth::meta_plan::MetaPlan;
+    for conf in ["backend:native", "backend:paged"] {
+        let plan = MetaPlan::with_config(1 << 20, AllocatorConfig::parse(conf).unwrap()).unwrap();
+        let _g = plan.activate();
+        let t = Tensor::zeros(&[1024, 1024], DType::F32, Device::Meta).unwrap();
+        assert_eq!(t.shape(), [1024, 1024]);
+        assert_eq!(plan.num_ooms(), 1, "{conf}");
+        assert_eq!(plan.max_memory_allocated(), 0, "{conf}");
+        assert_eq!(plan.num_ooms(), plan.stats().num_ooms as u64);
+    }
+}

@@ -389,6 +389,38 @@ fn item_reads_one_element_and_rejects_more() {
     );
     let e = t(&[1.0], &[1]).to_vec::<f64>().unwrap_err();
     assert!(matches!(e, Error::ElementType { .. }), "{e:?}");
+    // A value the requested type cannot hold is PyTorch's `checked_convert` error, not a
+    // clamped or wrapped number (300 as u8 gave 255, 2^40 as i32 gave 0, NaN as i64 gave 0).
+    let scalar = |v: f32| Tensor::scalar(v);
+    for (e, dtype) in [
+        (scalar(300.0).item::<u8>().unwrap_err(), DType::U8),
+        (scalar(-1.0).item::<u8>().unwrap_err(), DType::U8),
+        (scalar(f32::NAN).item::<i64>().unwrap_err(), DType::I64),
+        (
+            Tensor::scalar(1i64 << 40).item::<i32>().unwrap_err(),
+            DType::I32,
+        ),
+        (
+            Tensor::scalar(1e300f64).item::<f32>().unwrap_err(),
+            DType::F32,
+        ),
+    ] {
+        assert!(
+            matches!(e, Error::ValueOverflow { op: "item", dtype: d, .. } if d == dtype),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("without overflow"), "{e}");
+    }
+    assert_eq!(scalar(255.0).item::<u8>().unwrap(), 255);
+    assert_eq!(
+        scalar(2.75).item::<i64>().unwrap(),
+        2,
+        "in range: truncated as C++"
+    );
+    assert!(
+        scalar(f32::NAN).item::<f64>().unwrap().is_nan(),
+        "floats hold NaN"
+    );
 }
 
 fn bools(v: &[bool]) -> Tensor {

@@ -97,3 +97,33 @@ fn in_place_writes_are_visible_through_every_alias_and_thread() {
     // Writes are serialised by the storage lock: no lost update.
     assert_eq!(x.to_vec::<i64>().unwrap(), vec![200; 1000]);
 }
+
+/// A layout whose strides do not have one entry per dimension is refused, typed: it passed in
+/// release builds (the length check was a debug assertion) and panicked later in `to_vec`.
+#[test]
+fn from_parts_refuses_strides_of_another_rank() {
+    let st = Arc::new(Storage::host_zeroed(16));
+    for (shape, strides) in [(vec![2, 2], vec![1]), (vec![4], vec![1, 1])] {
+        let e = Tensor::from_parts(
+            Arc::clone(&st),
+            berth::Layout::from_parts(shape.clone(), strides.clone(), 0),
+            DType::F32,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "from_parts: shape {shape:?} has {} dimensions but strides {strides:?} has {}; give one stride per dimension",
+                shape.len(),
+                strides.len()
+            )
+        );
+    }
+    let ok = Tensor::from_parts(
+        st,
+        berth::Layout::from_parts(vec![2, 2], vec![2, 1], 0),
+        DType::F32,
+    )
+    .unwrap();
+    assert_eq!(ok.to_vec::<f32>().unwrap(), [0.0; 4]);
+}

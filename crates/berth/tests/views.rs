@@ -66,7 +66,15 @@ fn permute_narrow_select_unsqueeze_squeeze_expand() {
         v(&n.select(0, 1).unwrap().select(0, 2).unwrap()),
         vec![21.0, 22.0]
     );
-    assert!(x.narrow(2, 3, 2).is_err());
+    let e = x.narrow(2, 3, 2).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "narrow: start (3) + length (2) exceeds dimension size ({}) of dimension 2.",
+            x.shape()[2]
+        ),
+        "the start and length as given, as PyTorch words it"
+    );
     assert!(x.select(1, 3).is_err());
     let u = x.unsqueeze(-1).unwrap();
     assert_eq!(

@@ -42,6 +42,8 @@ struct Pending<E> {
     events: Vec<E>,
     addr: u64,
     size: u64,
+    /// The size the caller asked for, in bytes (for snapshots).
+    requested: u64,
     arena: usize,
 }
 
@@ -537,6 +539,7 @@ impl<E> State<E> {
                             events,
                             addr: ptr.0,
                             size: block.size,
+                            requested: block.requested,
                             arena: block.arena,
                         });
                         return Err(backend_err(s)(e));
@@ -547,6 +550,7 @@ impl<E> State<E> {
                 events,
                 addr: ptr.0,
                 size: block.size,
+                requested: block.requested,
                 arena: block.arena,
             });
             return Ok(());
@@ -625,7 +629,18 @@ impl<E> State<E> {
 
     /// Mapped ranges as segments, with their live blocks and the free gaps between them.
     pub(crate) fn snapshot(&self) -> MemorySnapshot {
-        let mut blocks: Vec<(u64, &Live)> = self.live.iter().map(|(&a, l)| (a, l)).collect();
+        // Live blocks, and freed blocks still waiting for other streams (PyTorch's
+        // `active_pending_free`): (address, size, requested, state).
+        let mut blocks: Vec<(u64, u64, u64, BlockState)> = self
+            .live
+            .iter()
+            .map(|(&a, l)| (a, l.size, l.requested, BlockState::ActiveAllocated))
+            .chain(
+                self.pending
+                    .iter()
+                    .map(|p| (p.addr, p.size, p.requested, BlockState::ActivePendingFree)),
+            )
+            .collect();
         blocks.sort_unstable_by_key(|b| b.0);
         let mut segments = Vec::new();
         let mut next = 0;
@@ -647,7 +662,7 @@ impl<E> State<E> {
             };
             let mut at = start;
             while next < blocks.len() && blocks[next].0 < end {
-                let (a, l) = blocks[next];
+                let (a, size, requested, state) = blocks[next];
                 if a >= start {
                     if a > at {
                         seg.blocks.push(BlockInfo {
@@ -659,14 +674,18 @@ impl<E> State<E> {
                     }
                     seg.blocks.push(BlockInfo {
                         address: a,
-                        size: l.size,
-                        requested_size: l.requested,
-                        state: BlockState::ActiveAllocated,
+                        size,
+                        requested_size: requested,
+                        state,
                     });
-                    seg.allocated_size += l.size;
-                    seg.active_size += l.size;
-                    seg.requested_size += l.requested;
-                    at = a + l.size;
+                    // As PyTorch's snapshot (and the caching policy's): a pending free is
+                    // active, with its requested bytes, but not allocated.
+                    if state == BlockState::ActiveAllocated {
+                        seg.allocated_size += size;
+                    }
+                    seg.active_size += size;
+                    seg.requested_size += requested;
+                    at = a + size;
                 }
                 next += 1;
             }

@@ -122,7 +122,7 @@ pub fn predict_with(
             eval_batch(&model, &x, &y, &correct)?;
         }
     }
-    let ooms = plan.stats().num_ooms;
+    let ooms = plan.num_ooms();
     if ooms > 0 {
         anyhow::bail!(
             "the step does not fit a device of {capacity} bytes: {ooms} of its allocations failed \

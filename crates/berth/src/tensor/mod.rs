@@ -50,8 +50,21 @@ impl Tensor {
     ///
     /// # Errors
     /// [`crate::Error::NumelOverflow`] for a shape whose element count overflows;
-    /// [`crate::Error::Shape`] when the layout reaches past `storage.nbytes()`.
+    /// [`crate::Error::Shape`] when the strides do not have one entry per dimension, or the
+    /// layout reaches past `storage.nbytes()`.
     pub fn from_parts(storage: Arc<Storage>, layout: Layout, dtype: DType) -> Result<Tensor> {
+        if layout.shape().len() != layout.strides().len() {
+            return Err(crate::Error::Shape {
+                op: "from_parts",
+                what: format!(
+                    "shape {:?} has {} dimensions but strides {:?} has {}; give one stride per dimension",
+                    layout.shape(),
+                    layout.shape().len(),
+                    layout.strides(),
+                    layout.strides().len()
+                ),
+            });
+        }
         crate::layout::checked_numel(layout.shape(), "from_parts")?;
         let need = layout
             .checked_required_elements()
@@ -242,10 +255,14 @@ impl Tensor {
         self.clone()
     }
 
-    /// A copy in new storage on the same device with dense row-major strides (PyTorch's
-    /// `clone()`, which does not keep the strides of a non-dense view;
-    /// <https://github.com/huggingface/candle/issues/1930>). Keeps
+    /// A copy in new storage on the same device with dense row-major strides. Keeps
     /// `requires_grad`.
+    ///
+    /// PyTorch's `clone()` gives row-major strides for a view with gaps too (a `narrow` or a
+    /// step: <https://github.com/huggingface/candle/issues/1930>), but keeps the strides of a
+    /// dense tensor laid out in another order (`memory_format=torch.preserve_format`:
+    /// `x.t().clone().stride()` is `(1, 3)` for a `[2, 3]` `x`). berth gives row-major strides
+    /// there as well (`[2, 1]`); the values are the same.
     ///
     /// # Errors
     /// A kernel or allocation error of the device.

@@ -9,6 +9,12 @@
 //! 3. Otherwise a new tensor with new storage: a dtype change converts, a device change copies.
 //! 4. Out of meta there is no data: `to(cpu)` from meta is [`Error::MetaNoData`] ("Cannot copy
 //!    out of meta tensor; no data!"); use [`Tensor::to_empty`].
+//!
+//! One difference from PyTorch: a new tensor always has dense row-major strides. PyTorch's
+//! default `memory_format=torch.preserve_format` keeps the strides of a dense tensor whose
+//! elements fill their storage without gaps in another order (`x.t().to("cuda").stride()` is
+//! `(1, 3)` for a `[2, 3]` `x`; berth gives `[2, 1]`). The values are the same; only the layout
+//! differs. [`Tensor::clone`] does the same.
 
 use super::Tensor;
 use crate::device_kernels::{alloc_tensor, kernels_for, View};
@@ -204,6 +210,9 @@ impl Tensor {
     ///    `Tensor.item() cannot be called on meta tensors`,
     ///    <https://github.com/pytorch/pytorch/issues/119588>).
     /// 2. [`Error::NotAScalar`] when the tensor has other than one element.
+    /// 3. [`Error::ValueOverflow`] when `T` cannot hold the value (PyTorch's C++
+    ///    `item<T>()`, which converts with `checked_convert`: `300.0` as `u8`, `2^40` as
+    ///    `i32`, NaN as an integer).
     pub fn item<T: Element>(&self) -> Result<T> {
         if self.device().is_meta() {
             return Err(Error::MetaNoData { op: "item" });
@@ -215,6 +224,16 @@ impl Tensor {
         }
         if self.dtype() == T::DTYPE {
             return Ok(self.to_vec::<T>()?[0]);
+        }
+        // PyTorch's `item<T>()` converts with `checked_convert`: a value `T` cannot hold is an
+        // error, not a clamped or wrapped number.
+        let value = self.to_vec_f64()?[0];
+        if !T::DTYPE.holds(value) {
+            return Err(Error::ValueOverflow {
+                op: "item",
+                value,
+                dtype: T::DTYPE,
+            });
         }
         if !self.dtype().is_float() && !T::DTYPE.is_float() {
             // Integer to integer exactly, wrapping as `to_dtype` (an f64 would round 2^53 + 1).

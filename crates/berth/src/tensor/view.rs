@@ -181,18 +181,18 @@ impl Tensor {
     ///
     /// # Errors
     /// [`Error::Shape`] for a 0-d tensor (PyTorch: "`narrow()` cannot be applied to a 0-dim
-    /// tensor."); [`Error::DimOutOfRange`]; [`Error::IndexOutOfRange`] for `start + len` past
-    /// the size.
+    /// tensor."); [`Error::DimOutOfRange`]; [`Error::Shape`] for `start + len` past the size,
+    /// with PyTorch's message ("start (2) + length (2) exceeds dimension size (3).").
     pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
         self.not_0d("narrow")?;
         let d = wrap_dim(dim, self.rank(), "narrow")?;
         let size = self.shape()[d];
         if start.checked_add(len).is_none_or(|end| end > size) {
-            return Err(Error::IndexOutOfRange {
+            return Err(Error::Shape {
                 op: "narrow",
-                dim: d,
-                index: start.saturating_add(len),
-                size,
+                what: format!(
+                    "start ({start}) + length ({len}) exceeds dimension size ({size}) of dimension {d}."
+                ),
             });
         }
         Ok(self.with_layout(self.layout().narrow(d, start, len)))

@@ -29,6 +29,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod info;
 mod memviz;
+mod paths;
 mod replay;
 mod replay_cuda;
 mod replay_torch;

@@ -25,6 +25,41 @@ pub(crate) fn int_from_le(bytes: &[u8]) -> PickleValue {
     }
 }
 
+/// A pickled `LONG` (little-endian two's complement, as [`int_from_le`] reads it) in decimal:
+/// the inverse of [`decimal_int`], for messages.
+pub(crate) fn int_to_decimal(bytes: &[u8]) -> String {
+    let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
+    // The magnitude, little-endian: the bytes themselves, or their two's complement.
+    let mut mag: Vec<u8> = bytes.to_vec();
+    if negative {
+        let mut carry = 1u16;
+        for b in &mut mag {
+            let v = u16::from(!*b) + carry;
+            *b = v as u8;
+            carry = v >> 8;
+        }
+    }
+    let mut digits = Vec::new();
+    while mag.iter().any(|&b| b != 0) {
+        // Divide the magnitude by 10, most significant byte first.
+        let mut rem = 0u16;
+        for b in mag.iter_mut().rev() {
+            let v = (rem << 8) | u16::from(*b);
+            *b = (v / 10) as u8;
+            rem = v % 10;
+        }
+        digits.push(b'0' + rem as u8);
+    }
+    if digits.is_empty() {
+        digits.push(b'0');
+    }
+    if negative {
+        digits.push(b'-');
+    }
+    digits.reverse();
+    String::from_utf8(digits).unwrap_or_default()
+}
+
 /// Parses a decimal integer of any size (protocol 0 `INT` / `LONG`).
 pub(crate) fn decimal_int(text: &[u8]) -> Option<PickleValue> {
     let s = std::str::from_utf8(text).ok()?.trim();
@@ -142,6 +177,25 @@ mod tests {
             int_from_le(&[0, 0, 0, 0, 0, 0, 0, 0x80]),
             PickleValue::Int(i64::MIN)
         );
+    }
+
+    #[test]
+    fn big_ints_print_in_decimal() {
+        // 10^30 and -(2^64), as Python pickles them (LONG1: little-endian two's complement).
+        let ten_30: Vec<u8> = {
+            let mut v = 1_000_000_000_000_000_000_000_000_000_000u128
+                .to_le_bytes()
+                .to_vec();
+            while v.len() > 1 && v[v.len() - 1] == 0 && v[v.len() - 2] & 0x80 == 0 {
+                v.pop();
+            }
+            v
+        };
+        assert_eq!(int_to_decimal(&ten_30), "1000000000000000000000000000000");
+        let minus_2_64 = (-(1i128 << 64)).to_le_bytes()[..9].to_vec();
+        assert_eq!(int_to_decimal(&minus_2_64), "-18446744073709551616");
+        assert_eq!(int_to_decimal(&[]), "0");
+        assert_eq!(int_to_decimal(&[0xff]), "-1");
     }
 
     #[test]

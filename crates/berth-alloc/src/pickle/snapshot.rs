@@ -7,6 +7,7 @@
 //! `compile_context` is `"N/A"` and `user_metadata` `""`, as PyTorch writes them when unused).
 //! `pytorch.org/memory_viz` and `python -m torch.cuda._memory_viz` read the result.
 
+use super::decode::int_to_decimal;
 use super::error::PickleError;
 use super::reader::from_slice;
 use super::value::PickleValue;
@@ -174,7 +175,7 @@ impl<'v> Field<'v> {
         let found = match self.value {
             PickleValue::Str(s) => format!("str {s:?}"),
             PickleValue::Int(i) => format!("int {i}"),
-            PickleValue::BigInt(bytes) => format!("int {}", big_int_decimal(bytes)),
+            PickleValue::BigInt(bytes) => format!("int {}", int_to_decimal(bytes)),
             v => v.type_name().to_owned(),
         };
         PickleError::Schema {
@@ -353,40 +354,6 @@ fn block_from(f: &Field<'_>) -> Result<BlockInfo, PickleError> {
 /// annotations). [`load_snapshot`] skips them; any other unknown action is an error.
 const NOT_MODELLED_ACTIONS: [&str; 2] = ["user_defined", "annotate"];
 
-/// A pickled `LONG` (little-endian two's complement) in decimal, for error messages.
-fn big_int_decimal(bytes: &[u8]) -> String {
-    let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
-    // The magnitude, little-endian: the bytes themselves, or their two's complement.
-    let mut mag: Vec<u8> = bytes.to_vec();
-    if negative {
-        let mut carry = 1u16;
-        for b in &mut mag {
-            let v = u16::from(!*b) + carry;
-            *b = v as u8;
-            carry = v >> 8;
-        }
-    }
-    let mut digits = Vec::new();
-    while mag.iter().any(|&b| b != 0) {
-        // Divide the magnitude by 10, most significant byte first.
-        let mut rem = 0u16;
-        for b in mag.iter_mut().rev() {
-            let v = (rem << 8) | u16::from(*b);
-            *b = (v / 10) as u8;
-            rem = v % 10;
-        }
-        digits.push(b'0' + rem as u8);
-    }
-    if digits.is_empty() {
-        digits.push(b'0');
-    }
-    if negative {
-        digits.push(b'-');
-    }
-    digits.reverse();
-    String::from_utf8(digits).unwrap_or_default()
-}
-
 fn trace_from(f: &Field<'_>) -> Result<Vec<TraceEntry>, PickleError> {
     let mut out = Vec::new();
     for e in f.items()? {
@@ -542,28 +509,4 @@ pub fn snapshot_trace(snapshot: &MemorySnapshot, device: usize) -> crate::trace:
 #[cfg(feature = "trace")]
 pub fn load_trace_pickle(data: &[u8]) -> Result<crate::trace::Trace, PickleError> {
     Ok(snapshot_trace(&load_snapshot(data)?, 0))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::big_int_decimal;
-
-    #[test]
-    fn big_ints_print_in_decimal() {
-        // 10^30 and -(2^64), as Python pickles them (LONG1: little-endian two's complement).
-        let ten_30: Vec<u8> = {
-            let mut v = 1_000_000_000_000_000_000_000_000_000_000u128
-                .to_le_bytes()
-                .to_vec();
-            while v.len() > 1 && v[v.len() - 1] == 0 && v[v.len() - 2] & 0x80 == 0 {
-                v.pop();
-            }
-            v
-        };
-        assert_eq!(big_int_decimal(&ten_30), "1000000000000000000000000000000");
-        let minus_2_64 = (-(1i128 << 64)).to_le_bytes()[..9].to_vec();
-        assert_eq!(big_int_decimal(&minus_2_64), "-18446744073709551616");
-        assert_eq!(big_int_decimal(&[]), "0");
-        assert_eq!(big_int_decimal(&[0xff]), "-1");
-    }
 }

@@ -292,31 +292,13 @@ pub fn render(data: &PageData) -> String {
         .replacen("/*BERTH_MEMVIZ_DATA*/", &embedded_json(data), 1)
 }
 
-/// Whether `a` and `b` name one existing file: on Unix the same inode (so two hard links to
-/// one file count, as do symlinks and the same path), elsewhere the same path after resolving
-/// links.
-fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        matches!(
-            (std::fs::metadata(a), std::fs::metadata(b)),
-            (Ok(x), Ok(y)) if x.dev() == y.dev() && x.ino() == y.ino()
-        )
-    }
-    #[cfg(not(unix))]
-    {
-        matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
-    }
-}
-
 /// Runs `berth memviz`.
 ///
 /// # Errors
 /// Every [`MemvizError`].
 pub fn run(args: MemvizArgs) -> anyhow::Result<()> {
     let snapshot = load(&args.snapshot)?;
-    if same_file(&args.snapshot, &args.output) {
+    if crate::paths::same_file(&args.snapshot, &args.output) {
         return Err(MemvizError::OutputIsInput { path: args.output }.into());
     }
     let data = page_data(&snapshot, &args.snapshot, args.device)?;

@@ -51,22 +51,14 @@ pub fn load(dir: &Path, split: Split) -> anyhow::Result<FashionSplit> {
         ))
     })?;
     if berth_data::Dataset::len(&data) == 0 {
-        let file = match split {
-            Split::Train => "train-images-idx3-ubyte",
-            Split::Test => "t10k-images-idx3-ubyte",
+        let (file, name, verb) = match split {
+            Split::Train => ("train-images-idx3-ubyte", "training", "train on"),
+            Split::Test => ("t10k-images-idx3-ubyte", "test", "evaluate on"),
         };
         return Err(UsageError(format!(
-            "{}: the {} split holds 0 images ({file} declares none); nothing to {}. Use the \
-             full Fashion-MNIST files (60,000 training and 10,000 test images)",
-            dir.display(),
-            match split {
-                Split::Train => "training",
-                Split::Test => "test",
-            },
-            match split {
-                Split::Train => "train on",
-                Split::Test => "evaluate on",
-            }
+            "{}: the {name} split holds 0 images ({file} declares none); nothing to {verb}. Use \
+             the full Fashion-MNIST files (60,000 training and 10,000 test images)",
+            dir.display()
         ))
         .into());
     }

@@ -337,19 +337,6 @@ fn check_output_path(flag: &str, path: &std::path::Path, example: &str) -> Resul
     }
 }
 
-/// `path` with its folder resolved (links, `.`, `..`): the same file spelt two ways compares
-/// equal, whether or not it exists yet.
-fn resolved(path: &std::path::Path) -> Option<std::path::PathBuf> {
-    if let Ok(p) = std::fs::canonicalize(path) {
-        return Some(p);
-    }
-    let parent = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    Some(std::fs::canonicalize(parent).ok()?.join(path.file_name()?))
-}
-
 /// Refuses two output flags naming the same file (`--save`, `--profile`, `--memory-snapshot`):
 /// the last one written would silently replace the other.
 fn check_distinct_outputs(outputs: &[(&str, Option<&std::path::Path>)]) -> Result<(), UsageError> {
@@ -359,8 +346,7 @@ fn check_distinct_outputs(outputs: &[(&str, Option<&std::path::Path>)]) -> Resul
         .collect();
     for (i, &(flag_a, a)) in named.iter().enumerate() {
         for &(flag_b, b) in &named[i + 1..] {
-            let same = a == b || matches!((resolved(a), resolved(b)), (Some(x), Some(y)) if x == y);
-            if same {
+            if crate::paths::same_file(a, b) {
                 return Err(UsageError(format!(
                     "{flag_a} and {flag_b} both name {}: one file would overwrite the other; give each its own path",
                     a.display()

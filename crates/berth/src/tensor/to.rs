@@ -235,11 +235,10 @@ impl Tensor {
                 dtype: T::DTYPE,
             });
         }
-        if !self.dtype().is_float() && !T::DTYPE.is_float() {
-            // Integer to integer exactly, wrapping as `to_dtype` (an f64 would round 2^53 + 1).
-            return Ok(self.cpu()?.to_dtype(T::DTYPE)?.to_vec::<T>()?[0]);
-        }
-        Ok(T::from_f64(self.to_vec_f64()?[0]))
+        // Exact for every value that passed: an integer that fits an integer `T` is one an f64
+        // holds exactly (i64, the one source wider than 2^53, fits no narrower integer dtype;
+        // i64 to i64 returned above), and bool only asks whether it is non-zero.
+        Ok(T::from_f64(value))
     }
 
     /// Read the host data (copying device data to the host first) through `f`.

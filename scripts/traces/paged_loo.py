@@ -7,14 +7,17 @@ usage: paged_loo.py SWEEP.jsonl [FIGURES.jsonl]
 
 A configuration's score on a set of traces (lower is better): the geometric mean of the waste
 (peak reserved ÷ peak requested − 1), with every target it misses on a trace counted as a
-penalty (peak reserved above the smallest of PyTorch's three modes; first-pass device calls above
-4× the default's segments; more than one device call per 5000 operations in the two warm passes). For each trace, the constants are chosen on the other traces and scored on
-the one left out; the table shows what was chosen and how the left-out trace fared. Then the
-configuration chosen on all traces, and the default constants, on the whole set. Last, the
-frontier: for each number of traces that miss a target, the lowest geometric-mean waste any
-configuration reaches with no more misses, under the warm-pass rule above, one call per 2000
-operations, and no warm-pass target at all."""
-import json, math, sys
+penalty. The targets (`Note [Paged best fit]`, "Time, not calls"): P, first-pass peak reserved
+at or under the smallest of PyTorch's three modes; F, the same after three passes; T, the device
+calls of a warm pass costing at most 1% of the recorded program's time (first to last event);
+C, the first pass's calls costing at most 1% of that time more than PyTorch's `cudaMalloc`s. A
+call is taken to cost CALL_US (about 47 µs measured on the H200 host), a `cudaMalloc`
+CUDA_MALLOC_US (78 µs, ../shared/bench/README.md). For each trace, the constants are chosen on
+the other traces and scored on the one left out; the table shows what was chosen and how the
+left-out trace fared. Then the configuration chosen on all traces and the default constants on
+the whole set, and the frontier: for each number of traces that miss a target, the lowest
+geometric-mean waste any configuration reaches with no more misses."""
+import glob, gzip, json, math, os, sys
 from collections import defaultdict
 
 # The first five traces: PyTorch's default live figures, and its expandable / cudaMallocAsync
@@ -43,24 +46,29 @@ for line in open(sys.argv[1]):
     r = json.loads(line)
     runs[(r["headroom_div"], r["calls_per_20mib"], r.get("unit_mib", 64), r.get("churn_div", 0), r.get("run_units", 0))][r["trace"]] = r
 
+CALL_US, CUDA_MALLOC_US = 50.0, 78.0
+# Each recorded program's time for one pass, first to last event, in microseconds.
+span_us = {}
+for path in glob.glob(os.path.join(os.path.dirname(figs), "*.trace.json.gz")):
+    times = [e[4] for e in json.load(gzip.open(path))["events"]]
+    span_us[os.path.basename(path)[: -len(".trace.json.gz")]] = max(times) - min(times)
 
-def missed(trace, r, warm_ops=5000):
-    """The targets a replay misses, one letter each: P peak reserved above PyTorch's smallest mode,
-    C first-pass device calls above 4× the default's segments, W more than one device call per
-    `warm_ops` operations in the two warm passes (`warm_ops=None`: no warm-pass target)."""
+
+def missed(trace, r):
+    """The targets a replay misses, one letter each (see the docstring)."""
     default, segments, expandable, asynch = ref[trace]
-    # Warm passes: a device call cost about 47 us on the H200 host (unet_diffusion_train's
-    # replay, BENCHMARKS.md: 131 ns/op with 10.5 calls per pass of 9,687 operations, against
-    # about 80 without), so more than one per 5000 operations would cost over 9 ns/op of the
-    # 100 ns/op target.
-    warm_over = warm_ops is not None and r.get("warm_calls", 0) > 2 * r.get("ops", 10**12) / warm_ops
-    return ("P" if r["peak_reserved"] > min(default, expandable, asynch) else "") + (
-        "C" if r["device_calls"] > 4 * segments else "") + ("W" if warm_over else "")
+    smallest, span = min(default, expandable, asynch), span_us[trace]
+    warm_us = r.get("warm_calls", 0) / 2 * CALL_US
+    extra_first_us = r["device_calls"] * CALL_US - segments * CUDA_MALLOC_US
+    return (("P" if r["peak_reserved"] > smallest else "")
+            + ("F" if r.get("final_peak", 0) > smallest else "")
+            + ("T" if warm_us > span / 100 else "")
+            + ("C" if extra_first_us > span / 100 else ""))
 
 
-def judge(trace, r, warm_ops=5000):
+def judge(trace, r):
     """The waste (peak reserved ÷ peak requested − 1) and the number of targets missed."""
-    return r["peak_reserved"] / r["peak_requested"] - 1, len(missed(trace, r, warm_ops))
+    return r["peak_reserved"] / r["peak_requested"] - 1, len(missed(trace, r))
 
 
 def score(config, traces):
@@ -79,51 +87,48 @@ print("|---|---|---|---|")
 for t in traces:
     rest = [x for x in traces if x != t]
     best = min(configs, key=lambda c: score(c, rest))
-    w, m = judge(t, runs[best][t])
-    print(f"| {t} | {best[0]}, {best[1]}, {best[2]}, {best[3]}, {best[4]} | {w:.2%} | {m} |")
+    w, _ = judge(t, runs[best][t])
+    print(f"| {t} | {', '.join(map(str, best))} | {w:.2%} | {missed(t, runs[best][t]) or '—'} |")
 
 
 def summary(c, label):
-    ws, miss = [], []
+    ws, fws, miss = [], [], []
     for t in traces:
-        w, m = judge(t, runs[c][t])
-        ws.append(w)
-        if m:
-            miss.append(t)
-    g = math.exp(sum(math.log(max(w, 1e-6)) for w in ws) / len(ws))
-    print(f"- {label} {c}: geometric-mean waste {g:.2%}; targets missed on {len(miss)} traces {miss}")
+        r = runs[c][t]
+        ws.append(r["peak_reserved"] / r["peak_requested"] - 1)
+        fws.append(r.get("final_peak", r["peak_reserved"]) / r["peak_requested"] - 1)
+        if missed(t, r):
+            miss.append(f"{t} {missed(t, r)}")
+    g = lambda xs: math.exp(sum(math.log(max(w, 1e-6)) for w in xs) / len(xs))
+    print(f"- {label} {c}: geometric-mean waste {g(ws):.2%} (after three passes {g(fws):.2%}); "
+          f"targets missed on {len(miss)} traces {miss}")
 
 
 print()
 summary(min(configs, key=lambda c: score(c, traces)), "chosen on all traces")
-if (8, 2, 64, 4, 2) in runs:
-    summary((8, 2, 64, 4, 2), "today's constants")
+for c, label in (((16, float("inf"), 32, 0, 0), "today's constants"),
+                 ((8, 2, 64, 4, 2), "the constants before 2026-12-03")):
+    match = [k for k in runs if k[0] == c[0] and k[2:] == c[2:] and (k[1] == c[1] or k[1] >= 1e6 and c[1] == float("inf"))]
+    if match:
+        summary(match[0], label)
 
-
-def frontier(warm_ops, label):
-    print(f"\nFrontier, {label}: for each number of traces missing a target, the lowest geometric-mean waste")
-    print("\n| traces missing | geometric-mean waste | configuration | misses (P peak, C first-pass calls, W warm calls) |")
-    print("|---|---|---|---|")
-    best = {}
-    for c in configs:
-        logs, miss = [], []
-        for t in traces:
-            w, _ = judge(t, runs[c][t], warm_ops)
-            logs.append(math.log(max(w, 1e-6)))
-            kinds = missed(t, runs[c][t], warm_ops)
-            if kinds:
-                miss.append(f"{t} {kinds}")
-        g = math.exp(sum(logs) / len(logs))
-        if len(miss) not in best or g < best[len(miss)][0]:
-            best[len(miss)] = (g, c, miss)
-    lowest = float("inf")
-    for n in sorted(best):
-        g, c, miss = best[n]
-        if g < lowest:  # a row only where more misses buy a lower waste
-            lowest = g
-            print(f"| {n} | {g:.3%} | {', '.join(map(str, c))} | {'; '.join(miss) or '—'} |")
-
-
-frontier(5000, "warm passes within one call per 5000 operations")
-frontier(2000, "warm passes within one call per 2000 operations")
-frontier(None, "no warm-pass target")
+print("\nFrontier: for each number of traces missing a target, the lowest geometric-mean waste")
+print("\n| traces missing | geometric-mean waste | configuration | misses (P peak, F after three passes, T warm time, C first-pass time) |")
+print("|---|---|---|---|")
+best = {}
+for c in configs:
+    logs, miss = [], []
+    for t in traces:
+        w, _ = judge(t, runs[c][t])
+        logs.append(math.log(max(w, 1e-6)))
+        if missed(t, runs[c][t]):
+            miss.append(f"{t} {missed(t, runs[c][t])}")
+    g = math.exp(sum(logs) / len(logs))
+    if len(miss) not in best or g < best[len(miss)][0]:
+        best[len(miss)] = (g, c, miss)
+lowest = float("inf")
+for n in sorted(best):
+    g, c, miss = best[n]
+    if g < lowest:  # a row only where more misses buy a lower waste
+        lowest = g
+        print(f"| {n} | {g:.3%} | {', '.join(map(str, c))} | {'; '.join(miss) or '—'} |")

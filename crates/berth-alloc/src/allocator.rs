@@ -196,7 +196,7 @@ pub trait DeviceAllocator: Send + Sync {
 
     /// `torch.cuda.memory_summary()` in PyTorch's table layout.
     fn memory_summary(&self, abbreviated: bool) -> String {
-        crate::summary::memory_summary(&self.stats(), 0, self.policy_name(), abbreviated)
+        crate::summary::memory_summary(&self.stats(), 0, self.policy_name(), abbreviated, None)
     }
 
     /// Sets every peak to its current value (`reset_peak_memory_stats`).

@@ -1,6 +1,7 @@
 //! `memory_summary()` in PyTorch's table layout (`torch/cuda/memory.py`, `memory_summary`).
 
-use crate::stats::{MemoryStats, Stat, StatArray, StatKind};
+use crate::backend::MemInfo;
+use crate::stats::{format_size, MemoryStats, Stat, StatArray, StatKind};
 
 /// PyTorch's `_format_size`: the number truncated, the unit chosen from `pref` (the "all" row
 /// of the column), moving up while `pref ≥ 768 × 1024` of the current unit.
@@ -51,7 +52,20 @@ fn row(lines: &mut Vec<String>, name: &str, stat: &Stat, pref: &Stat, f: fn(i64,
 /// and small-pool rows, then the oversize rows. One line more than PyTorch's, under the title,
 /// names the allocator `policy` (`pytorch`, `expandable` or `paged`:
 /// [`crate::DeviceAllocator::policy_name`]).
-pub fn memory_summary(stats: &MemoryStats, device: i32, policy: &str, abbreviated: bool) -> String {
+///
+/// With `driver` (the device's `cuMemGetInfo`, through [`crate::MemoryBackend::mem_info`]),
+/// three lines more at the end put berth's figure and the driver's side by side: the device's
+/// used bytes (total − free), the part of them berth reserved and the rest (the CUDA context,
+/// other libraries, other processes on the device), and the waste, peak reserved ÷ peak
+/// allocated. berth keeps no device memory outside its reserved bytes (`Note [VMM handles]` in
+/// `berth-cuda`), so the rest is memory berth does not own.
+pub fn memory_summary(
+    stats: &MemoryStats,
+    device: i32,
+    policy: &str,
+    abbreviated: bool,
+    driver: Option<MemInfo>,
+) -> String {
     let mut lines = vec![
         "=".repeat(75),
         format!(
@@ -112,7 +126,46 @@ pub fn memory_summary(stats: &MemoryStats, device: i32, policy: &str, abbreviate
         row(&mut lines, name, stat, stat, format_count);
     }
     lines.push("=".repeat(75));
+    if let Some(info) = driver {
+        lines.extend(driver_lines(stats, info));
+        lines.push("=".repeat(75));
+    }
     format!("|{}|\n", lines.join("|\n|"))
+}
+
+/// The driver's side of the summary: used bytes, the part berth reserved and the rest, and the
+/// waste of peak reserved over peak allocated; each line padded to 75 characters.
+fn driver_lines(stats: &MemoryStats, info: MemInfo) -> Vec<String> {
+    let used = info.total_bytes.saturating_sub(info.free_bytes);
+    let reserved = stats.memory_reserved();
+    let (peak_reserved, peak_allocated) =
+        (stats.max_memory_reserved(), stats.max_memory_allocated());
+    let waste = if peak_allocated == 0 {
+        "n/a (nothing allocated yet)".to_owned()
+    } else {
+        format!(
+            "{:.2}% (peak reserved {} / peak allocated {})",
+            (peak_reserved as f64 / peak_allocated as f64 - 1.0) * 100.0,
+            format_size(peak_reserved),
+            format_size(peak_allocated)
+        )
+    };
+    [
+        format!(
+            " Driver (cuMemGetInfo): {} used of {}",
+            format_size(used),
+            format_size(info.total_bytes)
+        ),
+        format!(
+            "   reserved by berth {}, outside berth {}",
+            format_size(reserved),
+            format_size(used.saturating_sub(reserved))
+        ),
+        format!(" Waste: {waste}"),
+    ]
+    .into_iter()
+    .map(|l| format!("{l:<75}"))
+    .collect()
 }
 
 #[cfg(test)]
@@ -129,11 +182,32 @@ mod tests {
 
     #[test]
     fn every_line_is_77_characters() {
-        let text = memory_summary(&MemoryStats::new(None), 0, "paged", false);
+        let text = memory_summary(&MemoryStats::new(None), 0, "paged", false, None);
         assert!(text.lines().all(|l| l.chars().count() == 77), "{text}");
         assert!(text.contains(
             "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |"
         ));
         assert!(text.contains("allocator policy: paged"), "{text}");
+        assert!(!text.contains("Driver"), "no driver lines without mem_info");
+    }
+
+    #[test]
+    fn driver_lines_show_used_reserved_and_waste() {
+        let mut stats = MemoryStats::new(None);
+        stats.reserved_bytes.increase(false, 40 << 20);
+        stats.allocated_bytes.increase(false, 32 << 20);
+        let info = MemInfo {
+            free_bytes: (1 << 30) - (40 << 20) - (500 << 20),
+            total_bytes: 1 << 30,
+        };
+        let text = memory_summary(&stats, 0, "paged", true, Some(info));
+        assert!(text.lines().all(|l| l.chars().count() == 77), "{text}");
+        for want in [
+            "| Driver (cuMemGetInfo): 540.00 MiB used of 1024.00 MiB",
+            "|   reserved by berth 40.00 MiB, outside berth 500.00 MiB",
+            "| Waste: 25.00% (peak reserved 40.00 MiB / peak allocated 32.00 MiB)",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
     }
 }

@@ -47,6 +47,107 @@ pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
     }
 }
 
+/// One request of [`churn`]: its size in bytes, its stream, and after how many later requests
+/// it is freed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChurnOp {
+    /// Bytes requested.
+    pub bytes: usize,
+    /// The stream it is allocated on (`StreamId(0)` or `StreamId(stream_b)`, see [`churn`]).
+    pub stream: StreamId,
+    /// It is freed just before request `index + lifetime` (1 to 40).
+    pub lifetime: usize,
+}
+
+/// A deterministic churn of `n` requests (xorshift from `seed`): six in ten of 512 B to
+/// 1 MiB, three in ten of 1 to 25 MiB, one in ten of 32 to 192 MiB; half on the default
+/// stream and half on `stream_b`, each freed after 1 to 40 later requests. The same
+/// sequence serves every pass of [`run_churn`].
+pub fn churn(seed: u64, n: usize, stream_b: StreamId) -> Vec<ChurnOp> {
+    const MIB: usize = 1 << 20;
+    let mut next = xorshift(seed | 1);
+    (0..n)
+        .map(|_| {
+            let r = next() as usize;
+            let bytes = match r % 10 {
+                0..=5 => 512 + r % MIB,
+                6..=8 => (1 + (r >> 8) % 24) * MIB + (r >> 16) % MIB,
+                _ => (32 + (r >> 8) % 160) * MIB,
+            };
+            let stream = if (r >> 40) % 2 == 0 {
+                StreamId::DEFAULT
+            } else {
+                stream_b
+            };
+            ChurnOp {
+                bytes,
+                stream,
+                lifetime: 1 + (r >> 32) % 40,
+            }
+        })
+        .collect()
+}
+
+/// Runs `passes` passes of `ops` on `alloc` and then `empty_cache`, asserting after every
+/// operation that the policy's reserved bytes (`reserved_bytes.all.current`) equal
+/// `device_used()`: the device memory held for this allocator as the device sees it (the
+/// simulator's used bytes; on a GPU, `cuMemGetInfo`'s used bytes minus those before the
+/// allocator existed). Returns the peak of `device_used()` in each pass.
+///
+/// # Panics
+/// When the two differ (the message names the operation), when an allocation fails, or when
+/// `empty_cache` leaves reserved bytes.
+pub fn run_churn(
+    alloc: &dyn DeviceAllocator,
+    device_used: &dyn Fn() -> u64,
+    ops: &[ChurnOp],
+    passes: usize,
+) -> Vec<u64> {
+    let policy = alloc.policy_name().to_owned();
+    let check = |what: &dyn Fn() -> String| {
+        let reserved = alloc.stats().memory_reserved();
+        let used = device_used();
+        assert_eq!(
+            reserved,
+            used,
+            "{policy}: reserved {reserved} differs from the device's {used} used bytes after {}",
+            what()
+        );
+        used
+    };
+    let mut peaks = Vec::new();
+    for pass in 0..passes {
+        let mut peak = 0;
+        let mut live: Vec<(usize, DevicePtr)> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            while let Some(k) = live.iter().position(|&(due, _)| due <= i) {
+                let (_, p) = live.swap_remove(k);
+                alloc.raw_delete(p).expect("a live pointer frees");
+                peak = peak.max(check(&|| {
+                    format!("a free before request {i} of pass {pass}")
+                }));
+            }
+            let p = alloc
+                .raw_alloc(op.bytes, op.stream)
+                .unwrap_or_else(|e| panic!("{policy}: request {i} of pass {pass}: {e}"));
+            live.push((i + op.lifetime, p));
+            peak = peak.max(check(&|| format!("request {i} of pass {pass}")));
+        }
+        for (_, p) in live {
+            alloc.raw_delete(p).expect("a live pointer frees");
+            peak = peak.max(check(&|| format!("the last frees of pass {pass}")));
+        }
+        peaks.push(peak);
+    }
+    alloc.empty_cache().expect("empty_cache");
+    assert_eq!(
+        check(&|| "empty_cache".to_owned()),
+        0,
+        "{policy}: empty_cache gives every byte back"
+    );
+    peaks
+}
+
 /// A deterministic size sequence (xorshift), 1 byte to 24 MiB.
 fn sizes(n: usize, seed: u64) -> Vec<usize> {
     let mut next = xorshift(seed | 1);

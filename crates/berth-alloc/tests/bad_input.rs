@@ -155,9 +155,9 @@ fn paged_out_of_memory_suggests_nothing_paged_refuses() {
 }
 
 /// An expandable segment that cannot grow to a request larger than the device unmaps the pages
-/// it mapped for it and asks the backend to give pooled memory back (`trim`): on the H200 the
-/// CUDA backend's pool otherwise held the whole card after a 4 TiB request, and the next kernel
-/// launch failed with "CUDA error: out of memory".
+/// it mapped for it, so nothing of the device stays held after the refusal (on the H200 a
+/// 4 TiB request once left the whole card held, and the next kernel launch failed with "CUDA
+/// error: out of memory").
 #[test]
 fn expandable_out_of_memory_gives_the_pages_back() {
     let cfg = AllocatorConfig::parse("expandable_segments:True").unwrap();
@@ -167,13 +167,6 @@ fn expandable_out_of_memory_gives_the_pages_back() {
     let sim = exp.backend();
     assert!(sim.counts().map > 1, "pages were mapped before the refusal");
     assert_eq!((sim.live_mappings(), sim.used_bytes()), (0, 0));
-    // One trim after each failed growth (the first try and the retry), besides the one of the
-    // retry's cache release in between: the last backend call before the error gives back.
-    assert_eq!(
-        sim.counts().trim,
-        3,
-        "the backend's cache was given back after each failure"
-    );
     let ok = exp.allocate(50 * MIB as usize, S0).unwrap();
     assert_eq!(ok.size(), 50 * MIB as usize);
 }

@@ -68,8 +68,12 @@ fn replay_paged(name: &str) -> Option<ReplayReport> {
     Some(report)
 }
 
+/// First-pass peak reserved at or under every PyTorch mode on the five first traces, and a
+/// geometric-mean waste under half of expandable segments'. Device calls are not bounded here:
+/// what they cost is judged by time (`tests/recorded.rs` and the live figures of
+/// `BENCHMARKS.md`).
 #[test]
-fn paged_beats_every_pytorch_mode_within_call_budget() {
+fn paged_beats_every_pytorch_mode() {
     let (mut log_waste, mut log_expandable_waste, mut n) = (0.0f64, 0.0f64, 0);
     for name in TRACES {
         let Some(r) = replay_paged(name) else { return };
@@ -82,17 +86,11 @@ fn paged_beats_every_pytorch_mode_within_call_budget() {
             "{name}: peak reserved {} > PyTorch's best {best}",
             r.peak_reserved
         );
-        assert!(
-            r.device_calls <= 4 * segments,
-            "{name}: {} device calls > 4 x {segments} segments",
-            r.device_calls
-        );
         eprintln!(
-            "{name}: peak reserved {} ({:.5}x), {} device calls (budget {})",
+            "{name}: peak reserved {} ({:.5}x), {} device calls (PyTorch: {segments} segments)",
             r.peak_reserved,
             r.ratio().unwrap_or(f64::NAN),
             r.device_calls,
-            4 * segments
         );
         log_waste += (r.peak_reserved as f64 / requested as f64 - 1.0).ln();
         log_expandable_waste += (expandable as f64 / requested as f64 - 1.0).ln();
@@ -111,8 +109,7 @@ fn paged_reuses_cached_pages_without_backend_calls() {
     let alloc = PagedBestFit::new(SimBackend::new(1 << 30)).unwrap();
     let a = alloc.raw_alloc(3 << 20, StreamId::DEFAULT).unwrap();
     assert_eq!(alloc.device_calls(), 1, "two pages mapped in one call");
-    // Out of call budget on a fresh allocator, the mapping runs one page ahead.
-    assert_eq!(alloc.stats().memory_reserved(), 6 << 20);
+    assert_eq!(alloc.stats().memory_reserved(), 4 << 20);
     alloc.raw_delete(a).unwrap();
     let b = alloc.raw_alloc(1 << 20, StreamId::DEFAULT).unwrap();
     let c = alloc.raw_alloc(1 << 20, StreamId::DEFAULT).unwrap();
@@ -299,34 +296,35 @@ fn paged_random_ops_keep_invariants() {
     assert_eq!(alloc.stats().memory_allocated(), 0);
 }
 
-/// `Note [Mapping units]`: with no bound on units per run, a 4 GiB block is mapped as 64 units
-/// of 64 MiB, one `map` call and one backend mapping each; a 3 MiB block as one unit. With the
-/// default bound of 2 units per run, the 4 GiB block is 2 units of 2 GiB.
+/// `Note [Mapping units]`: by default (no bound on units per run) a 4 GiB block is mapped as
+/// 128 units of 32 MiB, one `map` call and one backend mapping each; a 3 MiB block as one
+/// unit. With a bound of 2 units per run, the 4 GiB block is 2 units of 2 GiB.
 #[test]
-fn paged_maps_a_big_block_as_few_bounded_units() {
-    let alloc = PagedBestFit::new(SimBackend::new(16 << 30)).unwrap();
-    let big = alloc.raw_alloc(4 << 30, StreamId::DEFAULT).unwrap();
-    let mappings = alloc.backend().mappings();
-    assert_eq!(mappings.len(), MAX_RUN_UNITS as usize);
-    assert!(mappings.iter().all(|&(_, n)| n == 2 << 30), "{mappings:?}");
-    alloc.raw_delete(big).unwrap();
+fn paged_maps_a_big_block_as_bounded_units() {
+    assert_eq!(MAX_RUN_UNITS, 0, "no bound on units per run by default");
     let tuning = PagedTuning {
-        max_run_units: 0,
+        max_run_units: 2,
         ..PagedTuning::default()
     };
     let alloc = PagedBestFit::with_tuning(SimBackend::new(16 << 30), tuning).unwrap();
     let big = alloc.raw_alloc(4 << 30, StreamId::DEFAULT).unwrap();
+    let mappings = alloc.backend().mappings();
+    assert_eq!(mappings.len(), 2);
+    assert!(mappings.iter().all(|&(_, n)| n == 2 << 30), "{mappings:?}");
+    alloc.raw_delete(big).unwrap();
+    let alloc = PagedBestFit::new(SimBackend::new(16 << 30)).unwrap();
+    let big = alloc.raw_alloc(4 << 30, StreamId::DEFAULT).unwrap();
     let sim = alloc.backend();
-    assert_eq!((sim.counts().map, alloc.device_calls()), (64, 64));
+    assert_eq!((sim.counts().map, alloc.device_calls()), (128, 128));
     let mappings = sim.mappings();
-    assert_eq!(mappings.len(), 64);
-    assert!(mappings.iter().all(|&(_, n)| n == 64 * MIB), "{mappings:?}");
+    assert_eq!(mappings.len(), 128);
+    assert!(mappings.iter().all(|&(_, n)| n == 32 * MIB), "{mappings:?}");
     assert_eq!(mappings[0].0, big, "the units start at the block");
     assert!(mappings.windows(2).all(|w| w[0].0 .0 + w[0].1 == w[1].0 .0));
     assert_eq!(alloc.stats().memory_reserved(), 4 << 30);
     let small = alloc.raw_alloc(3 << 20, StreamId(5)).unwrap();
-    assert_eq!(sim.counts().map, 65, "a short run is one unit");
-    assert_eq!(sim.live_mappings(), 65);
+    assert_eq!(sim.counts().map, 129, "a short run is one unit");
+    assert_eq!(sim.live_mappings(), 129);
     alloc.raw_delete(small).unwrap();
     alloc.raw_delete(big).unwrap();
     alloc.empty_cache().unwrap();
@@ -391,17 +389,16 @@ fn paged_unmaps_whole_free_units_only() {
 }
 
 /// A request the device cannot serve *now* (another user holds part of it) fails after some of
-/// its units were mapped: the policy unmaps them and asks the backend to give back any memory
-/// it keeps for reuse (`trim`), so the device is not left full of pooled handles (on the H200
-/// through `berth_torch`, a 4 TiB request left the CUDA backend's pool holding the card, and the
-/// next kernel launch failed).
+/// its units were mapped: the policy unmaps them, so the device is not left holding them (on
+/// the H200 through `berth_torch`, a 4 TiB request once left the card full, and the next kernel
+/// launch failed).
 #[test]
-fn paged_out_of_memory_unmaps_its_units_and_trims_the_backend() {
+fn paged_out_of_memory_unmaps_its_units() {
     let sim = std::sync::Arc::new(SimBackend::new(1 << 30));
     let other = PagedBestFit::new(std::sync::Arc::clone(&sim)).unwrap();
     let held = other.raw_alloc(600 << 20, StreamId::DEFAULT).unwrap();
     let alloc = PagedBestFit::new(std::sync::Arc::clone(&sim)).unwrap();
-    let (maps, trims) = (sim.counts().map, sim.counts().trim);
+    let maps = sim.counts().map;
     let e = alloc.raw_alloc(600 << 20, StreamId::DEFAULT).unwrap_err();
     assert!(matches!(e, AllocError::OutOfMemory { .. }), "{e}");
     assert!(
@@ -412,10 +409,6 @@ fn paged_out_of_memory_unmaps_its_units_and_trims_the_backend() {
         sim.used_bytes(),
         600 << 20,
         "only the other user's memory is mapped"
-    );
-    assert!(
-        sim.counts().trim > trims,
-        "the backend's cache was given back"
     );
     let p = alloc.raw_alloc(1 << 20, StreamId::DEFAULT).unwrap();
     alloc.raw_delete(p).unwrap();

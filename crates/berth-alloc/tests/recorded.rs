@@ -161,34 +161,41 @@ fn expandable_segments_are_exact_on_every_recorded_trace() {
 /// allocator. These pin today's policy so that every change to it shows here; see
 /// `tests/data/README.md` for how they compare with PyTorch's modes.
 const PAGED: [(&str, u64, u64, u64); 15] = [
-    ("bert_varlen_train", 16_210_984_960, 238, 0),
-    ("detection_varsize_train", 7_000_293_376, 293, 0),
-    ("embedding_recsys_train", 2_854_223_872, 46, 0),
-    ("finetune_reload_weights", 4_456_448_000, 276, 0),
-    ("gpt2_generate", 734_003_200, 88, 0),
-    ("gpt2_train", 9_206_497_280, 257, 0),
-    ("llm_ckpt_varlen_train", 5_377_097_728, 233, 7),
-    ("llm_kvcache_varbatch_generate", 660_602_880, 74, 0),
-    ("lstm_varlen_train", 6_851_395_584, 36, 0),
-    ("resnet50_train", 5_966_397_440, 145, 0),
-    ("segmentation_varsize_train", 6_641_680_384, 203, 0),
-    ("three_stream_overlap", 400_556_032, 20, 0),
-    ("two_stream_pipeline", 291_504_128, 22, 0),
-    ("unet_diffusion_train", 2_009_071_616, 60, 1),
-    ("vit_bf16_amp_train", 3_969_908_736, 172, 0),
+    ("bert_varlen_train", 16_210_984_960, 638, 0),
+    ("detection_varsize_train", 7_000_293_376, 375, 0),
+    ("embedding_recsys_train", 2_854_223_872, 109, 0),
+    ("finetune_reload_weights", 4_456_448_000, 347, 0),
+    ("gpt2_generate", 731_906_048, 117, 0),
+    ("gpt2_train", 9_103_736_832, 472, 34),
+    ("llm_ckpt_varlen_train", 5_129_633_792, 329, 70),
+    ("llm_kvcache_varbatch_generate", 660_602_880, 101, 0),
+    ("lstm_varlen_train", 6_599_737_344, 354, 306),
+    ("resnet50_train", 5_966_397_440, 258, 0),
+    ("segmentation_varsize_train", 6_641_680_384, 306, 0),
+    ("three_stream_overlap", 400_556_032, 34, 0),
+    ("two_stream_pipeline", 287_309_824, 126, 17),
+    ("unet_diffusion_train", 1_923_088_384, 136, 76),
+    ("vit_bf16_amp_train", 3_969_908_736, 223, 0),
 ];
 
+/// What one device call (a `map`: `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, or an
+/// `unmap`: `cuMemUnmap` + `cuMemRelease`) costs, in microseconds: about 47 µs on the H200 host
+/// (`BENCHMARKS.md`), rounded up.
+const DEVICE_CALL_US: u64 = 50;
+
 /// Two warm passes (the same allocator replaying the trace again, as a training loop repeats
-/// its step) make at most one device call per 5000 operations each on every committed trace:
-/// a call cost about 47 µs on the H200 host (`BENCHMARKS.md`), so more would cost over 9 ns
-/// per operation.
+/// its step): the device calls they make would cost under 1% of the time the recorded program
+/// took for one pass (its first to last event), at [`DEVICE_CALL_US`] each. This is an
+/// estimate from counted calls, not a timing: the live step times in `BENCHMARKS.md` are the
+/// measurement.
 #[test]
-fn paged_warm_passes_stay_under_one_device_call_per_5000_operations() {
+fn paged_warm_passes_cost_under_one_percent_of_the_programs_time() {
     for (name, _, _, warm) in PAGED {
         let Some(path) = trace_path(name) else {
             continue;
         };
         let trace = read_trace(&path).unwrap();
+        let span_us = trace.events.last().unwrap().time_us - trace.events[0].time_us;
         let alloc = PagedBestFit::new(SimBackend::new(SimBackend::H200_BYTES)).unwrap();
         let compiled = CompiledTrace::new(&trace.events);
         compiled.replay(&alloc).unwrap();
@@ -196,13 +203,18 @@ fn paged_warm_passes_stay_under_one_device_call_per_5000_operations() {
             .map(|_| compiled.replay(&alloc).unwrap().device_calls)
             .sum();
         assert_eq!(calls, warm, "{name}");
-        assert!(calls <= 2 * compiled.ops() / 5000, "{name}: {calls} calls");
+        let per_pass_us = calls * DEVICE_CALL_US / 2;
+        assert!(
+            per_pass_us * 100 <= span_us as u64,
+            "{name}: {calls} calls in two warm passes, {per_pass_us} us a pass of {span_us} us"
+        );
     }
 }
 
 #[test]
 fn paged_peaks_and_calls_on_every_recorded_trace() {
-    // The targets that today's policy misses, so that a change meeting one shows too.
+    // Every trace's first-pass peak at or under expandable segments' (the smallest of PyTorch's
+    // modes on each); a change that loses one shows here.
     let mut misses = Vec::new();
     for (name, reserved, calls, _) in PAGED {
         let Some(path) = trace_path(name) else {
@@ -218,7 +230,7 @@ fn paged_peaks_and_calls_on_every_recorded_trace() {
         );
         // PyTorch's live figures of the ten recorded traces (the first five's are in
         // `tests/paged.rs`).
-        let Some(&(_, requested, default, segments, expandable, _, asynch)) =
+        let Some(&(_, requested, default, _, expandable, _, asynch)) =
             RECORDED.iter().find(|t| t.0 == name)
         else {
             continue;
@@ -231,23 +243,15 @@ fn paged_peaks_and_calls_on_every_recorded_trace() {
         if r.peak_reserved > expandable {
             misses.push((name, "peak reserved over expandable segments'"));
         }
-        if r.device_calls > 4 * segments {
-            misses.push((name, "device calls over 4 x PyTorch's segments"));
-        }
     }
-    // `lstm_varlen_train`: 6,851,395,584 bytes against expandable segments' 6,847,201,280.
-    assert_eq!(
-        misses,
-        [(
-            "lstm_varlen_train",
-            "peak reserved over expandable segments'"
-        )]
-    );
+    assert_eq!(misses, []);
 }
 
-/// Step 5 of `Note [Paged best fit]`: `unet_diffusion_train` unmaps free units in every pass
-/// once its live peak stops growing; learning headroom from those repeats cuts the churn
-/// (21 device calls in two warm passes without it, 1 with it) for the same first-pass peak.
+/// Step 5 of `Note [Paged best fit]` (off by default): `unet_diffusion_train` unmaps free
+/// units in every pass once its live peak stops growing; learning headroom from those repeats
+/// (a churn divisor of 4) cuts the churn from 76 device calls in two warm passes to 9 (about
+/// 1.9 ms to 0.2 ms a pass at 50 µs a call, against a 5.7 s pass) and raises the first-pass
+/// peak by 2.7%. Judged by time, the calls are cheap and the memory is not: step 5 is off.
 #[test]
 fn paged_learns_headroom_from_unmaps_that_repeat() {
     let Some(path) = trace_path("unet_diffusion_train") else {
@@ -268,6 +272,7 @@ fn paged_learns_headroom_from_unmaps_that_repeat() {
             .sum();
         (first.peak_reserved, warm)
     };
-    assert_eq!(run(0), (2_009_071_616, 21));
-    assert_eq!(run(CHURN_DIV), (2_009_071_616, 1));
+    assert_eq!(CHURN_DIV, 0, "step 5 is off by default");
+    assert_eq!(run(0), (1_923_088_384, 76));
+    assert_eq!(run(4), (1_975_517_184, 9));
 }

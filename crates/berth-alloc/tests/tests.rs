@@ -2,6 +2,7 @@
 
 mod util;
 
+mod accounting;
 mod bad_input;
 mod behaviour_cases;
 mod conformance;

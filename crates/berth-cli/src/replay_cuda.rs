@@ -6,10 +6,11 @@
 //! default stream, the trace is compiled outside the timing (`Note [Compiled replay]` in
 //! `berth_alloc::replay`) and replayed [`PASSES`] times on one allocator: the first pass is
 //! cold (segments come from the driver), the others warm (from the cache); `ns_per_op` is the
-//! fastest warm pass. After the passes the allocator's reserved bytes, plus the physical pages
-//! the backend pools after unmapping (`Note [VMM page pool]` in `berth::cuda::backend`), are
-//! compared with the device-wide used memory from `cuMemGetInfo`; then `empty_cache` (and the
-//! backend's trim of its pool) must give them back.
+//! fastest warm pass. After the passes the allocator's reserved bytes are compared with the
+//! growth of the device-wide used memory from `cuMemGetInfo` (the CUDA backend keeps no memory
+//! of its own: `Note [VMM handles]` in `berth::cuda::backend`, so the two are equal); then
+//! `empty_cache` must give them back. Each line states berth's reserved bytes, the driver's
+//! used bytes and the waste (peak reserved ÷ peak requested) side by side.
 
 use anyhow::Context;
 use berth::cuda::{mem_get_info, CudaBackend};
@@ -40,16 +41,13 @@ pub fn run(
                 .with_context(|| format!("{name} / {}", policy.name()))?;
             let (free_after, _) = mem_get_info(index)?;
             let reserved = alloc.stats().memory_reserved();
-            let pooled = backend.pooled_bytes();
             let used_delta = free_before as i64 - free_after as i64;
             alloc.empty_cache()?;
             let reserved_emptied = alloc.stats().memory_reserved();
-            let pooled_emptied = backend.pooled_bytes();
-            // `paged`'s `empty_cache` does not call the backend's trim yet: do it here.
-            backend.release_pool()?;
             let (free_emptied, _) = mem_get_info(index)?;
             let released = free_emptied as i64 - free_after as i64;
-            let agrees = reserved as i64 + pooled as i64 == used_delta;
+            let agrees = reserved as i64 == used_delta;
+            let waste = cold.ratio().map_or(0.0, |r| r - 1.0);
             let warm_ns_per_op = warm_ns(&warm);
             let warm_calls = warm.iter().map(|r| r.device_calls).max().unwrap_or(0);
             if json {
@@ -63,23 +61,23 @@ pub fn run(
                         "cold_ns_per_op": (cold.ns_per_op * 10.0).round() / 10.0,
                         "warm_ns_per_op": warm.iter().map(|r| (r.ns_per_op * 10.0).round() / 10.0).collect::<Vec<_>>(),
                         "ns_per_op": (warm_ns_per_op * 10.0).round() / 10.0,
-                        "reserved_after": reserved, "backend_pooled_after": pooled,
-                        "cumemgetinfo_used_delta": used_delta, "reserved_plus_pooled_agrees": agrees,
+                        "waste": (waste * 1e6).round() / 1e6,
+                        "reserved_after": reserved,
+                        "cumemgetinfo_used_delta": used_delta, "reserved_agrees_with_driver": agrees,
                         "reserved_after_empty_cache": reserved_emptied,
-                        "pooled_after_empty_cache": pooled_emptied,
                         "released_by_empty_cache": released,
                     })
                 );
             } else {
                 println!(
-                    "{name:<22} {:<10} cuda:{index}  peak reserved {:>12}  segments {:>4}  cold {:>7.1} ns/op  warm {:>7.1} ns/op ({warm_calls} device calls)  reserved {} + pooled {} vs cuMemGetInfo used {}{} ({}; empty_cache gave back {}{})",
+                    "{name:<22} {:<10} cuda:{index}  peak reserved {:>12} (waste {:.2}%)  segments {:>4}  cold {:>7.1} ns/op  warm {:>7.1} ns/op ({warm_calls} device calls)  reserved {} vs cuMemGetInfo used {}{} ({}; empty_cache gave back {}{})",
                     policy.name(),
                     format_size(cold.peak_reserved),
+                    waste * 100.0,
                     cold.device_allocs,
                     cold.ns_per_op,
                     warm_ns_per_op,
                     format_size(reserved),
-                    format_size(pooled),
                     if used_delta < 0 { "-" } else { "+" },
                     format_size(used_delta.unsigned_abs()),
                     if agrees { "equal" } else { "DIFFERENT" },

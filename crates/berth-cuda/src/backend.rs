@@ -122,43 +122,38 @@ impl Drop for CudaFence {
 /// Device memory of one GPU from the driver: `cuMemAlloc` / `cuMemFree` segments, plus virtual
 /// memory (when the device supports it) for expandable segments and berth's `paged` policy.
 ///
-/// Cheap to clone: clones share the virtual-memory state (the live mappings and the pool of
-/// unmapped physical handles of `Note [VMM page pool]`).
+/// Cheap to clone: clones share the virtual-memory state (the live mappings).
 ///
-/// # Note [VMM page pool]
+/// # Note [VMM handles]
 /// Each [`VirtualMemoryBackend::map`] call is one mapping backed by one physical handle of the
 /// call's size (`cuMemCreate`), as the trait's contract says: the driver maps a handle at
 /// offset 0 only and unmaps whole mappings only, so a policy that wants to unmap a range later
 /// maps it in units it will unmap whole (PyTorch's expandable segments: one 2 MiB or 20 MiB
 /// page per call; berth's `paged`: runs of up to 64 MiB, `Note [Mapping units]` in
-/// `berth_alloc::own`). Large handles are what keep big buffers as fast as `cuMemAlloc` memory:
-/// a 4 GiB copy between buffers mapped with one 2 MiB handle per page ran at 0.75× the
-/// bandwidth of `cuMemAlloc` buffers on an H200, PyTorch's 20 MiB handles at 0.95×. Policies
-/// map and unmap often (`paged` keeps its mapped memory under its high-water mark by unmapping
-/// free units before mapping new ones), and each `cuMemCreate` / `cuMemRelease` costs tens of
-/// microseconds, so:
+/// `berth_alloc::paged`). Large handles are what keep big buffers as fast as `cuMemAlloc`
+/// memory: a 4 GiB copy between buffers mapped with one 2 MiB handle per page ran at 0.71× the
+/// bandwidth of `cuMemAlloc` buffers on an H200, 20 MiB handles at 0.95×, 64 MiB at 0.985×.
 ///
-/// 1. `unmap` makes one `cuMemUnmap` for the whole range (the range is whole mappings; one
-///    call per mapping if the driver refuses a range of several) and keeps the handles in a
-///    pool, by size, instead of releasing them;
-/// 2. `map` takes a pooled handle of exactly the mapping's size, and calls `cuMemCreate` only
-///    when there is none; if that fails for lack of memory while the pool holds handles (of
-///    other sizes), the pool is released and `cuMemCreate` retried once. Then one `cuMemMap`
-///    and one `cuMemSetAccess` (PyTorch's `ExpandableSegment::mapAndSetAccess` does the same
-///    per handle);
-/// 3. a range that would split a mapping is refused with [`BackendError::SplitsMapping`]
-///    before any driver call, as the simulator refuses it;
-/// 4. accounting: a policy counts a mapping in its reserved bytes only while it is mapped;
-///    pooled handles are this backend's own cache, so `cuMemGetInfo`'s used bytes equal the
-///    policies' reserved bytes plus [`CudaBackend::pooled_bytes`]. [`VirtualMemoryBackend::trim`]
-///    (which `empty_cache` calls) releases the pool, after which reserved and `cuMemGetInfo`
-///    agree again; so do an out-of-memory `cuMemAlloc` or `cuMemCreate` (then retried once), a
-///    failed `map`, and dropping the last clone. Pooled handles of other sizes therefore never
-///    make a `map` fail, but they hold device memory until one of those: in a model of this
-///    pool under `paged` over the five traces (five passes each, streams as recorded or all on
-///    one stream as `berth replay --device cuda:0` runs them), mapped plus pooled bytes never
-///    exceeded peak reserved except on `two_stream_pipeline` on one stream, by one 20 MiB
-///    handle (6%). Pooled handles were reused 0–3 times per trace: `paged` rarely unmaps.
+/// 1. `map` creates one handle (`cuMemCreate`), maps it (`cuMemMap`) and sets access
+///    (`cuMemSetAccess`), as PyTorch's `ExpandableSegment::mapAndSetAccess` does per handle;
+///    on any failure nothing stays mapped and the handle is released.
+/// 2. `unmap` makes one `cuMemUnmap` for the whole range (the range is whole mappings; one
+///    call per mapping if the driver refuses a range of several) and then releases every
+///    handle (`cuMemRelease`), as PyTorch's `ExpandableSegment::unmapHandles` does.
+/// 3. A range that would split a mapping is refused with [`BackendError::SplitsMapping`]
+///    before any driver call, as the simulator refuses it.
+/// 4. Accounting: nothing is kept after an unmap, so the physical memory this backend holds
+///    is exactly its live mappings plus its `cuMemAlloc` segments, which are the policies'
+///    reserved bytes: `cuMemGetInfo`'s used bytes are the policies' reserved bytes plus what
+///    berth does not own (the context, other libraries) at every point.
+///
+/// Until 2026-12-03 unmapped handles were kept in a pool by size for reuse (saving a
+/// `cuMemCreate` / `cuMemRelease` pair, tens of microseconds, per remap). The pool was counted
+/// in no policy's reserved bytes, and under `paged` on a variable-length inference program the
+/// process held about 650 MB more than berth reported; pooled handles of one size also could
+/// not serve a mapping of another. `paged` unmaps rarely (its headroom and call budget,
+/// `Note [Paged best fit]`), so the pool saved little time and cost memory the user could not
+/// see: it was removed, and `reserved_bytes` is what the driver sees.
 #[derive(Debug, Clone)]
 pub struct CudaBackend {
     device: usize,
@@ -172,7 +167,8 @@ struct Vmm {
     granularity: usize,
     /// Whether `cuMemUnmap` accepted a range of several mappings (cleared at its first refusal).
     range_unmap: AtomicBool,
-    state: Mutex<VmmState>,
+    /// Live mappings by start address, one per successful `map`.
+    mapped: Mutex<BTreeMap<u64, Mapping>>,
 }
 
 /// One live mapping: a physical handle mapped whole.
@@ -184,118 +180,63 @@ struct Mapping {
     bytes: usize,
 }
 
-#[derive(Debug, Default)]
-struct VmmState {
-    /// Live mappings by start address, one per successful `map`.
-    mapped: BTreeMap<u64, Mapping>,
-    /// Physical handles mapped nowhere, by size in bytes, reused by a `map` of that size.
-    pool: BTreeMap<usize, Vec<u64>>,
-    /// Bytes of all pooled handles.
-    pooled_bytes: usize,
-}
-
-impl VmmState {
-    /// A pooled handle of exactly `bytes` bytes, out of the pool.
-    fn take_pooled(&mut self, bytes: usize) -> Option<u64> {
-        let list = self.pool.get_mut(&bytes)?;
-        let h = list.pop()?;
-        if list.is_empty() {
-            self.pool.remove(&bytes);
+/// The mappings making up `[addr, addr + bytes)` in address order.
+///
+/// # Errors
+/// [`BackendError::SplitsMapping`] when the range cuts a mapping;
+/// [`BackendError::InvalidPointer`] when part of it is not mapped.
+fn whole_mappings(
+    mapped: &BTreeMap<u64, Mapping>,
+    addr: u64,
+    bytes: usize,
+) -> Result<Vec<(u64, Mapping)>, BackendError> {
+    let end = addr + bytes as u64;
+    let splits = |a: u64, m: Mapping| BackendError::SplitsMapping {
+        op: "unmap",
+        addr: DevicePtr(addr),
+        bytes: bytes as u64,
+        mapping: DevicePtr(a),
+        mapping_bytes: m.bytes as u64,
+    };
+    if let Some((&a, &m)) = mapped.range(..addr).next_back() {
+        if a + m.bytes as u64 > addr {
+            return Err(splits(a, m));
         }
-        self.pooled_bytes -= bytes;
-        Some(h)
     }
-
-    /// Keeps the unmapped handle `h` of `bytes` bytes for reuse.
-    fn pool_handle(&mut self, h: u64, bytes: usize) {
-        self.pool.entry(bytes).or_default().push(h);
-        self.pooled_bytes += bytes;
+    let mut found = Vec::new();
+    let mut at = addr;
+    for (&a, &m) in mapped.range(addr..end) {
+        if a != at {
+            break;
+        }
+        if a + m.bytes as u64 > end {
+            return Err(splits(a, m));
+        }
+        found.push((a, m));
+        at = a + m.bytes as u64;
     }
-
-    /// The mappings making up `[addr, addr + bytes)` in address order.
-    ///
-    /// # Errors
-    /// [`BackendError::SplitsMapping`] when the range cuts a mapping;
-    /// [`BackendError::InvalidPointer`] when part of it is not mapped.
-    fn whole_mappings(&self, addr: u64, bytes: usize) -> Result<Vec<(u64, Mapping)>, BackendError> {
-        let end = addr + bytes as u64;
-        let splits = |a: u64, m: Mapping| BackendError::SplitsMapping {
+    if at != end || bytes == 0 {
+        return Err(BackendError::InvalidPointer {
             op: "unmap",
-            addr: DevicePtr(addr),
-            bytes: bytes as u64,
-            mapping: DevicePtr(a),
-            mapping_bytes: m.bytes as u64,
-        };
-        if let Some((&a, &m)) = self.mapped.range(..addr).next_back() {
-            if a + m.bytes as u64 > addr {
-                return Err(splits(a, m));
-            }
-        }
-        let mut found = Vec::new();
-        let mut at = addr;
-        for (&a, &m) in self.mapped.range(addr..end) {
-            if a != at {
-                break;
-            }
-            if a + m.bytes as u64 > end {
-                return Err(splits(a, m));
-            }
-            found.push((a, m));
-            at = a + m.bytes as u64;
-        }
-        if at != end || bytes == 0 {
-            return Err(BackendError::InvalidPointer {
-                op: "unmap",
-                ptr: DevicePtr(addr),
-            });
-        }
-        Ok(found)
+            ptr: DevicePtr(addr),
+        });
     }
+    Ok(found)
 }
 
 impl Vmm {
-    fn lock(&self) -> MutexGuard<'_, VmmState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, Mapping>> {
+        self.mapped.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Releases every pooled handle (`cuMemRelease`); the first failure is returned after
-    /// trying them all.
-    fn release_pool(&self, st: &mut VmmState) -> Result<(), CudaError> {
-        let mut first = Ok(());
-        st.pooled_bytes = 0;
-        for h in std::mem::take(&mut st.pool).into_values().flatten() {
-            // SAFETY: pooled handles came from `mem_create`, are mapped nowhere (`unmap` pools
-            // them only after unmapping) and leave the pool here, released once.
-            if let Err(e) = unsafe { ffi::mem_release(self.device, h) } {
-                first = first.and(Err(e));
-            }
-        }
-        first
-    }
-
-    /// A handle of `bytes` bytes mapped nowhere: pooled, else new; when creating fails for
-    /// lack of memory while handles of other sizes are pooled, the pool is released and the
-    /// creation retried once (`Note [VMM page pool]`, 2).
-    fn handle(&self, st: &mut VmmState, bytes: usize) -> Result<u64, CudaError> {
-        if let Some(h) = st.take_pooled(bytes) {
-            return Ok(h);
-        }
-        match ffi::mem_create(self.device, bytes) {
-            Err(CudaError::OutOfMemory { .. }) if st.pooled_bytes > 0 => {
-                self.release_pool(st)?;
-                ffi::mem_create(self.device, bytes)
-            }
-            r => r,
-        }
-    }
-
-    /// Maps the new or pooled handle `h` of `bytes` bytes at `addr` and sets access; on a
-    /// failure nothing stays mapped and `h` is released.
+    /// Creates a handle of `bytes` bytes, maps it at `addr` and sets access; on a failure
+    /// nothing stays mapped and the handle is released (`Note [VMM handles]`, 1).
     ///
     /// # Safety
-    /// `addr..addr + bytes` is unmapped (`map` checked `st.mapped`, which records every
-    /// mapping of this backend), and `h` is a live handle of `bytes` bytes mapped nowhere.
-    unsafe fn map_handle(&self, addr: u64, bytes: usize, h: u64) -> Result<(), CudaError> {
+    /// `addr..addr + bytes` is unmapped (`map` checked the live mappings, which record every
+    /// mapping of this backend, under their lock).
+    unsafe fn create_and_map(&self, addr: u64, bytes: usize) -> Result<u64, CudaError> {
+        let h = ffi::mem_create(self.device, bytes)?;
         // SAFETY: the caller's contract; the driver refuses an address outside a reservation.
         let mapped = unsafe { ffi::mem_map(self.device, addr, bytes, h) }.and_then(|()| {
             match ffi::mem_set_access(self.device, addr, bytes) {
@@ -313,51 +254,49 @@ impl Vmm {
             let _ = unsafe { ffi::mem_release(self.device, h) };
             return Err(e);
         }
-        Ok(())
+        Ok(h)
     }
 
     /// Unmaps the whole mappings `found` (adjacent, in address order, covering
-    /// `[addr, addr + bytes)`) and pools their handles: one call for the range, or one per
-    /// mapping when the driver refuses ranges of several mappings.
+    /// `[addr, addr + bytes)`) and releases their handles: one unmap call for the range, or one
+    /// per mapping when the driver refuses ranges of several mappings (`Note [VMM handles]`, 2).
+    /// A mapping leaves `mapped` once it is unmapped, whether or not its release succeeds (an
+    /// unmapped handle is never mapped again); the first release failure is returned after
+    /// trying them all.
     ///
     /// # Safety
-    /// `found` came from [`VmmState::whole_mappings`] on `st` for this range, and no queued
-    /// work uses the range.
-    unsafe fn unmap_mappings(
+    /// `found` came from [`whole_mappings`] on `mapped` for this range, and no queued work uses
+    /// the range.
+    unsafe fn unmap_and_release(
         &self,
-        st: &mut VmmState,
+        mapped: &mut BTreeMap<u64, Mapping>,
         addr: u64,
         bytes: usize,
         found: &[(u64, Mapping)],
     ) -> Result<(), CudaError> {
+        let mut unmapped_whole = false;
         if found.len() > 1 && self.range_unmap.load(Ordering::Relaxed) {
             // SAFETY: the caller's contract: the range is whole mappings nothing uses.
             match unsafe { ffi::mem_unmap(self.device, addr, bytes) } {
-                Ok(()) => {
-                    for &(a, m) in found {
-                        st.mapped.remove(&a);
-                        st.pool_handle(m.handle, m.bytes);
-                    }
-                    return Ok(());
-                }
+                Ok(()) => unmapped_whole = true,
                 Err(_) => self.range_unmap.store(false, Ordering::Relaxed),
             }
         }
+        let mut first = Ok(());
         for &(a, m) in found {
-            // SAFETY: the caller's contract: `a..a + m.bytes` is one whole mapping nothing
-            // uses.
-            unsafe { ffi::mem_unmap(self.device, a, m.bytes) }?;
-            st.mapped.remove(&a);
-            st.pool_handle(m.handle, m.bytes);
+            if !unmapped_whole {
+                // SAFETY: the caller's contract: `a..a + m.bytes` is one whole mapping nothing
+                // uses.
+                unsafe { ffi::mem_unmap(self.device, a, m.bytes) }?;
+            }
+            mapped.remove(&a);
+            // SAFETY: `m.handle` came from `mem_create`, was mapped only here and is unmapped
+            // now; it left `mapped` just above, so it is released once.
+            if let Err(e) = unsafe { ffi::mem_release(self.device, m.handle) } {
+                first = first.and(Err(e));
+            }
         }
-        Ok(())
-    }
-}
-
-impl Drop for Vmm {
-    fn drop(&mut self) {
-        let mut st = std::mem::take(&mut *self.lock());
-        let _ = self.release_pool(&mut st);
+        first
     }
 }
 
@@ -374,7 +313,7 @@ impl CudaBackend {
                 device,
                 granularity,
                 range_unmap: AtomicBool::new(true),
-                state: Mutex::default(),
+                mapped: Mutex::default(),
             })
         });
         Ok(CudaBackend { device, vmm })
@@ -385,30 +324,18 @@ impl CudaBackend {
         self.device
     }
 
-    /// Bytes of physical memory held in the pool of unmapped handles (`Note [VMM page pool]`):
-    /// counted by `cuMemGetInfo`, not in any policy's reserved bytes.
-    pub fn pooled_bytes(&self) -> u64 {
-        self.vmm
-            .as_ref()
-            .map_or(0, |v| v.lock().pooled_bytes as u64)
-    }
-
     /// Number of live mappings (one physical handle each) made by `map` and not unmapped.
     pub fn live_mappings(&self) -> usize {
-        self.vmm.as_ref().map_or(0, |v| v.lock().mapped.len())
+        self.vmm.as_ref().map_or(0, |v| v.lock().len())
     }
 
-    /// Releases the pooled physical handles (`cuMemRelease`), as
-    /// [`VirtualMemoryBackend::trim`] does.
-    ///
-    /// # Errors
-    /// [`CudaError::Driver`] from the first `cuMemRelease` that failed (the others are still
-    /// released).
-    pub fn release_pool(&self) -> Result<(), CudaError> {
-        match &self.vmm {
-            Some(v) => v.release_pool(&mut v.lock()),
-            None => Ok(()),
-        }
+    /// Bytes of physical memory in live mappings (`map`ped and not unmapped): with the
+    /// `cuMemAlloc` segments of the same policies, exactly what this backend holds from the
+    /// driver (`Note [VMM handles]`, 4).
+    pub fn mapped_bytes(&self) -> u64 {
+        self.vmm
+            .as_ref()
+            .map_or(0, |v| v.lock().values().map(|m| m.bytes as u64).sum())
     }
 }
 
@@ -416,15 +343,7 @@ impl MemoryBackend for CudaBackend {
     type Fence = CudaFence;
 
     fn malloc(&self, bytes: usize, _stream: StreamId) -> Result<DevicePtr, BackendError> {
-        let ptr = match ffi::mem_alloc(self.device, bytes) {
-            Err(CudaError::OutOfMemory { .. }) if self.pooled_bytes() > 0 => {
-                // Pooled handles are a cache (`Note [VMM page pool]`): give them back, retry once.
-                self.release_pool()?;
-                ffi::mem_alloc(self.device, bytes)?
-            }
-            r => r?,
-        };
-        Ok(DevicePtr(ptr))
+        Ok(DevicePtr(ffi::mem_alloc(self.device, bytes)?))
     }
 
     unsafe fn free(
@@ -488,8 +407,8 @@ impl VirtualMemoryBackend for CudaBackend {
             });
         }
         let end = addr.0 + bytes as u64;
-        let mut st = vmm.lock();
-        if let Some((&a, m)) = st.mapped.range(..end).next_back() {
+        let mut mapped = vmm.lock();
+        if let Some((&a, m)) = mapped.range(..end).next_back() {
             if a + m.bytes as u64 > addr.0 {
                 return Err(BackendError::Other {
                     op: "map",
@@ -500,24 +419,11 @@ impl VirtualMemoryBackend for CudaBackend {
                 });
             }
         }
-        // One handle for the whole range (`Note [VMM page pool]`, 2).
-        let mapped = vmm.handle(&mut st, bytes).and_then(|h| {
-            // SAFETY: the range is unmapped (checked above against `st.mapped`, under the
-            // lock) and `h` is a live handle of `bytes` bytes mapped nowhere (pooled or new).
-            unsafe { vmm.map_handle(addr.0, bytes, h) }.map(|()| h)
-        });
-        match mapped {
-            Ok(handle) => {
-                st.mapped.insert(addr.0, Mapping { handle, bytes });
-                Ok(())
-            }
-            Err(e) => {
-                // Nothing stays mapped after a failure, and every pooled handle goes back to
-                // the driver, so that reserved and `cuMemGetInfo` agree again.
-                vmm.release_pool(&mut st)?;
-                Err(e.into())
-            }
-        }
+        // One handle for the whole range (`Note [VMM handles]`, 1).
+        // SAFETY: the range is unmapped (checked above against `mapped`, under its lock).
+        let handle = unsafe { vmm.create_and_map(addr.0, bytes) }?;
+        mapped.insert(addr.0, Mapping { handle, bytes });
+        Ok(())
     }
 
     unsafe fn unmap(
@@ -532,21 +438,17 @@ impl VirtualMemoryBackend for CudaBackend {
                 ptr: addr,
             });
         };
-        let mut st = vmm.lock();
-        let found = st.whole_mappings(addr.0, bytes)?;
+        let mut mapped = vmm.lock();
+        let found = whole_mappings(&mapped, addr.0, bytes)?;
         // SAFETY: `found` was computed just above under the same lock; the caller's contract
         // (2.) says no queued work uses the range.
-        unsafe { vmm.unmap_mappings(&mut st, addr.0, bytes, &found)? };
+        unsafe { vmm.unmap_and_release(&mut mapped, addr.0, bytes, &found)? };
         Ok(())
     }
 
     unsafe fn release(&self, base: DevicePtr, bytes: usize) -> Result<(), BackendError> {
         // SAFETY: the trait's contract: a reservation from `reserve` with nothing mapped.
         unsafe { ffi::address_free(self.device, base.0, bytes) }.map_err(BackendError::from)
-    }
-
-    fn trim(&self) -> Result<(), BackendError> {
-        Ok(self.release_pool()?)
     }
 }
 
@@ -574,14 +476,13 @@ mod tests {
         assert!(!other.is_out_of_memory());
     }
 
-    /// `Note [VMM page pool]` on a real GPU: each `map` is one handle of its size, an unmap
-    /// that would split one is refused, unmapped handles wait in the pool by size, a `map` of
-    /// a pooled size reuses one, `cuMemGetInfo` counts mapped plus pooled bytes, and `trim`
-    /// gives the pool back.
+    /// `Note [VMM handles]` on a real GPU: each `map` is one handle of its size, an unmap
+    /// that would split one is refused and changes nothing, an unmap gives the handles back at
+    /// once, and `cuMemGetInfo`'s used bytes follow the mapped bytes exactly at every step.
     #[test]
     #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
-    fn mappings_are_whole_handles_pooled_by_size_and_trimmed() {
-        if !crate::testing::require_gpu("vmm_page_pool") {
+    fn mappings_are_whole_handles_released_on_unmap() {
+        if !crate::testing::require_gpu("vmm_handles") {
             return;
         }
         let s = StreamId::DEFAULT;
@@ -595,9 +496,10 @@ mod tests {
         let base = v.reserve(16 * g).unwrap();
         let at = |k: usize| DevicePtr(base.0 + (k * g) as u64);
         let used0 = used();
+        let held = |b: &CudaBackend| (used() - used0, b.mapped_bytes() as i64);
         v.map(at(0), 3 * g, s).unwrap();
         v.map(at(3), g, s).unwrap();
-        assert_eq!(used() - used0, 4 * g as i64, "four pages mapped");
+        assert_eq!(held(&b), (4 * g as i64, 4 * g as i64), "four pages mapped");
         assert_eq!(b.live_mappings(), 2, "one handle per map call");
         // SAFETY: every range below lies in memory mapped above (or is refused); no work uses
         // any of it.
@@ -616,55 +518,39 @@ mod tests {
                 v.unmap(at(0), 2 * g, s),
                 Err(BackendError::SplitsMapping { .. })
             ));
-            assert_eq!(
-                (b.live_mappings(), b.pooled_bytes()),
-                (2, 0),
-                "refusals change nothing"
-            );
+            assert_eq!(b.live_mappings(), 2, "refusals change nothing");
+            assert_eq!(held(&b), (4 * g as i64, 4 * g as i64));
             v.unmap(at(0), 4 * g, s).unwrap();
         }
-        assert_eq!((b.live_mappings(), b.pooled_bytes()), (0, 4 * g as u64));
-        assert_eq!(
-            used() - used0,
-            4 * g as i64,
-            "pooled handles stay allocated"
-        );
+        assert_eq!(b.live_mappings(), 0);
+        assert_eq!(held(&b), (0, 0), "an unmap gives the handles back at once");
         v.map(at(5), 3 * g, s).unwrap();
-        assert_eq!(
-            b.pooled_bytes(),
-            g as u64,
-            "the pooled 3-page handle is reused"
-        );
-        assert_eq!(used() - used0, 4 * g as i64, "no new physical memory");
         v.map(at(8), 2 * g, s).unwrap();
-        assert_eq!(
-            b.pooled_bytes(),
-            g as u64,
-            "no 2-page handle pooled: a new one"
-        );
-        assert_eq!(used() - used0, 6 * g as i64);
+        assert_eq!(held(&b), (5 * g as i64, 5 * g as i64));
         assert!(
             v.map(at(9), g, s).is_err(),
             "a mapped page cannot be mapped again"
         );
-        assert_eq!(b.pooled_bytes(), g as u64, "a refused map touches nothing");
+        assert_eq!(
+            held(&b),
+            (5 * g as i64, 5 * g as i64),
+            "a refused map holds nothing"
+        );
         // SAFETY: mapped above, no work uses them; then nothing is mapped in the reservation.
         unsafe {
             assert!(v.unmap(at(4), g, s).is_err(), "page 4 is not mapped");
             v.unmap(at(5), 3 * g, s).unwrap();
+            assert_eq!(held(&b), (2 * g as i64, 2 * g as i64));
             v.unmap(at(8), 2 * g, s).unwrap();
-            assert_eq!(b.pooled_bytes(), 6 * g as u64);
-            v.trim().unwrap();
-            assert_eq!(b.pooled_bytes(), 0);
-            assert_eq!(used() - used0, 0, "trim gave every handle back");
+            assert_eq!(held(&b), (0, 0));
             v.release(base, 16 * g).unwrap();
         }
     }
 
     /// Device-to-device bandwidth of 4 GiB buffers mapped in units of several sizes (one
-    /// handle each), beside `cuMemAlloc` buffers: the measurement behind `Note [VMM page
-    /// pool]` and `Note [Mapping units]`. Prints one line per size; asserts only that 64 MiB
-    /// units (the `paged` default) reach 0.9× of `cuMemAlloc` (the figures are read by hand).
+    /// handle each), beside `cuMemAlloc` buffers: the measurement behind `Note [VMM handles]`
+    /// and `Note [Mapping units]`. Prints one line per size; asserts only that units of
+    /// `paged`'s default size reach 0.9× of `cuMemAlloc` (the figures are read by hand).
     #[test]
     #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
     fn large_handles_copy_at_cumemalloc_bandwidth() {
@@ -699,8 +585,17 @@ mod tests {
             ffi::mem_free(0, dst).unwrap();
         }
         println!("cuMemAlloc: {native:.0} GB/s");
-        let mut at_64 = 0.0;
-        for unit in [2usize << 20, 20 << 20, 64 << 20, 256 << 20, 1 << 30, BIG] {
+        let default_unit = berth_alloc::paged::MAX_UNIT_BYTES as usize;
+        let mut at_default = 0.0;
+        for unit in [
+            2usize << 20,
+            20 << 20,
+            32 << 20,
+            64 << 20,
+            256 << 20,
+            1 << 30,
+            BIG,
+        ] {
             let unit = unit.max(v.granularity());
             // Whole units covering both buffers (20 MiB does not divide 8 GiB).
             let total = (2 * BIG).div_ceil(unit) * unit;
@@ -715,17 +610,20 @@ mod tests {
                 unit >> 20,
                 gbps / native
             );
-            if unit == 64 << 20 {
-                at_64 = gbps / native;
+            if unit == default_unit {
+                at_default = gbps / native;
             }
             // SAFETY: the range is the whole mappings made above; the copies completed.
             unsafe {
                 v.unmap(base, total, s).unwrap();
-                v.trim().unwrap();
                 v.release(base, total).unwrap();
             }
         }
-        assert!(at_64 >= 0.9, "64 MiB units copy at {at_64:.3}x cuMemAlloc");
+        assert!(
+            at_default >= 0.9,
+            "{} MiB units (paged's default) copy at {at_default:.3}x cuMemAlloc",
+            default_unit >> 20
+        );
     }
 
     #[test]

@@ -48,7 +48,7 @@
 //! - `testing.rs` — the GPU gate for tests, a fake device count.
 //!
 //! # Design notes
-//! - `Note [VMM page pool]`: `src/backend.rs`
+//! - `Note [VMM handles]`: `src/backend.rs`
 //! - `Note [Foreign contexts]`: `src/context.rs`
 //! - `Note [Filled first pins]`: `src/pinned.rs`
 //! - `Note [Streams are never destroyed]`: `src/stream.rs`

@@ -232,6 +232,7 @@ pub fn memory_summary(device: impl CudaDeviceArg, abbreviated: bool) -> Result<S
             device as i32,
             &allocator_policy(device)?,
             abbreviated,
+            None,
         )),
     }
 }

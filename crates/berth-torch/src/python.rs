@@ -98,6 +98,7 @@ fn memory_summary(device: i32, abbreviated: bool) -> PyResult<String> {
             device,
             inst.policy().name(),
             abbreviated,
+            None,
         ),
     })
 }

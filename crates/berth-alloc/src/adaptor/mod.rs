@@ -30,7 +30,7 @@ macro_rules! forward_events_to_inner {
 }
 
 /// The `VirtualMemoryBackend` methods every adaptor passes unchanged to its `inner` backend's
-/// virtual memory (`granularity`, `reserve`, `release`, `trim`); each adaptor writes its own
+/// virtual memory (`granularity`, `reserve`, `release`); each adaptor writes its own
 /// `map` and `unmap`, where its rule applies.
 macro_rules! forward_vm_to_inner {
     () => {
@@ -49,10 +49,6 @@ macro_rules! forward_vm_to_inner {
             let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
             // SAFETY: forwarded unchanged; the caller upholds `release`'s contract.
             unsafe { vm.release(base, bytes) }
-        }
-
-        fn trim(&self) -> Result<(), BackendError> {
-            self.inner.as_virtual().map_or(Ok(()), |v| v.trim())
         }
     };
 }

@@ -267,8 +267,9 @@ pub trait VirtualMemoryBackend: Send + Sync {
     /// mapped then); [`BackendError::Other`] for a range outside a reservation or already mapped.
     fn map(&self, addr: DevicePtr, bytes: usize, stream: StreamId) -> Result<(), BackendError>;
 
-    /// Unmaps `bytes` bytes at `addr` and releases their physical memory (or keeps it for a
-    /// later `map`: [`VirtualMemoryBackend::trim`]).
+    /// Unmaps `bytes` bytes at `addr` and releases their physical memory: a backend keeps
+    /// nothing back, so the device memory it holds is always its live mappings (with its
+    /// `malloc` segments), which policies count as reserved.
     ///
     /// The range must be a union of whole mappings, each made by one
     /// [`VirtualMemoryBackend::map`] call: it starts where a mapping starts, ends where one
@@ -298,14 +299,4 @@ pub trait VirtualMemoryBackend: Send + Sync {
     /// # Errors
     /// [`BackendError::Other`] for an unknown reservation.
     unsafe fn release(&self, base: DevicePtr, bytes: usize) -> Result<(), BackendError>;
-
-    /// Gives back to the device any physical memory the backend keeps for reuse after
-    /// [`VirtualMemoryBackend::unmap`] (berth's CUDA backend pools unmapped pages). Policies
-    /// call it at the end of `empty_cache`. Default: nothing is kept, nothing to do.
-    ///
-    /// # Errors
-    /// [`BackendError::Other`] when the driver call fails.
-    fn trim(&self) -> Result<(), BackendError> {
-        Ok(())
-    }
 }

@@ -55,8 +55,6 @@ pub struct SimCounts {
     pub unmap: u64,
     /// `release` calls.
     pub release: u64,
-    /// `trim` calls (the simulator keeps no unmapped memory, so they change nothing).
-    pub trim: u64,
 }
 
 impl SimCounts {
@@ -449,11 +447,6 @@ impl SimBackend {
 impl VirtualMemoryBackend for SimBackend {
     fn granularity(&self) -> usize {
         self.granularity
-    }
-
-    fn trim(&self) -> Result<(), BackendError> {
-        self.lock().counts.trim += 1;
-        Ok(())
     }
 
     fn reserve(&self, bytes: usize) -> Result<DevicePtr, BackendError> {

@@ -161,13 +161,6 @@ impl<E> State<E> {
                     unsafe { vm.unmap(DevicePtr(map_ptr), (at - map_ptr) as usize, stream) }
                         .map_err(backend_err(stream))?;
                 }
-                if e.is_out_of_memory() {
-                    // PyTorch's expandable segments release physical memory at unmap; a
-                    // backend that pools unmapped pages (the CUDA backend, `Note [VMM page
-                    // pool]`) must give them back now, or a request larger than the device
-                    // leaves them holding the card for the retry and every later launch.
-                    vm.trim().map_err(backend_err(stream))?;
-                }
                 return match e {
                     e if e.is_out_of_memory() => Ok(false),
                     e => Err(backend_err(stream)(e)),

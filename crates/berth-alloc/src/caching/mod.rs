@@ -252,8 +252,9 @@ impl<B: MemoryBackend> DeviceAllocator for CachingAllocator<B> {
     }
 
     fn memory_summary(&self, abbreviated: bool) -> String {
+        let driver = self.shared.backend.mem_info().ok();
         let st = self.shared.lock();
-        crate::summary::memory_summary(&st.stats, st.device, self.shared.name, abbreviated)
+        crate::summary::memory_summary(&st.stats, st.device, self.shared.name, abbreviated, driver)
     }
 
     fn reset_peak_memory_stats(&self) {

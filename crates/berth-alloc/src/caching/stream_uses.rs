@@ -96,21 +96,13 @@ impl<E> State<E> {
     }
 
     /// Frees every unsplit cached block of every stream after syncing all events
-    /// (`release_cached_blocks`, the full flush of `empty_cache` and step 4 of the fallback),
-    /// then lets a virtual-memory backend give back the pages it keeps after unmapping
-    /// ([`crate::VirtualMemoryBackend::trim`]).
+    /// (`release_cached_blocks`, the full flush of `empty_cache` and step 4 of the fallback).
     pub fn release_cached_blocks<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
     ) -> Result<(), AllocError> {
         self.synchronize_and_free_events(backend)?;
         self.release_blocks(backend, false)?;
-        self.release_blocks(backend, true)?;
-        match backend.as_virtual() {
-            Some(vm) if self.cfg.expandable_segments => vm
-                .trim()
-                .map_err(backend_err(crate::backend::StreamId::DEFAULT)),
-            _ => Ok(()),
-        }
+        self.release_blocks(backend, true)
     }
 }

@@ -27,58 +27,60 @@
 //!    4.6 µs per operation on an H200; with it, one call in the second pass and none after, for
 //!    a first-pass peak of 1.063× the requested bytes instead of 1.011× (steady state: 1.064×
 //!    instead of 1.068×; PyTorch's expandable segments: 1.065×).
-//! 4. Step 3 costs backend calls, each tens of microseconds on a GPU. A budget bounds them:
-//!    unmapping is allowed only while the calls made so far stay below
-//!    [`CALLS_PER_20MIB`] per 20 MiB of the peak (PyTorch's default makes about one `cudaMalloc`
-//!    per 20 MiB segment). Out of budget, mappings are made one extra page long instead, so
-//!    growth needs fewer calls.
-//! 5. Step 3 can still unmap in every repetition when a repetition needs more pages than the
-//!    headroom allows (on `unet_diffusion_train`, about ten calls in each pass). An unmap of
-//!    step 3 made while the live peak has not grown since the previous one is such a repeat,
-//!    not growth: the headroom then grows by 1/[`CHURN_DIV`] of the bytes it unmapped, so the
-//!    repeats die out (on `unet_diffusion_train`: 21 device calls in two warm passes down to
-//!    1, for the same first-pass peak and a peak 0.94% higher after three passes). An unmap
-//!    while the live peak still grows (a first pass) teaches nothing; the very first unmap,
-//!    with no earlier one to compare with, counts as a repeat.
+//! 4. Step 3 costs backend calls, each tens of microseconds on a GPU. A budget can bound them
+//!    ([`PagedTuning::calls_per_20mib`]): unmapping is then allowed only while the calls made
+//!    so far stay below that many per 20 MiB of the peak, and out of budget mappings are made
+//!    one extra page long instead. **Off by default** ("Time, not calls" below).
+//! 5. Step 3 can unmap in every repetition when a repetition needs more pages than the
+//!    headroom allows. With [`PagedTuning::churn_div`] set, an unmap of step 3 made while the
+//!    live peak has not grown since the previous one is taken as such a repeat and the
+//!    headroom grows by 1/`churn_div` of the bytes it unmapped, so the repeats die out (on
+//!    `unet_diffusion_train` at a divisor of 4: 76 device calls in two warm passes down to 9,
+//!    for a first-pass peak 2.7% higher). **Off by default**, for the same reason.
 //!
-//! On the five first traces this gives peak reserved 1.0001×–1.09× the peak requested bytes
-//! (PyTorch: 1.001×–1.37× across its three modes) with fewer backend calls than PyTorch's
-//! default makes segments on most traces; `BENCHMARKS.md` has the table.
+//! On the fifteen committed traces this gives peak reserved 1.0001×–1.08× the peak requested
+//! bytes (PyTorch: 1.001×–1.37× across its three modes); `BENCHMARKS.md` has the table.
 //!
-//! The constants ([`PagedTuning`]: the headroom divisor 8, 2 calls per 20 MiB, 64 MiB units of
-//! which a run takes at most 2 (`Note [Mapping units]`), the churn divisor 4) are argued over all
-//! fifteen committed traces (`tests/data/README.md`) by a leave-one-out check
-//! (`examples/paged_sweep.rs`, `scripts/traces/paged_loo.py`) that scores each setting first by
-//! the traces on which it misses a target (peak reserved above PyTorch's smallest mode,
-//! first-pass calls above 4× PyTorch's segments, more than one device call per 5000 operations
-//! in warm passes: about 9 ns/op at the 47 µs a call cost on the H200 host) and then by the
-//! geometric-mean waste. Chosen on all fifteen, and on twelve of the fifteen folds, the
-//! constants are these (2 and 4 units per run tie on every trace; 2 makes fewer calls). A wider
-//! grid (1,368 settings, `BENCHMARKS.md`) picks 32 MiB units, 1.5 calls and a churn divisor of 1
-//! instead, by 0.001 point (2.497% against 2.498%): the same peaks on fourteen traces,
-//! `unet_diffusion_train` 0.12 point lower, but more first-pass calls on eleven (`bert_varlen_train`
-//! 368 against 238). The constants here make fewer calls for the same misses, so they stay.
-//! - Less headroom lowers first-pass peaks (to 2.1–2.3% geometric-mean waste from 2.50%) but
-//!   remaps pages in every later pass (e.g. `gpt2_train`: at a divisor of 64, 141 device calls
-//!   in two warm passes without step 5 and 108 with it; none at 8): step 5 grows the headroom
-//!   only after the repeats have cost calls, so it does not replace the fixed headroom. With the
-//!   looser warm-pass target of one call per 2000 operations the check picks a divisor of 32,
-//!   which meets every per-trace target but leaves `unet_diffusion_train`, `lstm_varlen_train`
-//!   and `llm_ckpt_varlen_train` at that target's edge, grows their peaks by 1.4–4.2% over three
-//!   passes, and doubles `two_stream_pipeline`'s waste.
-//! - Step 5 changes only `unet_diffusion_train` among the fifteen (with 1 or 2 as the divisor
-//!   its first-pass peak rises by 0.4%; from 6 up, 7 or more warm calls remain); its peak after
-//!   three passes is 0.94% above the first pass's.
-//! - At most 2 units per run took `lstm_varlen_train` from 141 device calls to 36 (target 112)
-//!   and its peak from 1.1112× to 1.0941× the requested bytes; no other trace's peak moved.
-//! - No setting meets every target. `lstm_varlen_train` stays 0.06% (4 MiB) over expandable
-//!   segments; `unet_diffusion_train` wastes 14% at every setting (the waste is in partly
-//!   reused mapping units, see below); the geometric-mean waste over the fifteen is 2.50%
-//!   against the 1.5% aimed at. Over the 1,368 settings, 1.5% is reached only with units of
-//!   8 MiB or less (1.33%), and these make more first-pass calls than 4× PyTorch's segments on
-//!   13 of the 15 traces even when warm-pass calls are not counted. Settings that meet every
-//!   per-trace target in the first pass, with looser warm-pass rules, then go above PyTorch's
-//!   smallest mode after three passes on more traces (3–4) than these constants do (2).
+//! # Time, not calls (the constants since 2026-12-03)
+//! The constants were first chosen under a count of backend calls (at most 4× the segments
+//! PyTorch's default makes, and one call per 5000 operations in warm passes), a stand-in for
+//! "mapping must not cost time". Counted in time instead, calls are cheap: about 50 µs each
+//! on the H200 host, so even the first pass of the most call-hungry setting below costs under
+//! 1% of the recorded program's time, and the memory the count forced is not cheap. And since
+//! the CUDA backend keeps no unmapped handles (`Note [VMM handles]` in `berth-cuda`), every
+//! byte this policy maps is a byte the driver sees, so the peak is what is judged.
+//!
+//! The constants ([`PagedTuning`]) are therefore: headroom 1/16 ([`HEADROOM_DIV`]), units of at
+//! most 32 MiB ([`MAX_UNIT_BYTES`]) with no bound on units per run ([`MAX_RUN_UNITS`] = 0), no
+//! call budget (step 4 off) and no churn rule (step 5 off). Chosen over all fifteen committed
+//! traces (`tests/data/README.md`; grids over headroom 0–64, units 2–64 MiB, units per run
+//! 0 / 2 / 4, budget 2 / none, churn 0 / 4; `examples/paged_sweep.rs`,
+//! `scripts/traces/paged_loo.py`) by first: peak reserved at or under the smallest of PyTorch's
+//! three modes on every trace, in the first pass and after three passes; second: device calls
+//! costing at most 1% of the program's time (warm passes) and at most 1% more than PyTorch's
+//! `cudaMalloc`s in the first pass, at 50 µs a call; then the geometric-mean waste (peak
+//! reserved ÷ peak requested − 1). These constants: **2.17%** in the first pass, 2.26% after
+//! three (before: 2.50% and 2.54%, with `lstm_varlen_train` over expandable segments by
+//! 4 MiB and `unet_diffusion_train` by 0.95% after three passes); no trace over PyTorch's
+//! smallest mode; warm-pass calls at most 0.14% of a pass, first-pass calls at most 0.87% more
+//! than PyTorch's. The leave-one-out check picks them on 10 of the 15 folds; three folds pick
+//! a headroom of 1/64 with 16 MiB units (which misses the time targets on the trace left out),
+//! one a headroom of 1/20 (`gpt2_generate` left out: over expandable segments by 0.6%) and one
+//! 2 units per run (`lstm_varlen_train` left out: over expandable segments after three
+//! passes). `paged_loo.py` prints the table and the frontier.
+//! - 1.5% waste is reached only with a headroom of 1/48 or less and units of at most 12 MiB
+//!   (1.49% at 1/64 and 8 MiB): those remap pages in every warm pass, 4–8% of `gpt2_train`'s
+//!   time at 50 µs a call (1,522 calls a pass of 1.0 s), and 8 MiB handles copy slower than
+//!   large ones (`Note [VMM handles]`). Units of 16 MiB: 2.13% / 2.34%, warm calls 0.20%,
+//!   first pass +1.94%: 32 MiB units waste less after three passes and halve the calls.
+//! - Bounding units per run to 2 (the earlier rule, for large handles) costs 0.1–0.3 points: a
+//!   small block pinning half of a freed long run is memory. The copy bandwidth of 32 MiB
+//!   handles is measured by berth-cuda's GPU test `large_handles_copy_at_cumemalloc_bandwidth`
+//!   (`BENCHMARKS.md`).
+//!
+//! The paragraphs below were measured at the earlier constants (headroom 1/8, 2 calls per
+//! 20 MiB, 64 MiB units, at most 2 per run, churn divisor 4); what they say about where waste
+//! comes from still holds.
 //!
 //! Where the waste is (`examples/paged_waste.rs`, 2026-12-01): at the moment each trace's peak
 //! reserved was set, summed over the fifteen traces, the free mapped memory was 2,608 MiB of
@@ -139,14 +141,13 @@
 //! `cuMemAlloc` buffers on an H200 (PyTorch's expandable segments, 20 MiB handles: 0.95×).
 //! Now each run of pages is mapped in *units*, one handle each, and only whole units go:
 //!
-//! 1. A run of unmapped pages (step 2 above) of up to [`MAX_UNIT_BYTES`] (64 MiB) is one unit,
-//!    one `map` call, as before; a longer run is cut into ⌈length / 64 MiB⌉ units of equal
-//!    size (± one page), but into at most [`MAX_RUN_UNITS`] (2): so a run of up to 128 MiB is
-//!    one or two units of at most 64 MiB, and a longer one two halves
-//!    ([`PagedBestFit::with_max_unit`] and [`PagedTuning`] set other bounds). The count bound
-//!    came last (see `Note [Paged best fit]`): long runs are mostly one big block, freed whole,
-//!    and 64 MiB pieces of it cost calls (141 on `lstm_varlen_train` against PyTorch's 28
-//!    segments) for no lower peak on any committed trace.
+//! 1. A run of unmapped pages (step 2 above) of up to [`MAX_UNIT_BYTES`] (32 MiB) is one unit,
+//!    one `map` call; a longer run is cut into ⌈length / 32 MiB⌉ units of equal size (± one
+//!    page). [`PagedTuning::max_run_units`] can also bound the units per run (2 until
+//!    2026-12-03: long runs then became two halves, fewer calls and larger handles, but a small
+//!    block could pin half of a freed long run; judged by time rather than by calls, the bound
+//!    is off: `Note [Paged best fit]`, "Time, not calls"). [`PagedBestFit::with_max_unit`] and
+//!    [`PagedTuning`] set other bounds.
 //! 2. The policy remembers its units (`units.rs`). Step 3, `empty_cache` and the
 //!    out-of-memory retry unmap runs of adjacent units that lie entirely inside one free
 //!    extent (every byte of them free), each run in one `unmap` call. The simulator refuses
@@ -155,11 +156,9 @@
 //! 3. Why bounded: a unit stays mapped while any byte of it is live, and placement prefers
 //!    mapped memory, so after a big block is freed, small blocks placed on its memory pin the
 //!    units under them. Unbounded, one 1 MiB block would pin a whole freed 4 GiB block; at
-//!    64 MiB it pins at most 64 MiB (128 MiB straddling two units), as a live block pins a
-//!    20 MiB page of PyTorch's expandable segments. The bound of 2 units per run gives part of
-//!    this back for long runs (a small block can pin half of a freed 4 GiB block): a trade
-//!    measured on the committed traces only, where it cost no peak.
-//! 4. Why 64 MiB: on the five traces (one pass, streams as recorded) peak reserved stays
+//!    32 MiB it pins at most 32 MiB (64 MiB straddling two units), as a live block pins a
+//!    20 MiB page of PyTorch's expandable segments.
+//! 4. The size, as first measured (64 MiB was the bound then): on the five traces (one pass, streams as recorded) peak reserved stays
 //!    within 6 MiB (0.11%) of the page-granular policy's for every bound from 2 MiB to
 //!    unbounded, because the headroom of step 3 makes unmapping rare and what it unmaps is
 //!    mostly whole free runs anyway. The bound sets the number of calls; per trace
@@ -178,7 +177,9 @@
 //!    since short runs crossing a boundary split in two and long ones get head and tail units
 //!    of a few pages.
 //!
-//! The CUDA backend pools unmapped handles by size (`Note [VMM page pool]` in `berth-cuda`).
+//! The CUDA backend releases a unit's physical handle when the unit is unmapped and keeps
+//! nothing back (`Note [VMM handles]` in `berth-cuda`), so the mapped units are exactly the
+//! physical memory this policy holds: its `reserved_bytes`.
 //!
 //! # Note [`record_stream` and deferred free]
 //! A block used on other streams (`record_stream`) is not returned to its extent on free:
@@ -210,23 +211,25 @@ use crate::sync::{Arc, SpinGuard, SpinMutex};
 use state::State;
 
 /// Backend calls allowed per 20 MiB of peak mapped memory before unmapping stops (see
-/// `Note [Paged best fit]`, step 4).
-pub const CALLS_PER_20MIB: f64 = 2.0;
+/// `Note [Paged best fit]`, step 4): no bound by default. Calls are judged by the time they
+/// take, not counted (`Note [Paged best fit]`, "Time, not calls").
+pub const CALLS_PER_20MIB: f64 = f64::INFINITY;
 
 /// The longest mapping unit, in bytes: runs of pages longer than this are mapped in several
 /// `map` calls of at most this size each (`Note [Mapping units]`).
-pub const MAX_UNIT_BYTES: u64 = 64 << 20;
+pub const MAX_UNIT_BYTES: u64 = 32 << 20;
 
-/// A run of pages mapped at once is cut into at most this many units (`Note [Mapping units]`).
-pub const MAX_RUN_UNITS: u64 = 2;
+/// A run of pages mapped at once is cut into at most this many units (`Note [Mapping units]`);
+/// 0, the default, sets no such bound: every unit is at most [`MAX_UNIT_BYTES`].
+pub const MAX_RUN_UNITS: u64 = 0;
 
-/// Mapped memory may exceed the most bytes ever live by this fraction (1/8) before free pages
+/// Mapped memory may exceed the most bytes ever live by this fraction (1/16) before free pages
 /// are unmapped to make room (`Note [Paged best fit]`, step 3).
-pub const HEADROOM_DIV: u64 = 8;
+pub const HEADROOM_DIV: u64 = 16;
 
-/// A repeated unmap grows the headroom by this fraction (1/4) of the bytes it unmapped
-/// (`Note [Paged best fit]`, step 5).
-pub const CHURN_DIV: u64 = 4;
+/// A repeated unmap grows the headroom by 1/`CHURN_DIV` of the bytes it unmapped
+/// (`Note [Paged best fit]`, step 5); 0, the default, turns step 5 off.
+pub const CHURN_DIV: u64 = 0;
 
 /// The constants of `Note [Paged best fit]`, settable for experiments: the leave-one-out check
 /// of `scripts/traces/paged_loo.py` replays every trace under many of them
@@ -460,8 +463,9 @@ impl<B: MemoryBackend> DeviceAllocator for PagedBestFit<B> {
     }
 
     fn memory_summary(&self, abbreviated: bool) -> String {
+        let driver = self.shared.backend.mem_info().ok();
         let st = self.shared.lock();
-        crate::summary::memory_summary(&st.stats, st.device, "paged", abbreviated)
+        crate::summary::memory_summary(&st.stats, st.device, "paged", abbreviated, driver)
     }
 
     fn check_err(&self) -> Result<(), AllocError> {

@@ -353,14 +353,6 @@ impl<E> State<E> {
                     for (x, y) in done {
                         self.unmap_run(backend, x, y, stream)?;
                     }
-                    // A backend may keep unmapped physical memory for reuse (the CUDA backend
-                    // pools handles, `Note [VMM page pool]`): after a refusal give it all back,
-                    // or a request larger than the device leaves the device full of pooled
-                    // units and the next kernel launch fails (found on the H200 with a 4 TiB
-                    // request through berth_torch).
-                    if matches!(e, BackendError::OutOfMemory { .. }) {
-                        vm(backend).trim().map_err(backend_err(stream))?;
-                    }
                     return Err(match e {
                         BackendError::OutOfMemory { .. } => {
                             self.oom(backend, need, requested, self.cap)
@@ -622,8 +614,6 @@ impl<E> State<E> {
             self.complete_free(p.addr, p.size, p.arena);
         }
         self.reclaim(backend, u64::MAX, (0, 0))?;
-        // The backend may keep unmapped pages for reuse (the CUDA backend's pool): give them back.
-        vm(backend).trim().map_err(backend_err(StreamId::DEFAULT))?;
         Ok(())
     }
 

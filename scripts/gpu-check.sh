@@ -64,7 +64,7 @@ set -u
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # PARTS picks what runs (all by default), so the work can be split over several calls of at
-# most 10 minutes each: tests bench train replay alloc torch seeds live profile loader (live:
+# most 10 minutes each: tests bench train replay alloc torch seeds live profile loader accounting (live:
 # PyTorch programs on berth's allocators through the berth_torch wheel, scripts/torch-live.sh;
 # profile: berth train with and without --profile, scripts/profile-overlap.py; loader: issue 15's
 # DataLoader sweep and the main job on CPU and GPU beside PyTorch, one table).
@@ -82,6 +82,26 @@ if want tests; then
     tail -1 "$OUT/tests.log"
   done
   grep -h -E "^== |^test result|FAILED|panicked" "$OUT/tests.log" > "$OUT/tests-summary.txt" || true
+fi
+# Honest accounting (issue 28): the GPU accounting test, the handle-size bandwidth, the
+# identity on every committed trace through replay --device, and berth_torch.memory_summary's
+# driver lines. Small, so a live run can follow in the same call.
+if want accounting; then
+  for t in .gpu/test-berth-cuda-accounting .gpu/test-berth-cuda-berth_cuda; do
+    BERTH_REQUIRE_GPU=1 timeout 300 "$t" --include-ignored --nocapture accounting large_handles \
+      mappings_are >> "$OUT/accounting.log" 2>&1 || status=1
+  done
+  timeout 300 .gpu/berth replay --device cuda:0 --policy all .gpu/shared/traces/*.trace.json.gz \
+    >> "$OUT/accounting.log" 2>&1 || status=1
+  if python3 -c 'import torch' 2>/dev/null; then
+    rm -rf /tmp/berth-site && python3 -m pip install -q --no-index --no-deps --target /tmp/berth-site .gpu/berth_torch-*.whl 2>&1 | grep -v WARNING
+    PYTHONPATH=/tmp/berth-site timeout 120 python3 -c '
+import berth_torch, torch
+berth_torch.use_allocator("paged")
+xs = [torch.empty(n << 20, dtype=torch.uint8, device="cuda") for n in (3, 50, 700, 5)]
+del xs[1]
+print(berth_torch.memory_summary(abbreviated=True))' >> "$OUT/accounting.log" 2>&1 || status=1
+  fi
 fi
 if want bench; then
   for b in transfers alloc overlap sync; do
@@ -160,10 +180,10 @@ def rows(name):
 berth, torch, calls = collections.defaultdict(list), collections.defaultdict(list), {}
 for d in rows("replay-cuda.jsonl"):
     berth[d["trace"], d["policy"]].append(d["ns_per_op"])
-    calls[d["trace"], d["policy"]] = (d.get("warm_device_calls"), d.get("reserved_plus_pooled_agrees"))
+    calls[d["trace"], d["policy"]] = (d.get("warm_device_calls"), d.get("reserved_agrees_with_driver"))
 for d in rows("torch-replay.jsonl"):
     torch[d["trace"], d["conf"]].append(d["ns_per_op_warm"])
-print("| trace | PyTorch default | berth pytorch (ratio) | PyTorch expandable | berth expandable (ratio) | berth paged (ratio to default, warm calls) | reserved+pooled == cuMemGetInfo |")
+print("| trace | PyTorch default | berth pytorch (ratio) | PyTorch expandable | berth expandable (ratio) | berth paged (ratio to default, warm calls) | reserved == cuMemGetInfo used |")
 print("|---|---|---|---|---|---|---|")
 m = lambda v: min(v) if v else float("nan")
 for t in sorted({k[0] for k in berth}):

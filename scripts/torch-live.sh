@@ -7,7 +7,9 @@
 #
 # Staging (here, no GPU): scripts/gpu-check.sh (builds the wheel into .gpu/ too).
 # Run (GPU machine): OUT=... WORKLOADS="two_stream_pipeline resnet50_train" scripts/torch-live.sh
-# Env: WORKLOADS (default: all five), ALLOCATORS (default: default expandable berth:pytorch
+# Env: WORKLOADS (default: all five; `all` = the five and every program of
+#      scripts/torch_live/live_programs.py, which runs any name not among the five),
+#      ALLOCATORS (default: default expandable berth:pytorch
 #      berth:paged berth:trivial), CHECKS=0 to skip the checks, STEPS (torch_live's --steps),
 #      ROUNDS (default 1: each allocator once), HOOK_COST=1 for the per-call cost, PIN (cores).
 set -u
@@ -17,6 +19,9 @@ CUDA=${CUDA_HOME:-/usr/local/cuda}
 WORKLOADS=${WORKLOADS:-two_stream_pipeline resnet50_train gpt2_train bert_varlen_train gpt2_generate}
 ALLOCATORS=${ALLOCATORS:-default expandable berth:pytorch berth:paged berth:trivial}
 LIVE=.gpu/shared/bench/torch_live.py
+PROGRAMS=scripts/torch_live/live_programs.py
+FIVE="two_stream_pipeline resnet50_train gpt2_train bert_varlen_train gpt2_generate"
+[ "$WORKLOADS" = all ] && WORKLOADS="$FIVE $(python3 $PROGRAMS list)"
 SITE=/tmp/berth-site
 rm -rf "$SITE" && python3 -m pip install -q --no-index --no-deps --target "$SITE" .gpu/berth_torch-*.whl 2>&1 | grep -v WARNING
 gcc -O2 -shared -fPIC scripts/torch_live/trivial_alloc.c -o /tmp/trivial_alloc.so -I"$CUDA/include" \
@@ -36,7 +41,8 @@ for ((r = 0; r < ${ROUNDS:-1}; r++)); do
     for ((k = 0; k < n; k++)); do
       a=${alloc_list[$(((k + r) % n))]}
       path=$SITE; [ "$a" = berth:trivial ] && path=scripts/torch_live/trivial_shim
-      PYTHONPATH=$path timeout 300 "${pin[@]}" python3 "$LIVE" "$w" --allocator "$a" "${steps[@]}" \
+      script=$PROGRAMS; [[ " $FIVE " == *" $w "* ]] && script=$LIVE
+      PYTHONPATH=$path timeout 300 "${pin[@]}" python3 "$script" "$w" --allocator "$a" "${steps[@]}" \
         2>>"$OUT/live.err" | tail -1 | sed "s/^{/{\"round\": $r, /" | tee -a "$OUT/live.jsonl" | cut -c1-160
     done
   done

@@ -88,8 +88,9 @@ fi
 # driver lines. Small, so a live run can follow in the same call.
 if want accounting; then
   for t in .gpu/test-berth-cuda-accounting .gpu/test-berth-cuda-berth_cuda; do
-    BERTH_REQUIRE_GPU=1 timeout 300 "$t" --include-ignored --nocapture accounting large_handles \
-      mappings_are >> "$OUT/accounting.log" 2>&1 || status=1
+    # One test at a time: they read the device-wide cuMemGetInfo.
+    BERTH_REQUIRE_GPU=1 timeout 300 "$t" --include-ignored --nocapture --test-threads=1 \
+      reserved_equals large_handles mappings_are >> "$OUT/accounting.log" 2>&1 || status=1
   done
   timeout 300 .gpu/berth replay --device cuda:0 --policy all .gpu/shared/traces/*.trace.json.gz \
     >> "$OUT/accounting.log" 2>&1 || status=1

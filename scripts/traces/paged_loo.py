@@ -11,8 +11,10 @@ penalty. The targets (`Note [Paged best fit]`, "Time, not calls"): P, first-pass
 at or under the smallest of PyTorch's three modes; F, the same after three passes; T, the device
 calls of a warm pass costing at most 1% of the recorded program's time (first to last event);
 C, the first pass's calls costing at most 1% of that time more than PyTorch's `cudaMalloc`s. A
-call is taken to cost CALL_US (about 47 µs measured on the H200 host), a `cudaMalloc`
-CUDA_MALLOC_US (78 µs, ../shared/bench/README.md). For each trace, the constants are chosen on
+first-pass call (a map) is taken to cost CALL_US, a warm-pass call WARM_CALL_US (an unmap waits
+for its stream), a `cudaMalloc` CUDA_MALLOC_US: `berth replay --device cuda:0` on the H200
+(2026-12-03) gave about 45 µs a map in first passes, about 100 µs a call in warm passes and
+about 62 µs a `cudaMalloc` (cold minus warm time over the calls made). For each trace, the constants are chosen on
 the other traces and scored on the one left out; the table shows what was chosen and how the
 left-out trace fared. Then the configuration chosen on all traces and the default constants on
 the whole set, and the frontier: for each number of traces that miss a target, the lowest
@@ -46,7 +48,7 @@ for line in open(sys.argv[1]):
     r = json.loads(line)
     runs[(r["headroom_div"], r["calls_per_20mib"], r.get("unit_mib", 64), r.get("churn_div", 0), r.get("run_units", 0))][r["trace"]] = r
 
-CALL_US, CUDA_MALLOC_US = 50.0, 78.0
+CALL_US, WARM_CALL_US, CUDA_MALLOC_US = 45.0, 100.0, 62.0
 # Each recorded program's time for one pass, first to last event, in microseconds.
 span_us = {}
 for path in glob.glob(os.path.join(os.path.dirname(figs), "*.trace.json.gz")):
@@ -58,7 +60,7 @@ def missed(trace, r):
     """The targets a replay misses, one letter each (see the docstring)."""
     default, segments, expandable, asynch = ref[trace]
     smallest, span = min(default, expandable, asynch), span_us[trace]
-    warm_us = r.get("warm_calls", 0) / 2 * CALL_US
+    warm_us = r.get("warm_calls", 0) / 2 * WARM_CALL_US
     extra_first_us = r["device_calls"] * CALL_US - segments * CUDA_MALLOC_US
     return (("P" if r["peak_reserved"] > smallest else "")
             + ("F" if r.get("final_peak", 0) > smallest else "")

@@ -178,10 +178,11 @@ const PAGED: [(&str, u64, u64, u64); 15] = [
     ("vit_bf16_amp_train", 3_969_908_736, 223, 0),
 ];
 
-/// What one device call (a `map`: `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, or an
-/// `unmap`: `cuMemUnmap` + `cuMemRelease`) costs, in microseconds: about 47 µs on the H200 host
-/// (`BENCHMARKS.md`), rounded up.
-const DEVICE_CALL_US: u64 = 50;
+/// What one device call of a warm pass (a `map`: `cuMemCreate` + `cuMemMap` +
+/// `cuMemSetAccess`, or an `unmap`: a wait for the stream, `cuMemUnmap` + `cuMemRelease`)
+/// costs, in microseconds: about 100 µs in `berth replay --device cuda:0` on the H200
+/// (`BENCHMARKS.md`).
+const DEVICE_CALL_US: u64 = 100;
 
 /// Two warm passes (the same allocator replaying the trace again, as a training loop repeats
 /// its step): the device calls they make would cost under 1% of the time the recorded program

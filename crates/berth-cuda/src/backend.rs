@@ -129,10 +129,11 @@ impl Drop for CudaFence {
 /// call's size (`cuMemCreate`), as the trait's contract says: the driver maps a handle at
 /// offset 0 only and unmaps whole mappings only, so a policy that wants to unmap a range later
 /// maps it in units it will unmap whole (PyTorch's expandable segments: one 2 MiB or 20 MiB
-/// page per call; berth's `paged`: runs of up to 64 MiB, `Note [Mapping units]` in
+/// page per call; berth's `paged`: units of up to 32 MiB, `Note [Mapping units]` in
 /// `berth_alloc::paged`). Large handles are what keep big buffers as fast as `cuMemAlloc`
-/// memory: a 4 GiB copy between buffers mapped with one 2 MiB handle per page ran at 0.71× the
-/// bandwidth of `cuMemAlloc` buffers on an H200, 20 MiB handles at 0.95×, 64 MiB at 0.985×.
+/// memory: a 4 GiB copy between buffers mapped with one 2 MiB handle per page ran at 0.72× the
+/// bandwidth of `cuMemAlloc` buffers on an H200, with 20 MiB handles at 0.98×, 32 MiB at
+/// 0.985×, 64 MiB at 0.98× (berth-cuda's test `large_handles_copy_at_cumemalloc_bandwidth`).
 ///
 /// 1. `map` creates one handle (`cuMemCreate`), maps it (`cuMemMap`) and sets access
 ///    (`cuMemSetAccess`), as PyTorch's `ExpandableSegment::mapAndSetAccess` does per handle;

@@ -47,7 +47,7 @@ for b in ${BENCHES[@]+"${BENCHES[@]}"}; do
 done
 cp "$CPU_STEP" .gpu/bench-cpu-step
 cp -r "$SHARED/bench" "$SHARED/traces" .gpu/shared/
-# Every committed trace (the five of ../shared/traces and the ten recorded since) replays.
+# Every committed trace (the five of ../shared/traces and the fifteen recorded since) replays.
 cp crates/berth-alloc/tests/data/*.trace.json.gz .gpu/shared/traces/
 # The berth_torch wheel (PyTorch's allocator from berth), for scripts/torch-live.sh.
 if [ "${BERTH_ONLY:-0}" != 1 ]; then
@@ -63,8 +63,9 @@ cat > .gpu/run.sh <<'EOF'
 set -u
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-# PARTS picks what runs (all by default), so the work can be split over several calls of at
-# most 10 minutes each: tests bench train replay alloc torch seeds live profile loader accounting (live:
+# PARTS picks what runs (by default all but loader and accounting), so the work can be split
+# over several calls of at most 10 minutes each: tests bench train replay alloc torch seeds
+# live profile loader accounting (live:
 # PyTorch programs on berth's allocators through the berth_torch wheel, scripts/torch-live.sh;
 # profile: berth train with and without --profile, scripts/profile-overlap.py; loader: issue 15's
 # DataLoader sweep and the main job on CPU and GPU beside PyTorch, one table).

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/torch-live.sh: berth's allocators under live PyTorch, on the GPU machine, in one call.
 # Installs the berth_torch wheel from .gpu/, compiles the trivial C allocator (PyTorch's wrapper
-# cost alone), runs ../shared/bench/torch_live.py (staged in .gpu/shared/bench) for each
-# workload with each allocator in its own process, then the record_stream / OOM / errors /
+# cost alone), runs ../shared/bench/torch_live.py (staged in .gpu/shared/bench; its five
+# workloads) or scripts/torch_live/live_programs.py (every other workload) for each workload
+# with each allocator in its own process, then the record_stream / OOM / errors /
 # snapshot checks, and writes $OUT/live.jsonl, $OUT/checks.jsonl and the table $OUT/live-table.md.
 #
 # Staging (here, no GPU): scripts/gpu-check.sh (builds the wheel into .gpu/ too).
@@ -21,7 +22,10 @@ ALLOCATORS=${ALLOCATORS:-default expandable berth:pytorch berth:paged berth:triv
 LIVE=.gpu/shared/bench/torch_live.py
 PROGRAMS=scripts/torch_live/live_programs.py
 FIVE="two_stream_pipeline resnet50_train gpt2_train bert_varlen_train gpt2_generate"
-[ "$WORKLOADS" = all ] && WORKLOADS="$FIVE $(python3 $PROGRAMS list)"
+if [ "$WORKLOADS" = all ]; then
+  programs=$(python3 $PROGRAMS list) || { echo "$PROGRAMS list failed" >&2; exit 1; }
+  WORKLOADS="$FIVE $programs"
+fi
 SITE=/tmp/berth-site
 rm -rf "$SITE" && python3 -m pip install -q --no-index --no-deps --target "$SITE" .gpu/berth_torch-*.whl 2>&1 | grep -v WARNING
 gcc -O2 -shared -fPIC scripts/torch_live/trivial_alloc.c -o /tmp/trivial_alloc.so -I"$CUDA/include" \

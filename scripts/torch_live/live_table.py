@@ -7,8 +7,9 @@ usage: live_table.py live.jsonl
 
 `first ms` is the first step's time (the cold allocator's calls fall there), `driver peak` the
 process's peak device memory as the driver saw it, sampled after every step (the CUDA context
-excluded), `reserved` the allocator's own peak, and `driver − reserved` their difference at the
-peak (memory outside the allocator: cuBLAS and cuDNN workspaces, other libraries).
+excluded), `reserved` the allocator's own peak, and `driver − reserved` the difference of the
+two peaks (memory outside the allocator: cuBLAS and cuDNN workspaces, other libraries).
+Lines without memory figures (live_programs.py's LIVE_SMOKE=cpu) are skipped.
 
 With several rounds, `median step ms` is the median over rounds of each process's median step,
 and `× default` is the median over rounds of (this allocator's median step ÷ the default's in
@@ -35,6 +36,8 @@ for line in open(sys.argv[1]):
     line = line.strip()
     if line.startswith("{"):
         r = json.loads(line)
+        if r.get("driver_peak_used_bytes") is None or r.get("peak_reserved") is None:
+            continue
         runs[r["workload"]][r["allocator"]][r.get("round", 0)] = r
 
 rounds = max((len(by_r) for by in runs.values() for by_r in by.values()), default=0)
@@ -72,7 +75,7 @@ for w, by in runs.items():
                         f"({t['peak_reserved']:,} vs {d0['peak_reserved']:,}), device allocs {t['num_device_alloc']} vs {d0['num_device_alloc']}")
     if e and p:
         wins.append((w, p["driver_peak_used_bytes"] <= e["driver_peak_used_bytes"],
-                     p["driver_peak_used_bytes"] / e["driver_peak_used_bytes"] - 1))
+                     p["driver_peak_used_bytes"] / max(e["driver_peak_used_bytes"], 1) - 1))
         verdicts.append(f"{w}: berth:paged reserved {'<=' if p['peak_reserved'] <= e['peak_reserved'] else '>'} expandable "
                         f"({p['peak_reserved']:,} vs {e['peak_reserved']:,}); driver peak "
                         f"{'<=' if p['driver_peak_used_bytes'] <= e['driver_peak_used_bytes'] else '>'} "

@@ -51,7 +51,8 @@ for line in open(sys.argv[1]):
 CALL_US, WARM_CALL_US, CUDA_MALLOC_US = 45.0, 100.0, 62.0
 # Each recorded program's time for one pass, first to last event, in microseconds.
 span_us = {}
-for path in glob.glob(os.path.join(os.path.dirname(figs), "*.trace.json.gz")):
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../crates/berth-alloc/tests/data")
+for path in glob.glob(os.path.join(DATA, "*.trace.json.gz")):
     times = [e[4] for e in json.load(gzip.open(path))["events"]]
     span_us[os.path.basename(path)[: -len(".trace.json.gz")]] = max(times) - min(times)
 

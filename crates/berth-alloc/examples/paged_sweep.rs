@@ -4,8 +4,9 @@
 //! same allocator (`warm_calls`), and the peak reserved after all three (`final_peak`).
 //! `scripts/traces/paged_loo.py` turns the lines into the leave-one-out table.
 //!
-//! Usage, with comma-separated grids of the constants (defaults `0,4,8,16,32,64`,
-//! `1,1.5,2,3,4`, `64`, `4` and `4`) and, optionally, a part of the trace names to keep:
+//! Usage, with comma-separated grids of the constants (defaults `0,8,16,32,64`, `2,inf`,
+//! `16,32,64`, `0,4` and `0,2`: today's constants among them; `inf` is no call budget) and,
+//! optionally, a part of the trace names to keep:
 //!
 //! ```text
 //! cargo run --release -p berth-alloc --example paged_sweep -- [HEADROOM_DIVS] [CALLS] [UNIT_MIB] [CHURN_DIVS] [RUN_UNITS] [NAME]
@@ -31,11 +32,11 @@ fn grid<T: std::str::FromStr>(arg: Option<String>, default: &str) -> Vec<T> {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let divs: Vec<u64> = grid(args.next(), "0,4,8,16,32,64");
-    let calls: Vec<f64> = grid(args.next(), "1,1.5,2,3,4");
-    let units: Vec<u64> = grid(args.next(), "64");
-    let churns: Vec<u64> = grid(args.next(), "4");
-    let run_units: Vec<u64> = grid(args.next(), "4");
+    let divs: Vec<u64> = grid(args.next(), "0,8,16,32,64");
+    let calls: Vec<f64> = grid(args.next(), "2,inf");
+    let units: Vec<u64> = grid(args.next(), "16,32,64");
+    let churns: Vec<u64> = grid(args.next(), "0,4");
+    let run_units: Vec<u64> = grid(args.next(), "0,2");
     let only = args.next().unwrap_or_default();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
@@ -79,7 +80,9 @@ fn main() {
                     .map(|_| compiled.replay(&alloc).expect("replay").device_calls)
                     .sum();
                 println!(
-                    "{{\"trace\":\"{name}\",\"headroom_div\":{headroom_div},\"calls_per_20mib\":{calls_per_20mib},\"unit_mib\":{unit_mib},\"churn_div\":{churn_div},\"run_units\":{max_run_units},\"peak_requested\":{},\"peak_reserved\":{},\"device_calls\":{},\"warm_calls\":{warm},\"ops\":{},\"final_peak\":{}}}",
+                    "{{\"trace\":\"{name}\",\"headroom_div\":{headroom_div},\"calls_per_20mib\":{},\"unit_mib\":{unit_mib},\"churn_div\":{churn_div},\"run_units\":{max_run_units},\"peak_requested\":{},\"peak_reserved\":{},\"device_calls\":{},\"warm_calls\":{warm},\"ops\":{},\"final_peak\":{}}}",
+                    // No budget (`inf`) as Python's JSON reader spells it.
+                    if calls_per_20mib.is_finite() { calls_per_20mib.to_string() } else { "Infinity".to_owned() },
                     r.peak_requested, r.peak_reserved, r.device_calls, r.ops, alloc.stats().max_memory_reserved()
                 );
             }

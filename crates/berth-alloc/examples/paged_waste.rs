@@ -3,7 +3,8 @@
 //! three kinds: free bytes on 2 MiB pages that hold part of a live block (page-level
 //! fragmentation), free pages inside mapping units that hold a live block (unit-level
 //! fragmentation: no unmap can release them, `Note [Mapping units]`), and wholly free units (left
-//! mapped by step 3's headroom and call budget, `Note [Paged best fit]`). The peak can come when
+//! mapped by step 3's headroom, and by the call budget when one is set, `Note [Paged best
+//! fit]`). The peak can come when
 //! fewer bytes are live than at the live peak: that difference is shown too, so that
 //! `over + live below peak = rounding + page + unit + free units`.
 //!

@@ -54,10 +54,10 @@ fn row(lines: &mut Vec<String>, name: &str, stat: &Stat, pref: &Stat, f: fn(i64,
 /// [`crate::DeviceAllocator::policy_name`]).
 ///
 /// With `driver` (the device's `cuMemGetInfo`, through [`crate::MemoryBackend::mem_info`]),
-/// three lines more at the end put berth's figure and the driver's side by side: the device's
+/// four lines more at the end put berth's figure and the driver's side by side: the device's
 /// used bytes (total − free), the part of them berth reserved and the rest (the CUDA context,
 /// other libraries, other processes on the device), and the waste, peak reserved ÷ peak
-/// allocated. berth keeps no device memory outside its reserved bytes (`Note [VMM handles]` in
+/// allocated − 1, with both peaks. berth keeps no device memory outside its reserved bytes (`Note [VMM handles]` in
 /// `berth-cuda`), so the rest is memory berth does not own.
 pub fn memory_summary(
     stats: &MemoryStats,
@@ -141,13 +141,11 @@ fn driver_lines(stats: &MemoryStats, info: MemInfo) -> Vec<String> {
     let (peak_reserved, peak_allocated) =
         (stats.max_memory_reserved(), stats.max_memory_allocated());
     let waste = if peak_allocated == 0 {
-        "n/a (nothing allocated yet)".to_owned()
+        "n/a (no allocation since the peaks were reset)".to_owned()
     } else {
         format!(
-            "{:.2}% (peak reserved {} / peak allocated {})",
-            (peak_reserved as f64 / peak_allocated as f64 - 1.0) * 100.0,
-            format_size(peak_reserved),
-            format_size(peak_allocated)
+            "{:.2}% (peak reserved over peak allocated)",
+            (peak_reserved as f64 / peak_allocated as f64 - 1.0) * 100.0
         )
     };
     [
@@ -162,9 +160,18 @@ fn driver_lines(stats: &MemoryStats, info: MemInfo) -> Vec<String> {
             format_size(used.saturating_sub(reserved))
         ),
         format!(" Waste: {waste}"),
+        format!(
+            "   peak reserved {}, peak allocated {}",
+            format_size(peak_reserved),
+            format_size(peak_allocated)
+        ),
     ]
     .into_iter()
-    .map(|l| format!("{l:<75}"))
+    .map(|l| {
+        // Clipped to the frame, whatever the figures (a waste of 10^8 % after a peak reset).
+        let l: String = l.chars().take(75).collect();
+        format!("{l:<75}")
+    })
     .collect()
 }
 
@@ -205,9 +212,34 @@ mod tests {
         for want in [
             "| Driver (cuMemGetInfo): 540.00 MiB used of 1024.00 MiB",
             "|   reserved by berth 40.00 MiB, outside berth 500.00 MiB",
-            "| Waste: 25.00% (peak reserved 40.00 MiB / peak allocated 32.00 MiB)",
+            "| Waste: 25.00% (peak reserved over peak allocated)",
+            "|   peak reserved 40.00 MiB, peak allocated 32.00 MiB",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn driver_lines_stay_in_the_frame_for_extreme_figures() {
+        let mut stats = MemoryStats::new(None);
+        stats.reserved_bytes.increase(false, 1 << 40);
+        stats.allocated_bytes.increase(false, 512);
+        let info = MemInfo {
+            free_bytes: 0,
+            total_bytes: u64::MAX,
+        };
+        let text = memory_summary(&stats, 0, "paged", false, Some(info));
+        assert!(text.lines().all(|l| l.chars().count() == 77), "{text}");
+        assert!(
+            text.contains("| Waste: 214748364700.00% (peak reserved over peak allocated)"),
+            "{text}"
+        );
+        stats.allocated_bytes.decrease(false, 512);
+        stats.reset_peak();
+        let text = memory_summary(&stats, 0, "paged", false, Some(info));
+        assert!(
+            text.contains("| Waste: n/a (no allocation since the peaks were reset)"),
+            "{text}"
+        );
     }
 }

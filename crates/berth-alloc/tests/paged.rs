@@ -334,7 +334,7 @@ fn paged_maps_a_big_block_as_bounded_units() {
 /// `Note [Mapping units]`, steps 2 and 3: after a freed 1 GiB block's memory is partly
 /// reused, making room for another stream unmaps only the units that are entirely free, in one
 /// call (the simulator refuses any unmap that splits a mapping), and `empty_cache` keeps the
-/// unit a live block pins: 64 MiB of it with the default bound, all of it with 1 GiB units.
+/// unit a live block pins: 64 MiB of it with 64 MiB units, all of it with 1 GiB units.
 #[test]
 fn paged_unmaps_whole_free_units_only() {
     for (unit, pinned, unmaps) in [(64 * MIB, 64 * MIB, 1), (1 << 30, 1 << 30, 0)] {
@@ -353,7 +353,7 @@ fn paged_unmaps_whole_free_units_only() {
         let b = alloc.raw_alloc(MIB as usize, s0).unwrap();
         assert_eq!(b, a);
         assert_eq!(alloc.backend().counts().map, units, "no new mapping for b");
-        // Stream 1 needs 1 GiB: mapped memory would pass the headroom (9/8 of the 1 GiB live
+        // Stream 1 needs 1 GiB: mapped memory would pass the headroom (17/16 of the 1 GiB live
         // peak), so stream 0's entirely free units go first, in one call.
         let c = alloc.raw_alloc(1 << 30, s1).unwrap();
         let sim = alloc.backend();

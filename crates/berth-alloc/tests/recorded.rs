@@ -214,8 +214,8 @@ fn paged_warm_passes_cost_under_one_percent_of_the_programs_time() {
 
 #[test]
 fn paged_peaks_and_calls_on_every_recorded_trace() {
-    // Every trace's first-pass peak at or under expandable segments' (the smallest of PyTorch's
-    // modes on each); a change that loses one shows here.
+    // Every trace's first-pass peak at or under each of PyTorch's three modes; a change that
+    // loses one shows here.
     let mut misses = Vec::new();
     for (name, reserved, calls, _) in PAGED {
         let Some(path) = trace_path(name) else {
@@ -251,8 +251,8 @@ fn paged_peaks_and_calls_on_every_recorded_trace() {
 /// Step 5 of `Note [Paged best fit]` (off by default): `unet_diffusion_train` unmaps free
 /// units in every pass once its live peak stops growing; learning headroom from those repeats
 /// (a churn divisor of 4) cuts the churn from 76 device calls in two warm passes to 9 (about
-/// 1.9 ms to 0.2 ms a pass at 50 µs a call, against a 5.7 s pass) and raises the first-pass
-/// peak by 2.7%. Judged by time, the calls are cheap and the memory is not: step 5 is off.
+/// 3.8 ms to 0.5 ms a pass at [`DEVICE_CALL_US`], against a 5.7 s pass) and raises the
+/// first-pass peak by 2.7%. Judged by time, the calls are cheap and the memory is not: step 5 is off.
 #[test]
 fn paged_learns_headroom_from_unmaps_that_repeat() {
     let Some(path) = trace_path("unet_diffusion_train") else {

@@ -35,7 +35,7 @@ pub fn run(
         let compiled = trace.compiled.clone().on_stream(StreamId::DEFAULT);
         for &policy in policies {
             let backend = CudaBackend::new(index)?;
-            let alloc = policy.allocator(backend.clone(), conf)?;
+            let alloc = policy.allocator(backend, conf)?;
             let (free_before, _) = mem_get_info(index)?;
             let (cold, warm) = passes(&compiled, alloc.as_ref())
                 .with_context(|| format!("{name} / {}", policy.name()))?;

@@ -137,10 +137,12 @@ impl Drop for CudaFence {
 ///
 /// 1. `map` creates one handle (`cuMemCreate`), maps it (`cuMemMap`) and sets access
 ///    (`cuMemSetAccess`), as PyTorch's `ExpandableSegment::mapAndSetAccess` does per handle;
-///    on any failure nothing stays mapped and the handle is released.
+///    on a failure the mapping is undone and the handle released.
 /// 2. `unmap` makes one `cuMemUnmap` for the whole range (the range is whole mappings; one
 ///    call per mapping if the driver refuses a range of several) and then releases every
-///    handle (`cuMemRelease`), as PyTorch's `ExpandableSegment::unmapHandles` does.
+///    handle (`cuMemRelease`), as PyTorch's `ExpandableSegment::unmapHandles` does; a release
+///    that fails is retried at the next unmap and on drop, its bytes still counted by
+///    [`CudaBackend::mapped_bytes`].
 /// 3. A range that would split a mapping is refused with [`BackendError::SplitsMapping`]
 ///    before any driver call, as the simulator refuses it.
 /// 4. Accounting: nothing is kept after an unmap, so the physical memory this backend holds
@@ -152,9 +154,9 @@ impl Drop for CudaFence {
 /// `cuMemCreate` / `cuMemRelease` pair, tens of microseconds, per remap). The pool was counted
 /// in no policy's reserved bytes, and under `paged` on a variable-length inference program the
 /// process held about 650 MB more than berth reported; pooled handles of one size also could
-/// not serve a mapping of another. `paged` unmaps rarely (its headroom and call budget,
-/// `Note [Paged best fit]`), so the pool saved little time and cost memory the user could not
-/// see: it was removed, and `reserved_bytes` is what the driver sees.
+/// not serve a mapping of another. `paged`'s headroom keeps its unmaps few (`Note [Paged best
+/// fit]`), so the pool saved little time and cost memory the user could not see: it was
+/// removed, and `reserved_bytes` is what the driver sees.
 #[derive(Debug, Clone)]
 pub struct CudaBackend {
     device: usize,
@@ -170,6 +172,9 @@ struct Vmm {
     range_unmap: AtomicBool,
     /// Live mappings by start address, one per successful `map`.
     mapped: Mutex<BTreeMap<u64, Mapping>>,
+    /// Unmapped handles whose `cuMemRelease` failed: still held from the driver, retried at
+    /// every unmap and on drop (locked after `mapped`, never before).
+    unreleased: Mutex<Vec<Mapping>>,
 }
 
 /// One live mapping: a physical handle mapped whole.
@@ -261,9 +266,12 @@ impl Vmm {
     /// Unmaps the whole mappings `found` (adjacent, in address order, covering
     /// `[addr, addr + bytes)`) and releases their handles: one unmap call for the range, or one
     /// per mapping when the driver refuses ranges of several mappings (`Note [VMM handles]`, 2).
-    /// A mapping leaves `mapped` once it is unmapped, whether or not its release succeeds (an
-    /// unmapped handle is never mapped again); the first release failure is returned after
-    /// trying them all.
+    /// A mapping leaves `mapped` once it is unmapped. A handle whose release fails is kept in
+    /// `unreleased` and released again at the next unmap and on drop, so the unmap itself
+    /// succeeds and the policy's state stays that of the driver (the range is unmapped); the
+    /// bytes still count in [`CudaBackend::mapped_bytes`] until released. When an unmap fails
+    /// (one call per mapping), the mappings before the failing one are already unmapped and
+    /// released, the error is returned and the rest stay mapped.
     ///
     /// # Safety
     /// `found` came from [`whole_mappings`] on `mapped` for this range, and no queued work uses
@@ -283,7 +291,9 @@ impl Vmm {
                 Err(_) => self.range_unmap.store(false, Ordering::Relaxed),
             }
         }
-        let mut first = Ok(());
+        let mut unreleased = self.unreleased.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: `unreleased` holds unmapped handles from `mem_create` not yet released.
+        unsafe { self.release_all(&mut unreleased) };
         for &(a, m) in found {
             if !unmapped_whole {
                 // SAFETY: the caller's contract: `a..a + m.bytes` is one whole mapping nothing
@@ -291,13 +301,30 @@ impl Vmm {
                 unsafe { ffi::mem_unmap(self.device, a, m.bytes) }?;
             }
             mapped.remove(&a);
-            // SAFETY: `m.handle` came from `mem_create`, was mapped only here and is unmapped
-            // now; it left `mapped` just above, so it is released once.
-            if let Err(e) = unsafe { ffi::mem_release(self.device, m.handle) } {
-                first = first.and(Err(e));
-            }
+            unreleased.push(m);
         }
-        first
+        // SAFETY: as above; the handles just unmapped left `mapped` and are released once.
+        unsafe { self.release_all(&mut unreleased) };
+        Ok(())
+    }
+
+    /// Releases every handle of `handles` (`cuMemRelease`), keeping those whose release fails.
+    ///
+    /// # Safety
+    /// Every handle in `handles` came from `mem_create`, is mapped nowhere and was not released.
+    unsafe fn release_all(&self, handles: &mut Vec<Mapping>) {
+        // SAFETY: the caller's contract; a handle leaves the list once released.
+        handles.retain(|m| unsafe { ffi::mem_release(self.device, m.handle) }.is_err());
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        let mut unreleased =
+            std::mem::take(self.unreleased.get_mut().unwrap_or_else(|p| p.into_inner()));
+        // SAFETY: `unreleased` holds unmapped, unreleased handles of this backend, and this is
+        // the last use of them.
+        unsafe { self.release_all(&mut unreleased) };
     }
 }
 
@@ -315,6 +342,7 @@ impl CudaBackend {
                 granularity,
                 range_unmap: AtomicBool::new(true),
                 mapped: Mutex::default(),
+                unreleased: Mutex::default(),
             })
         });
         Ok(CudaBackend { device, vmm })
@@ -330,13 +358,16 @@ impl CudaBackend {
         self.vmm.as_ref().map_or(0, |v| v.lock().len())
     }
 
-    /// Bytes of physical memory in live mappings (`map`ped and not unmapped): with the
-    /// `cuMemAlloc` segments of the same policies, exactly what this backend holds from the
-    /// driver (`Note [VMM handles]`, 4).
+    /// Bytes of physical memory in live mappings (`map`ped and not unmapped), plus any
+    /// unmapped handle whose release failed and waits to be retried: with the `cuMemAlloc`
+    /// segments of the same policies, exactly what this backend holds from the driver
+    /// (`Note [VMM handles]`, 4).
     pub fn mapped_bytes(&self) -> u64 {
-        self.vmm
-            .as_ref()
-            .map_or(0, |v| v.lock().values().map(|m| m.bytes as u64).sum())
+        self.vmm.as_ref().map_or(0, |v| {
+            let mapped: u64 = v.lock().values().map(|m| m.bytes as u64).sum();
+            let unreleased = v.unreleased.lock().unwrap_or_else(|p| p.into_inner());
+            mapped + unreleased.iter().map(|m| m.bytes as u64).sum::<u64>()
+        })
     }
 }
 

@@ -34,7 +34,7 @@ fn reserved_equals_driver_used_through_churn() {
             }
             _ => Box::new(PagedBestFit::new(backend).unwrap()),
         };
-        let peaks = run_churn(alloc.as_ref(), &|| used() - baseline, &ops, 4);
+        let peaks = run_churn(alloc.as_ref(), &|| used().saturating_sub(baseline), &ops, 4);
         println!("{name}: driver peak per pass {peaks:?}");
     }
 }

@@ -23,7 +23,7 @@
 //!    units are unmapped, as the backend requires (`Note [Mapping units]`). The headroom absorbs the
 //!    differences in layout between repetitions of a workload (training steps, replay passes):
 //!    without it, each repetition unmapped pages the next one mapped again. On `gpt2_train`
-//!    that was 182 map/unmap calls (8 GiB remapped) in the second pass and 104 in the third,
+//!    (measured when the headroom was 1/8) that was 182 map/unmap calls (8 GiB remapped) in the second pass and 104 in the third,
 //!    4.6 µs per operation on an H200; with it, one call in the second pass and none after, for
 //!    a first-pass peak of 1.063× the requested bytes instead of 1.011× (steady state: 1.064×
 //!    instead of 1.068×; PyTorch's expandable segments: 1.065×).
@@ -63,7 +63,8 @@
 //! `cudaMalloc`s in the first pass, at the costs above; then the geometric-mean waste (peak
 //! reserved ÷ peak requested − 1). These constants: **2.17%** in the first pass, 2.26% after
 //! three (before: 2.50% and 2.54%, with `lstm_varlen_train` over expandable segments by
-//! 4 MiB and `unet_diffusion_train` by 0.95% after three passes); no trace over PyTorch's
+//! 4 MiB, and `unet_diffusion_train` over PyTorch's default, its smallest mode, by 0.83% after
+//! three passes); no trace over PyTorch's
 //! smallest mode; the calls within both time targets. The leave-one-out check picks them on 14
 //! of the 15 folds (leaving out `lstm_varlen_train`, it picks a headroom of 1/64 with 16 MiB
 //! units and 2 per run, which leaves that trace over expandable segments after three passes).
@@ -100,8 +101,8 @@
 //! same freedom still waste 2.15% (`unet_diffusion_train` 14.25%): the unit is what costs,
 //! and the call targets are what fix its size.
 //!
-//! Tried at today's constants and not kept (geometric-mean waste over the fifteen, against
-//! 2.498% now; every one misses more targets than today's policy or wastes more):
+//! Tried at the earlier constants and not kept (geometric-mean waste over the fifteen, against
+//! 2.498% then; every one missed more of the call-count targets of then, or wasted more):
 //! - Pinning as a cost: a placement that would leave part of a wholly free unit free costs
 //!   1/4 to 2 × the bytes it leaves, against unmapped bytes (so mapping fresh memory can win):
 //!   6.4% to 15.7%; fresh mappings pile up under the headroom (`bert_varlen_train` +2.1 GB at
@@ -120,7 +121,8 @@
 //!   two traces (`finetune_reload_weights` 2.32% → 0.59%, `llm_ckpt_varlen_train` 10.63% →
 //!   10.12%); `gpt2_generate` goes from 5.92% to 7.44%, 6 MiB above expandable segments, and
 //!   six more traces lose 0.05–0.65 points. Over 180 settings of the constants (headroom 4–16,
-//!   1.5–3 calls, 32/64 MiB units, churn 2–8, 2/4 units per run) the check still picks today's,
+//!   1.5–3 calls, 32/64 MiB units, churn 2–8, 2/4 units per run) the check still picked the
+//!   constants of then,
 //!   with those two misses.
 //! - Blocks up to 256 KiB … 32 MiB placed at the high end of their extent (two-ended
 //!   placement): 3.7% to 4.6%.
@@ -140,7 +142,8 @@
 //! whole mappings only (`cuMemMap` maps a handle from offset 0; `cuMemUnmap` cannot release
 //! part of one): the contract of [`crate::VirtualMemoryBackend::unmap`]. Until 2026-12-01 the
 //! CUDA backend gave every 2 MiB page its own handle so that any page could be unmapped alone,
-//! and a 4 GiB device-to-device copy between `paged` buffers ran at 0.75× the bandwidth of
+//! and a 4 GiB device-to-device copy between `paged` buffers ran at 0.75× (in a later run
+//! 0.72×) the bandwidth of
 //! `cuMemAlloc` buffers on an H200 (PyTorch's expandable segments, 20 MiB handles: 0.95×).
 //! Now each run of pages is mapped in *units*, one handle each, and only whole units go:
 //!
@@ -171,10 +174,10 @@
 //!    32 MiB: 607 / 84 / 424 / 249 / 21; **64 MiB: 342 / 84 / 304 / 165 / 21**; 256 MiB:
 //!    230 / 82 / 258 / 117 / 21; unbounded: 209 / 82 / 244 / 117 / 21. 64 MiB handles are
 //!    3.2× PyTorch's 20 MiB ones, keep calls within 1.6× of before (`bert_varlen_train`) and
-//!    bound what one live block pins. Whether 64 MiB copies as fast as `cuMemAlloc` memory
-//!    is to be measured on the H200: berth-cuda's test
-//!    `large_handles_copy_at_cumemalloc_bandwidth` prints the d2d bandwidth for units of
-//!    2 MiB to 4 GiB.
+//!    bound what one live block pins. berth-cuda's GPU test
+//!    `large_handles_copy_at_cumemalloc_bandwidth` measures the d2d bandwidth for units of
+//!    2 MiB to 4 GiB (on the H200, 2026-12-03: 32 MiB 0.985× and 64 MiB 0.977× of
+//!    `cuMemAlloc` memory).
 //! 5. Cut evenly, not at multiples of 64 MiB in address: aligned cutting made 25% more calls
 //!    (`bert_varlen_train` 430, `gpt2_train` 375, `resnet50_train` 201) for the same peaks,
 //!    since short runs crossing a boundary split in two and long ones get head and tail units
@@ -270,7 +273,8 @@ impl Default for PagedTuning {
 }
 
 /// berth's own policy: best fit over per-stream virtual ranges, physical pages mapped on
-/// demand and unmapped under a call budget. See `Note [Paged best fit]` in this module.
+/// demand and unmapped only when that keeps the peak down. See `Note [Paged best fit]` in this
+/// module.
 ///
 /// Needs a backend with [`crate::VirtualMemoryBackend`] ([`crate::backend::sim::SimBackend`]
 /// has it; so does the CUDA backend through `cuMemCreate` / `cuMemMap`). Cheap to clone: clones

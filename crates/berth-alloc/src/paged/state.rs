@@ -1,4 +1,4 @@
-//! The mutable state of [`super::PagedBestFit`]: placement, mapping under the call budget,
+//! The mutable state of [`super::PagedBestFit`]: placement, mapping (under a call budget when one is set),
 //! deferred cross-stream frees, statistics and history (`Note [Paged best fit]`).
 
 use super::arena::Arena;
@@ -245,7 +245,8 @@ impl<E> State<E> {
     }
 
     /// Maps every page of `[addr, addr + size)` not mapped yet, unmapping free pages first when
-    /// the high-water mark would rise and the call budget allows (`Note [Paged best fit]`).
+    /// the high-water mark would rise and the call budget, if set, allows (`Note [Paged best
+    /// fit]`).
     fn ensure_mapped<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,

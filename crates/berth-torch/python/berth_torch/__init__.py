@@ -137,7 +137,9 @@ def reset_accumulated_memory_stats(device=None):
 
 
 def memory_summary(device=None, abbreviated=False):
-    """PyTorch's table (``torch.cuda.memory_summary``), with a line naming berth's policy."""
+    """PyTorch's table (``torch.cuda.memory_summary``), with a line naming berth's policy and,
+    at the end, the driver's used bytes (``cuMemGetInfo``), berth's share of them and the waste
+    (peak reserved over peak allocated)."""
     return _native.memory_summary(_device(device), bool(abbreviated))
 
 

@@ -74,7 +74,7 @@ pub fn churn(seed: u64, n: usize, stream_b: StreamId) -> Vec<ChurnOp> {
                 6..=8 => (1 + (r >> 8) % 24) * MIB + (r >> 16) % MIB,
                 _ => (32 + (r >> 8) % 160) * MIB,
             };
-            let stream = if (r >> 40) % 2 == 0 {
+            let stream = if (r >> 40).is_multiple_of(2) {
                 StreamId::DEFAULT
             } else {
                 stream_b

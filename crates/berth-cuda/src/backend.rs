@@ -270,8 +270,9 @@ impl Vmm {
     /// `unreleased` and released again at the next unmap and on drop, so the unmap itself
     /// succeeds and the policy's state stays that of the driver (the range is unmapped); the
     /// bytes still count in [`CudaBackend::mapped_bytes`] until released. When an unmap fails
-    /// (one call per mapping), the mappings before the failing one are already unmapped and
-    /// released, the error is returned and the rest stay mapped.
+    /// (one call per mapping), the mappings before the failing one are already unmapped (their
+    /// handles are released at the next unmap or on drop), the error is returned and the rest
+    /// stay mapped.
     ///
     /// # Safety
     /// `found` came from [`whole_mappings`] on `mapped` for this range, and no queued work uses

@@ -36,7 +36,7 @@ Five more:
   speculative_decode_generate    greedy speculative decoding, GPT-2 medium target, its first 4 layers as draft
   growing_batch_train            ResNet-18 with a batch-size warm-up, batch 8 -> 128
 """
-import argparse, gzip, hashlib, json, os, random, sys, time
+import argparse, hashlib, json, os, random, sys, time
 
 p = argparse.ArgumentParser()
 p.add_argument("workload")
@@ -61,7 +61,7 @@ if a.allocator.startswith("berth:"):
     berth.use_allocator(a.allocator.split(":", 1)[1])
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "traces"))
-import record_traces  # noqa: E402  (the UNet and the stats subset of the recorded traces)
+import record_traces  # noqa: E402  (the UNet, the stats subset and the trace writer)
 
 CUDA = os.environ.get("LIVE_SMOKE") != "cpu"
 DEV = "cuda" if CUDA else "cpu"
@@ -586,24 +586,6 @@ W = {f.__name__: f for f in (
     growing_batch_train)}
 
 
-def write_trace(outdir, workload, wall, program):
-    """Stops PyTorch's memory history and writes it as record_traces.py does."""
-    snap = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
-    codes, events = {}, []
-    for e in snap["device_traces"][0]:
-        action = e["action"]
-        events.append([action, e.get("addr", 0), e.get("size", 0), e.get("stream", 0), e.get("time_us", 0)])
-        codes[action] = codes.get(action, 0) + 1
-    trace = dict(workload=workload, torch=torch.__version__,
-                 alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), wall_s=wall, program=program,
-                 stats=record_traces.stats_subset(), action_counts=codes, events=events,
-                 columns=["action", "addr", "size", "stream", "time_us"])
-    os.makedirs(outdir, exist_ok=True)
-    with gzip.open(os.path.join(outdir, f"{workload}.trace.json.gz"), "wt") as f:
-        json.dump(trace, f)
-
-
 if a.workload == "list":
     print("\n".join(W))
     sys.exit(0)
@@ -624,7 +606,12 @@ if CUDA:
 sample()
 wall = time.time() - t0
 if a.record:
-    write_trace(a.record, a.workload, wall, program)
+    os.makedirs(a.record, exist_ok=True)
+    record_traces.write_trace(
+        os.path.join(a.record, f"{a.workload}.trace.json.gz"),
+        dict(workload=a.workload, torch=torch.__version__,
+             alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), wall_s=wall, program=program,
+             stats=record_traces.stats_subset()))
 stats = memory_stats()
 ms = run["step_ms"]
 warm = sorted(ms[2:] or ms)

@@ -27,6 +27,23 @@ def stats_subset():
     return keep
 
 
+def write_trace(path, header):
+    """Stops PyTorch's memory history and writes device 0's trace to `path` in the format above:
+    `header` (workload, torch, alloc_conf, wall_s, program, stats) with `action_counts`,
+    `columns` and `events`. Returns the action counts."""
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    codes, ev = {}, []
+    for e in snap['device_traces'][0]:
+        a = e['action']
+        ev.append([a, e.get('addr', 0), e.get('size', 0), e.get('stream', 0), e.get('time_us', 0)])
+        codes[a] = codes.get(a, 0) + 1
+    trace = dict(header, action_counts=codes, columns=['action', 'addr', 'size', 'stream', 'time_us'], events=ev)
+    with gzip.open(path, 'wt') as f:
+        json.dump(trace, f)
+    return codes
+
+
 def segmentation_varsize_train():
     """FCN-ResNet50 semantic segmentation, batch 4-8 at 256-512 px (varies every step)."""
     import torchvision
@@ -281,16 +298,5 @@ if __name__ == '__main__':
     out = dict(workload=name, torch=torch.__version__, alloc_conf=os.environ.get('PYTORCH_CUDA_ALLOC_CONF', ''),
                wall_s=wall, program=W[name].__doc__.strip(), stats=stats_subset())
     if record:
-        snap = torch.cuda.memory._snapshot()
-        torch.cuda.memory._record_memory_history(enabled=None)
-        codes, ev = {}, []
-        for e in snap['device_traces'][0]:
-            a = e['action']
-            ev.append([a, e.get('addr', 0), e.get('size', 0), e.get('stream', 0), e.get('time_us', 0)])
-            codes[a] = codes.get(a, 0) + 1
-        out['action_counts'], out['events'] = codes, ev
-        out['columns'] = ['action', 'addr', 'size', 'stream', 'time_us']
-        with gzip.open(os.path.join(outdir, f'{name}.trace.json.gz'), 'wt') as f:
-            json.dump(out, f)
-        del out['events']
+        out['action_counts'] = write_trace(os.path.join(outdir, f'{name}.trace.json.gz'), out)
     print(json.dumps(out))

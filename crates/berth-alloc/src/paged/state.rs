@@ -1,5 +1,5 @@
-//! The mutable state of [`super::PagedBestFit`]: placement, mapping (under a call budget when one is set),
-//! deferred cross-stream frees, statistics and history (`Note [Paged best fit]`).
+//! The mutable state of [`super::PagedBestFit`]: placement, mapping (under a call budget when
+//! one is set), deferred cross-stream frees, statistics and history (`Note [Paged best fit]`).
 
 use super::arena::Arena;
 use super::pages::{page_down, page_up, PageMap};

@@ -79,3 +79,8 @@ pub use tensor::{Tensor, ToOptions};
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
+
+/// The API tour's snippets (`docs/tour.md`), compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/tour.md")]
+struct TourDoctests;

@@ -7,15 +7,15 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::backend::MemoryBackend;
-use crate::backend::{DevicePtr, StreamId};
-use crate::caching::CachingAllocator;
-use crate::config::{AllocatorConfig, AllocatorPolicy};
 use crate::error::AllocError;
-use crate::paged::PagedBestFit;
-use crate::plumbing::OomObserver;
+use crate::ids::{DevicePtr, StreamId};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
+
+/// A callback run on every out-of-memory error, with the allocator's lock released (so it may
+/// call [`DeviceAllocator::snapshot`], as PyTorch users do to dump a snapshot on OOM;
+/// `torch._C._cuda_attach_out_of_memory_observer`).
+pub type OomObserver = crate::sync::Arc<dyn Fn(&AllocError) + Send + Sync>;
 
 /// What an [`Allocation`] calls back into when it is dropped or used on another stream.
 ///
@@ -234,27 +234,6 @@ pub trait DeviceAllocator: Send + Sync {
     /// # Errors
     /// The recorded error, once.
     fn check_err(&self) -> Result<(), AllocError>;
-}
-
-/// The device allocator `config` selects over `backend` ([`AllocatorConfig::policy`]): PyTorch's
-/// caching allocator (`backend:native`, with expandable segments when configured) or
-/// [`PagedBestFit`] (`backend:paged`), as a trait object, with `device` as its index in
-/// messages and snapshots.
-///
-/// # Errors
-/// [`AllocError::Unsupported`] when the policy needs virtual memory (expandable segments,
-/// paged) and `backend` has none.
-pub fn device_allocator<B: MemoryBackend + 'static>(
-    backend: B,
-    config: AllocatorConfig,
-    device: i32,
-) -> Result<Arc<dyn DeviceAllocator>, AllocError> {
-    let alloc: Arc<dyn DeviceAllocator> = match config.policy() {
-        AllocatorPolicy::Native => Arc::new(CachingAllocator::with_config(backend, config)?),
-        AllocatorPolicy::Paged => Arc::new(PagedBestFit::new(backend)?),
-    };
-    alloc.set_device_index(device);
-    Ok(alloc)
 }
 
 #[cfg(test)]

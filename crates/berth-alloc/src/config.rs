@@ -4,7 +4,8 @@
 //! Comma-separated `key:value` pairs, lists in `[...]`, whitespace ignored, unknown keys are
 //! errors, booleans exactly `True`/`False`. berth reads it from `BERTH_ALLOC_CONF`.
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, PolicyError};
+use crate::policy::Policy;
 
 /// The number of power-of-two intervals of `roundup_power2_divisions` (1 MiB to 64 GiB).
 pub const ROUNDUP_INTERVALS: usize = 16;
@@ -18,55 +19,17 @@ const KNOWN_KEYS: &str = "backend, max_split_size_mb, max_non_split_rounding_mb,
 garbage_collection_threshold, expandable_segments, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
 pinned_num_register_threads, pinned_use_background_threads, graph_capture_record_stream_reuse";
 
-/// Which policy serves a device's memory: the `backend:` key, in PyTorch's style
-/// (<https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf>,
-/// where `backend` chooses between `native` and `cudaMallocAsync`).
-///
-/// berth has two: `native`, PyTorch's caching allocator (byte-exact, with
-/// `expandable_segments:True` for its expandable-segments mode), and `paged`, berth's own
-/// policy ([`crate::PagedBestFit`]). PyTorch's `cudaMallocAsync` is not implemented by berth
-/// and is refused rather than silently replaced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub enum AllocatorPolicy {
-    /// PyTorch's caching allocator ([`crate::caching::CachingAllocator`]).
-    Native,
-    /// berth's paged best-fit policy ([`crate::PagedBestFit`]).
-    Paged,
-}
-
-impl AllocatorPolicy {
-    /// The policy used when `backend:` is not given and no option of PyTorch's policy is set:
-    /// the one that measured best in live use (`BENCHMARKS.md`, "Default policy").
-    pub const DEFAULT: AllocatorPolicy = AllocatorPolicy::Paged;
-
-    /// Every backend, in the order error messages list them.
-    pub const ALL: [AllocatorPolicy; 2] = [AllocatorPolicy::Native, AllocatorPolicy::Paged];
-
-    /// The value as written after `backend:`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AllocatorPolicy::Native => "native",
-            AllocatorPolicy::Paged => "paged",
-        }
-    }
-}
-
-impl std::fmt::Display for AllocatorPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// The parsed configuration of a caching allocator. `Default` is PyTorch's default.
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct AllocatorConfig {
     /// The string it was parsed from (`PYTORCH_CUDA_ALLOC_CONF` in the snapshot's settings).
     pub conf_string: String,
-    /// `backend` as written (`None` when the key is absent); [`AllocatorConfig::policy`] says
-    /// which policy that selects.
-    pub backend: Option<AllocatorPolicy>,
+    /// `backend` as written (`None` when the key is absent): `backend:native` is
+    /// [`Policy::Pytorch`] (with `expandable_segments:True`, [`AllocatorConfig::policy`] is
+    /// [`Policy::Expandable`]), `backend:paged` is [`Policy::Paged`]. PyTorch's other value,
+    /// `cudaMallocAsync`, is refused rather than silently replaced.
+    pub backend: Option<Policy>,
     /// `max_split_size_mb` in bytes; blocks of at least this size are never split. `None` =
     /// unlimited (the default).
     pub max_split_size: Option<u64>,
@@ -110,6 +73,46 @@ impl Default for AllocatorConfig {
             pinned_use_background_threads: false,
             graph_capture_record_stream_reuse: false,
         }
+    }
+}
+
+impl Policy {
+    /// The configuration of this policy with `options` added: options of PyTorch's
+    /// `PYTORCH_CUDA_ALLOC_CONF` (`max_split_size_mb:512`, `garbage_collection_threshold:0.8`,
+    /// ...), empty for none
+    /// (<https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf>).
+    /// The result selects this policy explicitly ([`AllocatorConfig::policy_chosen`]).
+    ///
+    /// # Errors
+    /// [`PolicyError::Config`] for malformed options or options of PyTorch's policy given with
+    /// `paged`; [`PolicyError::PolicyKey`] for a `backend:` or `expandable_segments:` key (the
+    /// policy sets those).
+    pub fn config(self, options: &str) -> Result<AllocatorConfig, PolicyError> {
+        let err = |source| PolicyError::Config {
+            policy: self.name(),
+            source,
+        };
+        let extra = options.trim();
+        let user = AllocatorConfig::parse(extra).map_err(err)?;
+        if user.backend.is_some() {
+            return Err(PolicyError::PolicyKey { key: "backend" });
+        }
+        if extra.contains("expandable_segments") {
+            return Err(PolicyError::PolicyKey {
+                key: "expandable_segments",
+            });
+        }
+        let base = match self {
+            Policy::Pytorch => "backend:native",
+            Policy::Expandable => "backend:native,expandable_segments:True",
+            Policy::Paged => "backend:paged",
+        };
+        let full = if extra.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base},{extra}")
+        };
+        AllocatorConfig::parse(&full).map_err(err)
     }
 }
 
@@ -256,11 +259,11 @@ impl AllocatorConfig {
                 }
             }
         }
-        if cfg.backend == Some(AllocatorPolicy::Paged) {
+        if cfg.backend == Some(Policy::Paged) {
             if let Some(key) = cfg.native_option_set() {
                 return Err(ConfigError::NotForBackend {
                     key,
-                    backend: AllocatorPolicy::Paged.as_str(),
+                    backend: "paged",
                 });
             }
         }
@@ -291,26 +294,41 @@ impl AllocatorConfig {
         .find_map(|(key, set)| set.then_some(key))
     }
 
-    /// The policy this configuration selects for device memory: `backend:` when given; else
-    /// [`AllocatorPolicy::Native`] when any option of PyTorch's policy is set (so
-    /// `expandable_segments:True` alone means PyTorch's expandable segments, as in PyTorch);
-    /// else [`AllocatorPolicy::DEFAULT`].
-    pub fn policy(&self) -> AllocatorPolicy {
+    /// The policy this configuration selects for device memory: `backend:` when given (with
+    /// `expandable_segments:True`, `backend:native` is [`Policy::Expandable`]); else PyTorch's
+    /// policy when any of its options is set (so `expandable_segments:True` alone means
+    /// PyTorch's expandable segments, as in PyTorch); else [`Policy::DEFAULT`].
+    pub fn policy(&self) -> Policy {
         match self.backend {
-            Some(b) => b,
-            None if self.native_option_set().is_some() => AllocatorPolicy::Native,
-            None => AllocatorPolicy::DEFAULT,
+            Some(Policy::Paged) => Policy::Paged,
+            Some(Policy::Expandable) => Policy::Expandable,
+            Some(Policy::Pytorch) => self.native_mode(),
+            None if self.native_option_set().is_some() => self.native_mode(),
+            None => Policy::DEFAULT,
         }
     }
 
-    /// The policy's name as [`crate::DeviceAllocator::policy_name`] reports it: `"pytorch"`,
-    /// `"expandable"` (PyTorch's policy with expandable segments) or `"paged"`.
-    pub fn policy_name(&self) -> &'static str {
-        match (self.policy(), self.expandable_segments) {
-            (AllocatorPolicy::Paged, _) => "paged",
-            (AllocatorPolicy::Native, true) => "expandable",
-            (AllocatorPolicy::Native, false) => "pytorch",
+    /// PyTorch's policy in the mode `expandable_segments` selects.
+    fn native_mode(&self) -> Policy {
+        if self.expandable_segments {
+            Policy::Expandable
+        } else {
+            Policy::Pytorch
         }
+    }
+
+    /// Whether the policy was chosen (`backend:` written, or an option of PyTorch's policy
+    /// set) rather than left to the default: a chosen policy the device cannot run is an
+    /// error, the default falls back (`Note [Policy without virtual memory]` in
+    /// [`crate::policy`]).
+    pub fn policy_chosen(&self) -> bool {
+        self.backend.is_some() || self.native_option_set().is_some()
+    }
+
+    /// The policy's name as [`crate::DeviceAllocator::policy_name`] reports it:
+    /// [`Policy::name`] of [`AllocatorConfig::policy`].
+    pub fn policy_name(&self) -> &'static str {
+        self.policy().name()
     }
 
     /// Parses `BERTH_ALLOC_CONF` (default configuration when unset).
@@ -337,8 +355,8 @@ impl AllocatorConfig {
         match key {
             "backend" => {
                 self.backend = Some(match value {
-                    "native" => AllocatorPolicy::Native,
-                    "paged" => AllocatorPolicy::Paged,
+                    "native" => Policy::Pytorch,
+                    "paged" => Policy::Paged,
                     _ => {
                         return Err(invalid(
                             key,
@@ -552,13 +570,50 @@ mod tests {
         }
         let c = AllocatorConfig::parse("roundup_power2_divisions:4294967296").unwrap();
         assert_eq!(c.roundup_power2_divisions[0], MAX_ROUNDUP_DIVISIONS);
-        // The largest accepted value leaves sizes below 2 TiB rounded to 512 bytes only.
-        assert_eq!(
-            crate::caching::policy::round_size(3 << 30 | 1, &c),
-            (3 << 30) + 512
-        );
+        // What rounding does with it: `caching::policy`'s test
+        // `the_largest_division_count_rounds_to_512_bytes`.
     }
     use super::*;
+
+    #[test]
+    fn configs_select_the_policy_and_keep_extra_options() {
+        for p in Policy::ALL {
+            let c = p.config(" ").unwrap();
+            assert_eq!((c.policy(), c.policy_chosen()), (p, true));
+        }
+        let c = Policy::Pytorch.config("max_split_size_mb:512").unwrap();
+        assert_eq!(c.policy(), Policy::Pytorch);
+        assert_eq!(c.max_split_size, Some(512 << 20));
+    }
+
+    #[test]
+    fn options_that_fight_the_policy_are_refused() {
+        assert_eq!(
+            Policy::Pytorch.config("backend:paged"),
+            Err(PolicyError::PolicyKey { key: "backend" })
+        );
+        assert_eq!(
+            Policy::Paged.config("expandable_segments:True"),
+            Err(PolicyError::PolicyKey {
+                key: "expandable_segments"
+            })
+        );
+        assert!(matches!(
+            Policy::Pytorch.config("max_split_size_mb:x"),
+            Err(PolicyError::Config {
+                policy: "pytorch",
+                ..
+            })
+        ));
+        // PyTorch-only options do not apply to berth's policy.
+        assert!(matches!(
+            Policy::Paged.config("max_split_size_mb:512"),
+            Err(PolicyError::Config {
+                policy: "paged",
+                ..
+            })
+        ));
+    }
 
     #[test]
     fn parses_common_keys() {
@@ -605,26 +660,26 @@ mod tests {
     #[test]
     fn backend_key_selects_the_policy() {
         let pick = |s: &str| AllocatorConfig::parse(s).map(|c| (c.policy(), c.policy_name()));
-        use AllocatorPolicy::{Native, Paged};
-        assert_eq!(pick("backend:native"), Ok((Native, "pytorch")));
+        use Policy::{Expandable, Paged, Pytorch};
+        assert_eq!(pick("backend:native"), Ok((Pytorch, "pytorch")));
         assert_eq!(pick("backend:paged"), Ok((Paged, "paged")));
         assert_eq!(
             pick("backend:native,expandable_segments:True"),
-            Ok((Native, "expandable"))
+            Ok((Expandable, "expandable"))
         );
         // Without backend:, an option of PyTorch's policy means PyTorch's policy.
-        assert_eq!(pick("expandable_segments:True"), Ok((Native, "expandable")));
-        assert_eq!(pick("max_split_size_mb:128"), Ok((Native, "pytorch")));
+        assert_eq!(
+            pick("expandable_segments:True"),
+            Ok((Expandable, "expandable"))
+        );
+        assert_eq!(pick("max_split_size_mb:128"), Ok((Pytorch, "pytorch")));
         // Nothing set: berth's default; host-only options leave it alone.
-        assert_eq!(pick("").map(|p| p.0), Ok(AllocatorPolicy::DEFAULT));
+        assert_eq!(pick("").map(|p| p.0), Ok(Policy::DEFAULT));
         assert_eq!(
             pick("pinned_use_cuda_host_register:True").map(|p| p.0),
-            Ok(AllocatorPolicy::DEFAULT)
+            Ok(Policy::DEFAULT)
         );
-        assert_eq!(
-            AllocatorConfig::default().policy(),
-            AllocatorPolicy::DEFAULT
-        );
+        assert_eq!(AllocatorConfig::default().policy(), Policy::DEFAULT);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! means "everything was tried", [`AllocError::CapExceeded`] and [`AllocError::TooLarge`] mean the
 //! request can never succeed as configured.
 
-use crate::backend::{DevicePtr, StreamId};
+use crate::ids::{DevicePtr, StreamId};
 use crate::stats::format_size;
 
 /// A failure of a [`crate::backend::MemoryBackend`] call.
@@ -285,5 +285,33 @@ pub enum ConfigError {
         position: usize,
         /// What was found.
         message: String,
+    },
+}
+
+/// Why a policy name or a policy's options were refused ([`crate::Policy::parse`],
+/// [`crate::Policy::config`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// The name is none of [`crate::Policy::ALL`]'s.
+    #[error("unknown berth allocator policy {given:?}: use one of \"pytorch\", \"expandable\", \"paged\"")]
+    Unknown {
+        /// The name given.
+        given: String,
+    },
+    /// The options set a key the policy name decides.
+    #[error("allocator option '{key}' is set by the policy name; remove it and pick the policy instead (\"pytorch\", \"expandable\" or \"paged\")")]
+    PolicyKey {
+        /// The key (`backend` or `expandable_segments`).
+        key: &'static str,
+    },
+    /// The extra options (PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax) are malformed or do not
+    /// apply to the policy.
+    #[error("allocator options for policy {policy:?}: {source}")]
+    Config {
+        /// The policy the options were given with.
+        policy: &'static str,
+        /// What was wrong with them.
+        #[source]
+        source: ConfigError,
     },
 }

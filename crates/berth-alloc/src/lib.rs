@@ -58,10 +58,13 @@ pub mod backend;
 pub mod caching;
 pub mod config;
 pub mod error;
+mod factory;
 pub mod host;
+mod ids;
 pub mod paged;
 pub mod pickle;
 mod plumbing;
+pub mod policy;
 #[cfg(feature = "trace")]
 pub mod replay;
 mod size_class;
@@ -74,14 +77,15 @@ pub mod testing;
 #[cfg(feature = "trace")]
 pub mod trace;
 
-pub use allocator::{device_allocator, Allocation, AllocationOwner, DeviceAllocator};
+pub use allocator::{Allocation, AllocationOwner, DeviceAllocator, OomObserver};
 pub use backend::{
     DevicePtr, DeviceStream, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend,
 };
-pub use config::{AllocatorConfig, AllocatorPolicy};
-pub use error::{AllocError, BackendError, ConfigError, OomHint};
+pub use config::AllocatorConfig;
+pub use error::{AllocError, BackendError, ConfigError, OomHint, PolicyError};
+pub use factory::device_allocator;
 pub use host::{HostAllocation, HostAllocator, HostBackend, HostCachingAllocator};
 pub use paged::{PagedBestFit, PagedTuning};
-pub use plumbing::OomObserver;
+pub use policy::Policy;
 pub use snapshot::{BlockInfo, BlockState, MemorySnapshot, SegmentInfo, TraceAction, TraceEntry};
 pub use stats::{MemoryStats, Stat, StatKind};

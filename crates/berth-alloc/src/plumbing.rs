@@ -4,15 +4,10 @@
 //! [`crate::PagedBestFit`] (berth's) both use these, so a rule such as "a fraction outside
 //! `[0, 1]` is refused" or "the first drop-time error is kept" has one implementation.
 
-use crate::allocator::{Allocation, AllocationOwner};
+use crate::allocator::{Allocation, AllocationOwner, OomObserver};
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
 use crate::error::AllocError;
 use crate::sync::{Arc, Mutex};
-
-/// A callback run on every out-of-memory error, with the allocator's lock released (so it may
-/// call [`crate::DeviceAllocator::snapshot`], as PyTorch users do to dump a snapshot on OOM;
-/// `torch._C._cuda_attach_out_of_memory_observer`).
-pub type OomObserver = Arc<dyn Fn(&AllocError) + Send + Sync>;
 
 /// The first error recorded where it cannot be returned (a free in `Drop`), kept until
 /// [`crate::DeviceAllocator::check_err`] takes it (cudarc's `record_err` / `check_err`).

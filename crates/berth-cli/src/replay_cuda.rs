@@ -17,7 +17,10 @@ use berth::cuda::{mem_get_info, CudaBackend};
 use berth_alloc::stats::format_size;
 use berth_alloc::StreamId;
 
-use crate::replay::{passes, warm_ns, LoadedTrace, Policy, PASSES};
+use berth_alloc::Policy;
+
+use crate::replay::load::LoadedTrace;
+use crate::replay::passes::{passes, replay_allocator, warm_ns, PASSES};
 
 /// Replays `traces` with each policy on CUDA device `index`, printing one line (JSON or text)
 /// per trace and policy.
@@ -35,7 +38,7 @@ pub fn run(
         let compiled = trace.compiled.clone().on_stream(StreamId::DEFAULT);
         for &policy in policies {
             let backend = CudaBackend::new(index)?;
-            let alloc = policy.allocator(backend, conf)?;
+            let alloc = replay_allocator(policy, backend, conf)?;
             let (free_before, _) = mem_get_info(index)?;
             let (cold, warm) = passes(&compiled, alloc.as_ref())
                 .with_context(|| format!("{name} / {}", policy.name()))?;

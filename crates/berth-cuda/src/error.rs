@@ -152,6 +152,16 @@ pub enum CudaError {
         source: berth_alloc::host::HostAllocError,
     },
 
+    /// [`crate::memory::configure`] (or [`crate::memory::simulate`]) after an allocator was
+    /// built with another configuration: a process keeps one allocator configuration, as
+    /// PyTorch keeps one allocator.
+    #[error("the device allocators are already built with policy {in_use}; they keep it for the life of the process, so start a new process to use {requested}")]
+    AllocatorConfigured {
+        /// The configuration in use (policy and options).
+        in_use: String,
+        /// The one asked for.
+        requested: String,
+    },
     /// `BERTH_ALLOC_CONF` (PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax) could not be used.
     #[error("BERTH_ALLOC_CONF: {0}")]
     Config(#[from] berth_alloc::ConfigError),

@@ -1,13 +1,24 @@
 //! The per-device allocator registry and the memory API of `torch.cuda`
 //! (<https://pytorch.org/docs/stable/notes/cuda.html#memory-management>).
 //!
-//! One [`DeviceAllocator`] over [`CudaBackend`] per device serves every CUDA tensor. It is
-//! built on the first allocation on that device, with the policy and options of
-//! `BERTH_ALLOC_CONF` (PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax): `backend:paged` (berth's
-//! [`PagedBestFit`](berth_alloc::PagedBestFit)) or `backend:native` (PyTorch's caching
+//! # Note [One allocator registry]
+//! One [`DeviceAllocator`] over [`CudaBackend`] per device serves all device memory of the
+//! process: berth's CUDA tensors, PyTorch's allocations through `berth_torch` (its hooks call
+//! [`allocator`]), and the CLI. It is built on the first allocation on that device, by
+//! [`berth_alloc::device_allocator`], with the configuration [`configure`] set or, when none
+//! was set, `BERTH_ALLOC_CONF` (PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax): `backend:paged`
+//! (berth's [`PagedBestFit`](berth_alloc::PagedBestFit)) or `backend:native` (PyTorch's caching
 //! allocator, `expandable_segments:True` for its expandable segments); without `backend:` the
-//! policy is [`AllocatorPolicy::DEFAULT`] unless an option of PyTorch's policy is set
-//! ([`AllocatorConfig::policy`]). Every function below works the same for each policy.
+//! policy is [`Policy::DEFAULT`](berth_alloc::Policy::DEFAULT) unless an option of PyTorch's
+//! policy is set ([`AllocatorConfig::policy`]). A device without virtual-memory management
+//! gets PyTorch's policy when none was chosen, and an error when `paged` or expandable
+//! segments were (`Note [Policy without virtual memory]` in `berth_alloc::policy`). The
+//! configuration is fixed once the first allocator is built (PyTorch's allocator pointer is
+//! set once too: RMM's `per_device_resource` and c10's `CUDACachingAllocator::get()` are the
+//! models). Every function below works the same for each policy.
+//!
+//! [`simulate`] (a test switch) puts simulated devices behind the same registry, so the
+//! PyTorch bridge's tests run without a GPU.
 //!
 //! The functions take the device the way PyTorch's do (`memory_allocated(device=None)`): an
 //! index (`0usize`, `0u16`, `0i32`), `None::<usize>` for the current device, or, through berth,
@@ -22,9 +33,10 @@ use crate::backend::CudaBackend;
 use crate::pinned::CudaHostBackend;
 use crate::registry::PerDevice;
 use crate::{check_device, current_device, CudaError};
+use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::{
-    device_allocator, AllocatorConfig, AllocatorPolicy, DeviceAllocator, HostCachingAllocator,
-    MemoryBackend, MemorySnapshot, MemoryStats,
+    device_allocator, AllocatorConfig, DeviceAllocator, HostCachingAllocator, MemorySnapshot,
+    MemoryStats,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -35,9 +47,33 @@ pub type CudaAllocator = Arc<dyn DeviceAllocator>;
 /// The pinned host allocator.
 pub type PinnedAllocator = HostCachingAllocator<CudaHostBackend>;
 
+/// How many simulated devices [`simulate`] offers.
+pub const SIMULATED_DEVICES: usize = 16;
+
 static DEVICES: PerDevice<CudaAllocator> = PerDevice::new();
 static HOST: OnceLock<PinnedAllocator> = OnceLock::new();
 static HOST_INIT: Mutex<()> = Mutex::new(());
+/// The configuration every device allocator is built with: set by [`configure`], else read
+/// from `BERTH_ALLOC_CONF` at the first build; `fixed` from the first build on.
+static CONFIG: Mutex<Option<Configured>> = Mutex::new(None);
+
+struct Configured {
+    config: AllocatorConfig,
+    /// An allocator was (or is being) built with it.
+    fixed: bool,
+}
+static SIMULATED: OnceLock<Simulated> = OnceLock::new();
+
+/// The simulated devices of [`simulate`]: a [`SimBackend`] of `capacity` bytes and its
+/// allocator per device, built on first use.
+struct Simulated {
+    capacity: u64,
+    devices: [OnceLock<(Arc<SimBackend>, CudaAllocator)>; SIMULATED_DEVICES],
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// A device argument of the memory functions, as PyTorch's `device=None | int | torch.device`.
 ///
@@ -88,30 +124,84 @@ impl<T: CudaDeviceArg> CudaDeviceArg for Option<T> {
 
 fn index(device: impl CudaDeviceArg) -> Result<usize, CudaError> {
     let i = device.cuda_index()?;
+    if SIMULATED.get().is_some() {
+        if i >= SIMULATED_DEVICES {
+            return Err(CudaError::InvalidDevice {
+                index: i,
+                count: SIMULATED_DEVICES,
+            });
+        }
+        return Ok(i);
+    }
     check_device(i)?;
     Ok(i)
 }
 
-/// The policy `BERTH_ALLOC_CONF` selects for device memory, and its configuration.
+/// The configuration the device allocators use: the one [`configure`] set or the first build
+/// fixed, else `BERTH_ALLOC_CONF`'s (read now).
 ///
 /// # Errors
 /// [`CudaError::Config`] for a malformed `BERTH_ALLOC_CONF`.
 pub fn config() -> Result<AllocatorConfig, CudaError> {
-    Ok(AllocatorConfig::from_env()?)
+    match &*lock(&CONFIG) {
+        Some(c) => Ok(c.config.clone()),
+        None => Ok(AllocatorConfig::from_env()?),
+    }
 }
 
-/// Builds `device`'s allocator: the configured policy over a [`CudaBackend`]. When no
-/// `backend:` was written and the default policy needs virtual memory the device lacks, the
-/// device gets PyTorch's policy instead (an explicit `backend:paged` is an error there).
-fn build(device: usize) -> Result<CudaAllocator, CudaError> {
-    let mut cfg = config()?;
-    let backend = CudaBackend::new(device)?;
-    if cfg.backend.is_none()
-        && cfg.policy() == AllocatorPolicy::Paged
-        && backend.as_virtual().is_none()
-    {
-        cfg.backend = Some(AllocatorPolicy::Native);
+/// Sets the configuration (policy and options) of every device allocator of the process, in
+/// place of `BERTH_ALLOC_CONF`; what `berth_torch.use_allocator(policy, options)` calls, with
+/// [`berth_alloc::Policy::config`]'s result. Setting the configuration already in use is a
+/// no-op.
+///
+/// # Errors
+/// [`CudaError::AllocatorConfigured`] once an allocator was built with another configuration
+/// (`Note [One allocator registry]`).
+pub fn configure(config: AllocatorConfig) -> Result<(), CudaError> {
+    let mut slot = lock(&CONFIG);
+    match &*slot {
+        Some(c) if c.fixed && c.config == config => Ok(()),
+        Some(c) if c.fixed => Err(CudaError::AllocatorConfigured {
+            in_use: describe(&c.config),
+            requested: describe(&config),
+        }),
+        _ => {
+            *slot = Some(Configured {
+                config,
+                fixed: false,
+            });
+            Ok(())
+        }
     }
+}
+
+/// `paged`, or `pytorch with max_split_size_mb:512` (the options as written).
+fn describe(c: &AllocatorConfig) -> String {
+    if c.conf_string.trim().is_empty() {
+        c.policy_name().to_owned()
+    } else {
+        format!("{} ({})", c.policy_name(), c.conf_string.trim())
+    }
+}
+
+/// The configuration of the first build, fixed for the process.
+fn config_for_build() -> Result<AllocatorConfig, CudaError> {
+    let mut slot = lock(&CONFIG);
+    let c = match slot.take() {
+        Some(c) => c.config,
+        None => AllocatorConfig::from_env()?,
+    };
+    *slot = Some(Configured {
+        config: c.clone(),
+        fixed: true,
+    });
+    Ok(c)
+}
+
+/// Builds `device`'s allocator: the configured policy over a [`CudaBackend`].
+fn build(device: usize) -> Result<CudaAllocator, CudaError> {
+    let cfg = config_for_build()?;
+    let backend = CudaBackend::new(device)?;
     device_allocator(backend, cfg, device as i32)
         .map_err(|source| CudaError::Alloc { device, source })
 }
@@ -120,17 +210,105 @@ fn build(device: usize) -> Result<CudaAllocator, CudaError> {
 ///
 /// # Errors
 /// [`CudaError::InvalidDevice`], [`CudaError::Unavailable`], [`CudaError::Driver`],
-/// [`CudaError::Config`] for a bad `BERTH_ALLOC_CONF`, [`CudaError::Alloc`] when the policy
+/// [`CudaError::Config`] for a bad `BERTH_ALLOC_CONF`, [`CudaError::Alloc`] when a chosen policy
 /// cannot run on the device (`backend:paged` or `expandable_segments:True` without virtual
 /// memory support).
 pub fn allocator(device: impl CudaDeviceArg) -> Result<&'static CudaAllocator, CudaError> {
     let device = index(device)?;
+    if let Some(sim) = SIMULATED.get() {
+        return sim_allocator(sim, device).map(|(_, a)| a);
+    }
     DEVICES.get_or_try_init(device, build)
+}
+
+fn sim_allocator(
+    sim: &'static Simulated,
+    device: usize,
+) -> Result<&'static (Arc<SimBackend>, CudaAllocator), CudaError> {
+    let slot = &sim.devices[device];
+    if let Some(built) = slot.get() {
+        return Ok(built);
+    }
+    static BUILD: Mutex<()> = Mutex::new(());
+    let _g = lock(&BUILD);
+    if let Some(built) = slot.get() {
+        return Ok(built);
+    }
+    let backend = Arc::new(SimBackend::new(sim.capacity));
+    let a = device_allocator(Arc::clone(&backend), config_for_build()?, device as i32)
+        .map_err(|source| CudaError::Alloc { device, source })?;
+    Ok(slot.get_or_init(|| (backend, a)))
 }
 
 /// The allocator of `device` if it was built; never builds one.
 pub fn existing_allocator(device: usize) -> Option<&'static CudaAllocator> {
-    DEVICES.get(device)
+    match SIMULATED.get() {
+        Some(sim) => sim.devices.get(device)?.get().map(|(_, a)| a),
+        None => DEVICES.get(device),
+    }
+}
+
+/// Every built allocator with its device index, in index order.
+pub fn built_allocators() -> Vec<(usize, &'static CudaAllocator)> {
+    match SIMULATED.get() {
+        Some(sim) => sim
+            .devices
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.get().map(|(_, a)| (i, a)))
+            .collect(),
+        None => DEVICES.built().collect(),
+    }
+}
+
+/// Test switch: from now on the registry serves [`SIMULATED_DEVICES`] simulated devices of
+/// `capacity_bytes` each ([`SimBackend`], events completing only when
+/// [`simulated_backend`]'s `complete_events_on` says so) instead of CUDA, so code over the
+/// registry (the PyTorch bridge's hooks) is tested without a GPU. Memory only: the pointers
+/// are not device memory, so no kernel or copy may touch them. Setting the same capacity again
+/// is a no-op.
+///
+/// # Errors
+/// [`CudaError::AllocatorConfigured`] once a CUDA allocator was built, or when simulating with
+/// another capacity already.
+pub fn simulate(capacity_bytes: u64) -> Result<(), CudaError> {
+    let _g = lock(&CONFIG);
+    if let Some(sim) = SIMULATED.get() {
+        if sim.capacity == capacity_bytes {
+            return Ok(());
+        }
+        return Err(CudaError::AllocatorConfigured {
+            in_use: format!("simulated devices of {} bytes", sim.capacity),
+            requested: format!("simulated devices of {capacity_bytes} bytes"),
+        });
+    }
+    if DEVICES.built().next().is_some() {
+        return Err(CudaError::AllocatorConfigured {
+            in_use: "CUDA devices".to_owned(),
+            requested: "simulated devices".to_owned(),
+        });
+    }
+    let _ = SIMULATED.set(Simulated {
+        capacity: capacity_bytes,
+        devices: std::array::from_fn(|_| OnceLock::new()),
+    });
+    Ok(())
+}
+
+/// Whether [`simulate`] is on.
+pub fn is_simulated() -> bool {
+    SIMULATED.get().is_some()
+}
+
+/// The simulated backend of `device` when [`simulate`] is on and the device's allocator was
+/// built; `None` otherwise.
+pub fn simulated_backend(device: usize) -> Option<Arc<SimBackend>> {
+    SIMULATED
+        .get()?
+        .devices
+        .get(device)?
+        .get()
+        .map(|(b, _)| Arc::clone(b))
 }
 
 fn stats(device: impl CudaDeviceArg) -> Result<Option<MemoryStats>, CudaError> {
@@ -286,7 +464,7 @@ pub fn set_per_process_memory_fraction(
 /// # Errors
 /// [`CudaError::Alloc`] with the device and the allocator's error when a free fails.
 pub fn empty_cache() -> Result<(), CudaError> {
-    for (device, a) in DEVICES.built() {
+    for (device, a) in built_allocators() {
         a.empty_cache()
             .map_err(|source| CudaError::Alloc { device, source })?;
     }

@@ -4,10 +4,13 @@
 //! PyTorch takes a pluggable allocator once, before CUDA starts, and never swaps it
 //! (`change_current_allocator` raises "Can't swap an already initialized allocator"). berth
 //! follows: [`install`] fixes the policy for the life of the process (installing the same
-//! policy again is a no-op, another one is [`HookError::AlreadyInstalled`]); each device's
-//! allocator is built on its first use, over [`CudaBackend`] of that device (or a simulated
-//! device under the test switch, [`simulate`]). The hot path (`alloc` / `free`) reads one
-//! `OnceLock` per call and takes no lock of its own; each policy locks its own state.
+//! policy again is a no-op, another one is [`HookError::AlreadyInstalled`]). The allocators
+//! themselves are berth's one per-device registry, `berth_cuda::memory` (`Note [One allocator
+//! registry]` there): [`install`] configures it ([`berth_cuda::memory::configure`]), and each
+//! device's allocator is built on its first use, over that device's CUDA backend (or a
+//! simulated device under the test switch, [`simulate`]), the same allocator berth's own
+//! tensors use in the process. The hot path (`alloc` / `free`) reads two `OnceLock`s per call
+//! and takes no lock of its own; each policy locks its own state.
 //!
 //! PyTorch hands over its own `cudaStream_t` handles, which are driver `CUstream`s: the legacy
 //! default stream (0), the per-thread default stream (`cudaStreamPerThread`, 2) and user
@@ -18,16 +21,10 @@
 //! (`Note [Foreign contexts]`), so PyTorch's current device is the same after the hook as
 //! before it.
 
-use crate::policy::{Policy, PolicyError};
-use berth_alloc::backend::sim::SimBackend;
-use berth_alloc::{
-    device_allocator, AllocError, AllocatorConfig, DeviceAllocator, DevicePtr, StreamId,
-};
-use berth_cuda::{CudaBackend, CudaError, ForeignContextScope};
-use std::sync::{Arc, Mutex, OnceLock};
-
-/// The most CUDA devices one process can use through berth's hooks.
-pub const MAX_DEVICES: usize = 64;
+use berth_alloc::{AllocError, AllocatorConfig, DevicePtr, Policy, PolicyError, StreamId};
+use berth_cuda::memory::{self, CudaAllocator, CudaDeviceArg};
+use berth_cuda::{CudaError, ForeignContextScope};
+use std::sync::{Mutex, OnceLock};
 
 /// What went wrong in a hook or an install; the C functions keep its message for
 /// `berth_torch_last_error`, the Python package raises it.
@@ -47,17 +44,13 @@ pub enum HookError {
     /// [`simulate`] after [`install`].
     #[error("the simulated device must be chosen before the allocator is installed")]
     SimulateAfterInstall,
+    /// The process's device allocators are already built with another configuration (by
+    /// berth's own tensors, or `BERTH_ALLOC_CONF`).
+    #[error(transparent)]
+    Registry(CudaError),
     /// A bad policy name or options.
     #[error(transparent)]
     Policy(#[from] PolicyError),
-    /// A device index outside `[0, MAX_DEVICES)` or the machine's device count.
-    #[error("device index {device} is out of range [0, {count})")]
-    BadDevice {
-        /// The index given.
-        device: i32,
-        /// How many devices there are (or [`MAX_DEVICES`]).
-        count: usize,
-    },
     /// The driver layer failed (no driver, context creation, a policy the device cannot run).
     #[error("cuda:{device}: {source}")]
     Cuda {
@@ -89,38 +82,21 @@ impl HookError {
     /// Whether this is an out-of-memory refusal (what Python raises as
     /// `torch.OutOfMemoryError`).
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(
-            self,
-            HookError::Alloc {
-                source: AllocError::OutOfMemory { .. }
-                    | AllocError::CapExceeded { .. }
-                    | AllocError::TooLarge { .. },
-                ..
-            }
-        )
+        match self {
+            HookError::Alloc { source, .. } => source.is_out_of_memory(),
+            HookError::Cuda { source, .. } => source.is_out_of_memory(),
+            _ => false,
+        }
     }
 }
 
-/// Where device memory comes from.
-#[derive(Debug)]
-enum Source {
-    Cuda,
-    /// Simulated devices of this many bytes each (the test switch).
-    Sim(u64),
-}
-
-/// The installed policy with one lazily built allocator per device.
+/// The installed policy and its configuration (the allocators are `berth_cuda::memory`'s).
 pub struct Installed {
     policy: Policy,
     config: AllocatorConfig,
-    source: Source,
-    devices: [OnceLock<Arc<dyn DeviceAllocator>>; MAX_DEVICES],
-    sims: [OnceLock<Arc<SimBackend>>; MAX_DEVICES],
-    build: Mutex<()>,
 }
 
 static INSTALLED: OnceLock<Installed> = OnceLock::new();
-static SIMULATE: Mutex<Option<u64>> = Mutex::new(None);
 static INSTALL: Mutex<()> = Mutex::new(());
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -128,8 +104,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Makes the next [`install`] use simulated devices of `capacity_bytes` bytes each instead of
-/// CUDA (the test switch: CI has no GPU). Events on simulated streams complete only when
-/// [`Installed::sim_complete_events`] says so.
+/// CUDA (the test switch: CI has no GPU; [`berth_cuda::memory::simulate`]). Events on simulated
+/// streams complete only when [`Installed::sim_complete_events`] says so.
 ///
 /// # Errors
 /// [`HookError::SimulateAfterInstall`].
@@ -138,8 +114,7 @@ pub fn simulate(capacity_bytes: u64) -> Result<(), HookError> {
     if INSTALLED.get().is_some() {
         return Err(HookError::SimulateAfterInstall);
     }
-    *lock(&SIMULATE) = Some(capacity_bytes);
-    Ok(())
+    memory::simulate(capacity_bytes).map_err(HookError::Registry)
 }
 
 /// Installs `policy` (`"pytorch"`, `"expandable"` or `"paged"`) with `options` (PyTorch's
@@ -148,7 +123,8 @@ pub fn simulate(capacity_bytes: u64) -> Result<(), HookError> {
 ///
 /// # Errors
 /// [`HookError::Policy`] for an unknown policy or bad options; [`HookError::AlreadyInstalled`]
-/// when another policy is installed.
+/// when another policy is installed; [`HookError::Registry`] when berth's allocators of this
+/// process already run another configuration.
 pub fn install(policy: &str, options: &str) -> Result<&'static Installed, HookError> {
     let _g = lock(&INSTALL);
     let p = Policy::parse(policy)?;
@@ -166,18 +142,8 @@ pub fn install(policy: &str, options: &str) -> Result<&'static Installed, HookEr
             },
         });
     }
-    let source = match *lock(&SIMULATE) {
-        Some(bytes) => Source::Sim(bytes),
-        None => Source::Cuda,
-    };
-    Ok(INSTALLED.get_or_init(|| Installed {
-        policy: p,
-        config,
-        source,
-        devices: std::array::from_fn(|_| OnceLock::new()),
-        sims: std::array::from_fn(|_| OnceLock::new()),
-        build: Mutex::new(()),
-    }))
+    memory::configure(config.clone()).map_err(HookError::Registry)?;
+    Ok(INSTALLED.get_or_init(|| Installed { policy: p, config }))
 }
 
 /// The installed policy.
@@ -188,14 +154,12 @@ pub fn installed() -> Result<&'static Installed, HookError> {
     INSTALLED.get().ok_or(HookError::NotInstalled)
 }
 
-fn slot(device: i32) -> Result<usize, HookError> {
-    usize::try_from(device)
-        .ok()
-        .filter(|&d| d < MAX_DEVICES)
-        .ok_or(HookError::BadDevice {
-            device,
-            count: MAX_DEVICES,
-        })
+/// `device` as an index; a negative one is [`HookError::Cuda`] with
+/// [`CudaError::InvalidArgument`].
+fn index(device: i32) -> Result<usize, HookError> {
+    device
+        .cuda_index()
+        .map_err(|source| HookError::Cuda { device, source })
 }
 
 impl Installed {
@@ -206,64 +170,35 @@ impl Installed {
 
     /// Whether the devices are simulated (the test switch).
     pub fn is_simulated(&self) -> bool {
-        matches!(self.source, Source::Sim(_))
+        memory::is_simulated()
     }
 
     /// Makes `device`'s context current for the duration of a hook (nothing when simulated).
     ///
     /// # Errors
-    /// [`HookError::BadDevice`], [`HookError::Cuda`].
+    /// [`HookError::Cuda`] for a bad device index or a driver failure.
     pub fn scope(&self, device: i32) -> Result<Option<ForeignContextScope>, HookError> {
-        let d = slot(device)?;
-        match self.source {
-            Source::Sim(_) => Ok(None),
-            Source::Cuda => berth_cuda::foreign_context_scope(d)
-                .map(Some)
-                .map_err(|source| HookError::Cuda { device, source }),
+        let d = index(device)?;
+        if memory::is_simulated() {
+            return Ok(None);
         }
+        berth_cuda::foreign_context_scope(d)
+            .map(Some)
+            .map_err(|source| HookError::Cuda { device, source })
     }
 
     /// `device`'s allocator, built on first use (call inside [`Installed::scope`]).
     ///
     /// # Errors
-    /// [`HookError::BadDevice`]; [`HookError::Cuda`] when the device's backend cannot be made
-    /// or the policy cannot run on it (`paged` and `expandable` need virtual memory).
-    pub fn allocator(&self, device: i32) -> Result<&Arc<dyn DeviceAllocator>, HookError> {
-        let d = slot(device)?;
-        if let Some(a) = self.devices[d].get() {
-            return Ok(a);
-        }
-        let _g = lock(&self.build);
-        if let Some(a) = self.devices[d].get() {
-            return Ok(a);
-        }
-        let cuda_err = |source| HookError::Cuda { device, source };
-        let built = match self.source {
-            Source::Sim(bytes) => {
-                let sim = self.sims[d].get_or_init(|| Arc::new(SimBackend::new(bytes)));
-                device_allocator(Arc::clone(sim), self.config.clone(), device)
-            }
-            Source::Cuda => device_allocator(
-                CudaBackend::new(d).map_err(cuda_err)?,
-                self.config.clone(),
-                device,
-            ),
-        }
-        .map_err(|source| cuda_err(CudaError::Alloc { device: d, source }))?;
-        Ok(self.devices[d].get_or_init(|| built))
+    /// [`HookError::Cuda`]: a bad device index, no driver, or a policy the device cannot run
+    /// (`paged` and `expandable` need virtual memory).
+    pub fn allocator(&self, device: i32) -> Result<&'static CudaAllocator, HookError> {
+        memory::allocator(index(device)?).map_err(|source| HookError::Cuda { device, source })
     }
 
     /// `device`'s allocator if it was built; never builds one.
-    pub fn existing(&self, device: i32) -> Option<&Arc<dyn DeviceAllocator>> {
-        slot(device).ok().and_then(|d| self.devices[d].get())
-    }
-
-    /// Every built allocator with its device index, in index order.
-    pub fn built(&self) -> impl Iterator<Item = (i32, &Arc<dyn DeviceAllocator>)> {
-        self.devices
-            .iter()
-            .enumerate()
-            .filter_map(|(d, a)| a.get().map(|a| (d as i32, a)))
+    pub fn existing(&self, device: i32) -> Option<&'static CudaAllocator> {
+        memory::existing_allocator(usize::try_from(device).ok()?)
     }
 
     /// `alloc`: `size` bytes on `device` for `stream` (PyTorch's `cudaStream_t`); 0 for zero
@@ -311,7 +246,8 @@ impl Installed {
     /// # Errors
     /// [`HookError::UnknownPointer`] when no allocator owns `ptr`.
     pub fn record_stream(&self, ptr: u64, stream: u64) -> Result<(), HookError> {
-        for (device, a) in self.built() {
+        for (device, a) in memory::built_allocators() {
+            let device = device as i32;
             match a.raw_record_stream(DevicePtr(ptr), StreamId(stream)) {
                 Ok(()) => return Ok(()),
                 Err(AllocError::InvalidPointer { .. }) => continue,
@@ -330,7 +266,8 @@ impl Installed {
     /// The first device's failure, after trying every device.
     pub fn empty_cache(&self) -> Result<(), HookError> {
         let mut first = Ok(());
-        for (device, a) in self.built() {
+        for (device, a) in memory::built_allocators() {
+            let device = device as i32;
             let r = self.scope(device).and_then(|_scope| {
                 a.empty_cache()
                     .map_err(|source| HookError::Alloc { device, source })
@@ -354,7 +291,10 @@ impl Installed {
     /// Completes the simulated events recorded so far on `stream` of `device` (test switch).
     /// Returns false when `device` is not simulated or has no allocator yet.
     pub fn sim_complete_events(&self, device: i32, stream: u64) -> bool {
-        match slot(device).ok().and_then(|d| self.sims[d].get()) {
+        match usize::try_from(device)
+            .ok()
+            .and_then(memory::simulated_backend)
+        {
             Some(sim) => {
                 sim.complete_events_on(StreamId(stream));
                 true

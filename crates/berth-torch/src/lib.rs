@@ -40,12 +40,11 @@
 
 pub mod abi;
 pub mod install;
-pub mod policy;
 #[cfg(feature = "python")]
 mod python;
 
-pub use install::{install, installed, HookError, Installed, MAX_DEVICES};
-pub use policy::{Policy, PolicyError, POLICY_NAMES};
+pub use berth_alloc::{Policy, PolicyError};
+pub use install::{install, installed, HookError, Installed};
 
 use std::ffi::{c_int, c_void};
 

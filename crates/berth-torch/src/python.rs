@@ -17,11 +17,21 @@ static OOM_CLASS: OnceLock<Py<PyAny>> = OnceLock::new();
 
 fn to_py(e: HookError) -> PyErr {
     match e {
-        HookError::Policy(_) | HookError::BadDevice { .. } => PyValueError::new_err(e.to_string()),
+        HookError::Cuda { source, .. } => cuda_to_py(source),
+        HookError::Policy(_) => PyValueError::new_err(e.to_string()),
         HookError::Alloc {
             source: berth_alloc::AllocError::InvalidFraction { .. },
             ..
         } => PyValueError::new_err(e.to_string()),
+        _ => PyRuntimeError::new_err(e.to_string()),
+    }
+}
+
+/// A driver-layer error as Python's: a bad device index or argument is a `ValueError`.
+fn cuda_to_py(e: berth_cuda::CudaError) -> PyErr {
+    match e {
+        berth_cuda::CudaError::InvalidDevice { .. }
+        | berth_cuda::CudaError::InvalidArgument { .. } => PyValueError::new_err(e.to_string()),
         _ => PyRuntimeError::new_err(e.to_string()),
     }
 }
@@ -81,44 +91,29 @@ fn installed() -> PyResult<&'static inst_mod::Installed> {
 /// `torch.cuda.memory_stats(device)`: empty before the device's first allocation.
 #[pyfunction]
 fn memory_stats(device: i32) -> PyResult<BTreeMap<String, i64>> {
-    Ok(installed()?
-        .existing(device)
-        .map(|a| a.memory_stats())
-        .unwrap_or_default())
+    installed()?;
+    berth_cuda::memory::memory_stats(device).map_err(cuda_to_py)
 }
 
 /// `torch.cuda.memory_summary(device, abbreviated)`.
 #[pyfunction]
 fn memory_summary(device: i32, abbreviated: bool) -> PyResult<String> {
-    let inst = installed()?;
-    Ok(match inst.existing(device) {
-        Some(a) => a.memory_summary(abbreviated),
-        None => berth_alloc::summary::memory_summary(
-            &berth_alloc::MemoryStats::new(None),
-            device,
-            inst.policy().name(),
-            abbreviated,
-            None,
-        ),
-    })
+    installed()?;
+    berth_cuda::memory::memory_summary(device, abbreviated).map_err(cuda_to_py)
 }
 
 /// `reset_peak_memory_stats(device)`.
 #[pyfunction]
 fn reset_peak_memory_stats(device: i32) -> PyResult<()> {
-    if let Some(a) = installed()?.existing(device) {
-        a.reset_peak_memory_stats();
-    }
-    Ok(())
+    installed()?;
+    berth_cuda::memory::reset_peak_memory_stats(device).map_err(cuda_to_py)
 }
 
 /// `reset_accumulated_memory_stats(device)`.
 #[pyfunction]
 fn reset_accumulated_memory_stats(device: i32) -> PyResult<()> {
-    if let Some(a) = installed()?.existing(device) {
-        a.reset_accumulated_memory_stats();
-    }
-    Ok(())
+    installed()?;
+    berth_cuda::memory::reset_accumulated_memory_stats(device).map_err(cuda_to_py)
 }
 
 /// `torch.cuda.memory._record_memory_history`: starts (`max_entries`) or stops (None)
@@ -128,25 +123,22 @@ fn reset_accumulated_memory_stats(device: i32) -> PyResult<()> {
 fn record_memory_history(device: i32, max_entries: Option<usize>) -> PyResult<()> {
     let inst = installed()?;
     let _scope = inst.scope(device).map_err(to_py)?;
-    inst.allocator(device)
-        .map_err(to_py)?
-        .record_memory_history(max_entries);
-    Ok(())
+    berth_cuda::memory::record_memory_history(device, max_entries).map_err(cuda_to_py)
 }
 
 /// Every device's snapshot merged (`torch.cuda.memory._snapshot()`: all segments, one trace
 /// list per device), as the bytes `_dump_snapshot` writes.
 #[pyfunction]
 fn snapshot_pickle(py: Python<'_>) -> PyResult<Py<PyBytes>> {
-    let inst = installed()?;
+    installed()?;
     let mut all = MemorySnapshot::default();
-    for (device, a) in inst.built() {
+    for (device, a) in berth_cuda::memory::built_allocators() {
         let s = a.snapshot();
         if all.segments.is_empty() && all.device_traces.is_empty() {
             all.allocator_settings = s.allocator_settings.clone();
         }
         all.segments.extend(s.segments);
-        let d = device as usize;
+        let d = device;
         if all.device_traces.len() <= d {
             all.device_traces.resize_with(d + 1, Vec::new);
         }
@@ -202,6 +194,11 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(empty_cache, m)?)?;
     m.add_function(wrap_pyfunction!(take_deferred_error, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
-    m.add("POLICY_NAMES", crate::POLICY_NAMES.to_vec())?;
+    m.add(
+        "POLICY_NAMES",
+        berth_alloc::Policy::ALL
+            .map(berth_alloc::Policy::name)
+            .to_vec(),
+    )?;
     Ok(())
 }

@@ -348,12 +348,17 @@ pub enum Error {
 }
 
 impl Error {
-    /// Whether this is an out-of-memory condition on any device: [`Error::HostOutOfMemory`], or
-    /// an allocator error for which [`berth_alloc::AllocError::is_out_of_memory`] holds.
+    /// Whether this is an out-of-memory condition on any device: [`Error::HostOutOfMemory`], an
+    /// allocator error for which [`berth_alloc::AllocError::is_out_of_memory`] holds, or a CUDA
+    /// error for which [`crate::cuda::CudaError::is_out_of_memory`] holds (the device
+    /// allocator's out-of-memory reaches tensors wrapped as `Error::Cuda(CudaError::Alloc)`, a
+    /// pinned one as `CudaError::PinnedAlloc`). The one question to ask of any berth error,
+    /// whichever layer it came through.
     pub fn is_out_of_memory(&self) -> bool {
         match self {
             Error::HostOutOfMemory { .. } => true,
             Error::Alloc(e) => e.is_out_of_memory(),
+            Error::Cuda(e) => e.is_out_of_memory(),
             _ => false,
         }
     }

@@ -338,10 +338,16 @@ fn out_of_memory_is_typed_and_the_next_allocation_succeeds() {
     }
     let total = cuda::get_device_properties(0).unwrap().total_memory;
     let e = cuda::transfer::alloc_storage(0, total + (1 << 30)).unwrap_err();
+    // The one question, asked of berth's own error: true for a CUDA out-of-memory too.
+    assert!(e.is_out_of_memory(), "{e}");
     match e {
         berth::Error::Cuda(c) => assert!(c.is_out_of_memory(), "{c}"),
         other => panic!("expected a CUDA OOM, got {other}"),
     }
+    // Through the tensor API the same.
+    let numel = (total + (1 << 30)) as usize / 4;
+    let e = berth::Tensor::zeros(&[numel], berth::DType::F32, berth::Device::Cuda(0)).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
     let ok = cuda::transfer::alloc_storage(0, 1 << 20).unwrap();
     assert_eq!(ok.nbytes(), 1 << 20);
 }

@@ -307,3 +307,35 @@ fn every_constructor_names_itself_in_its_errors() {
         .unwrap();
     assert_eq!((e.shape(), e.dtype()), (&[2usize][..], DType::U8));
 }
+
+/// A device allocator's out-of-memory (here a simulated device's), as it reaches berth's error
+/// whichever way it is wrapped: directly (`Error::Alloc`) or through the CUDA layer
+/// (`Error::Cuda(CudaError::Alloc)`, the way CUDA tensors report it). Both answer
+/// `is_out_of_memory()`; a non-memory error of the same shapes does not.
+#[test]
+fn an_allocator_out_of_memory_is_out_of_memory_through_every_layer() {
+    use berth::alloc::backend::sim::SimBackend;
+    use berth::alloc::{AllocError, Policy, StreamId};
+    use berth::cuda::CudaError;
+    for p in Policy::ALL {
+        let alloc =
+            berth::alloc::device_allocator(SimBackend::new(64 << 20), p.config("").unwrap(), 0)
+                .unwrap();
+        let oom = alloc.raw_alloc(1 << 30, StreamId::DEFAULT).unwrap_err();
+        assert!(oom.is_out_of_memory(), "{p}: {oom}");
+        let direct = Error::Alloc(oom.clone());
+        let through_cuda = Error::from(CudaError::Alloc {
+            device: 0,
+            source: oom,
+        });
+        assert!(direct.is_out_of_memory(), "{p}: {direct}");
+        assert!(through_cuda.is_out_of_memory(), "{p}: {through_cuda}");
+    }
+    let not_oom = AllocError::InvalidFraction { fraction: 2.0 };
+    assert!(!Error::Alloc(not_oom.clone()).is_out_of_memory());
+    assert!(!Error::from(CudaError::Alloc {
+        device: 0,
+        source: not_oom
+    })
+    .is_out_of_memory());
+}

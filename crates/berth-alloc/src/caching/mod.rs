@@ -47,7 +47,7 @@ pub(crate) struct Shared<B: MemoryBackend> {
     sticky: StickyError<AllocError>,
 }
 
-pub use crate::plumbing::OomObserver;
+pub use crate::allocator::OomObserver;
 
 impl<B: MemoryBackend> Shared<B> {
     #[inline]

@@ -76,6 +76,14 @@ pub fn allocation_size(rounded: u64) -> u64 {
 mod tests {
     use super::*;
 
+    /// Found by fuzzing: 2^55 divisions overflowed `512 × divisions`. The largest division
+    /// count the parser accepts (2^32) leaves sizes below 2 TiB rounded to 512 bytes only.
+    #[test]
+    fn the_largest_division_count_rounds_to_512_bytes() {
+        let c = AllocatorConfig::parse("roundup_power2_divisions:4294967296").unwrap();
+        assert_eq!(round_size(3 << 30 | 1, &c), (3 << 30) + 512);
+    }
+
     #[test]
     fn rounding_follows_pytorch() {
         let cfg = AllocatorConfig::default();

@@ -206,10 +206,11 @@ mod units;
 
 use std::collections::BTreeMap;
 
+use crate::allocator::OomObserver;
 use crate::allocator::{Allocation, AllocationOwner, DeviceAllocator};
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
 use crate::error::AllocError;
-use crate::plumbing::{self, OomObserver, OomObservers, StickyError};
+use crate::plumbing::{self, OomObservers, StickyError};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 use crate::sync::{Arc, SpinGuard, SpinMutex};

@@ -7,7 +7,7 @@
 //! `--skip-unknown-frees`). JSON traces are compiled as they are read (`Note [Streaming trace
 //! reader]` in `berth_alloc::trace`): no event is kept beyond its compiled operation, and a
 //! request larger than the whole simulated device fails the read at that event. Timing is
-//! PyTorch's C++ replay's (`Note [Compiled replay]` in `berth_alloc::replay`): [`PASSES`] passes
+//! PyTorch's C++ replay's (`Note [Compiled replay]` in `berth_alloc::replay`): [`passes::PASSES`] passes
 //! on one allocator, memory figures from the first (cold) pass, `ns_per_op` the fastest of the
 //! others (warm). PyTorch's own figures are printed beside berth's wherever the trace carries
 //! them (the `stats` a recording keeps: PyTorch's `memory_stats()` at its end, [`Recorded`]), and PyTorch's replay figures
@@ -19,18 +19,19 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use berth_alloc::backend::sim::SimBackend;
-use berth_alloc::caching::CachingAllocator;
-use berth_alloc::replay::{CompiledTrace, ReplayError, ReplayReport};
+use berth_alloc::replay::ReplayReport;
 use berth_alloc::stats::format_size;
-use berth_alloc::{AllocatorConfig, DeviceAllocator, MemoryBackend, PagedBestFit};
+use berth_alloc::{AllocatorConfig, Policy};
 
 use crate::replay_torch::{Recorded, Reference, TORCH_MODES};
 use crate::UsageError;
 
-mod load;
+pub(crate) mod load;
+pub(crate) mod passes;
 
 pub(crate) use load::LoadedTrace;
 use load::{load, LoadOptions};
+use passes::{passes, replay_allocator, warm_ns};
 
 /// Arguments of `berth replay`.
 #[derive(clap::Args, Debug)]
@@ -71,54 +72,19 @@ pub struct ReplayArgs {
     pub snapshot_device: Option<usize>,
 }
 
-/// A replay policy of `--policy`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Policy {
-    Pytorch,
-    Expandable,
-    Paged,
-}
-
-impl Policy {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Policy::Pytorch => "pytorch",
-            Policy::Expandable => "expandable",
-            Policy::Paged => "paged",
-        }
+/// The policies `--policy` names: one of berth's three ([`Policy::parse`]), or `all`.
+///
+/// # Errors
+/// A [`UsageError`] naming the valid values.
+fn parse_policies(s: &str) -> Result<Vec<Policy>, UsageError> {
+    if s == "all" {
+        return Ok(Policy::ALL.to_vec());
     }
-
-    fn parse_list(s: &str) -> Result<Vec<Policy>, UsageError> {
-        match s {
-            "pytorch" => Ok(vec![Policy::Pytorch]),
-            "expandable" => Ok(vec![Policy::Expandable]),
-            "paged" => Ok(vec![Policy::Paged]),
-            "all" => Ok(vec![Policy::Pytorch, Policy::Expandable, Policy::Paged]),
-            other => Err(UsageError(format!(
-                "unknown --policy '{other}': expected pytorch, expandable, paged or all"
-            ))),
-        }
-    }
-
-    /// The policy over `sim`. `conf` (`BERTH_ALLOC_CONF`'s) tunes the PyTorch policy of the
-    /// `pytorch` and `expandable` rows (`max_split_size_mb`, `roundup_power2_divisions`, ...);
-    /// which policy runs is the row's, whatever its `backend` and `expandable_segments` say.
-    pub(crate) fn allocator<B: MemoryBackend>(
-        self,
-        sim: B,
-        conf: &AllocatorConfig,
-    ) -> anyhow::Result<Box<dyn DeviceAllocator>> {
-        let caching = |expandable_segments| AllocatorConfig {
-            backend: None,
-            expandable_segments,
-            ..conf.clone()
-        };
-        Ok(match self {
-            Policy::Pytorch => Box::new(CachingAllocator::with_config(sim, caching(false))?),
-            Policy::Expandable => Box::new(CachingAllocator::with_config(sim, caching(true))?),
-            Policy::Paged => Box::new(PagedBestFit::new(sim)?),
-        })
-    }
+    Policy::parse(s).map(|p| vec![p]).map_err(|_| {
+        UsageError(format!(
+            "unknown --policy '{s}': expected pytorch, expandable, paged or all"
+        ))
+    })
 }
 
 /// `BERTH_ALLOC_CONF` for a replay: its PyTorch-policy settings apply to the `pytorch` and
@@ -139,30 +105,6 @@ fn replay_conf() -> Result<AllocatorConfig, UsageError> {
         );
     }
     Ok(conf)
-}
-
-/// Passes over each trace on one allocator, as PyTorch's C++ replay makes: the first is cold,
-/// the fastest of the others gives the warm `ns_per_op`.
-pub(crate) const PASSES: usize = 3;
-
-/// Runs [`PASSES`] passes of `trace` on `alloc`: returns the cold pass's report (memory and
-/// device calls of a fresh allocator) and the warm passes'.
-pub(crate) fn passes(
-    trace: &CompiledTrace,
-    alloc: &dyn DeviceAllocator,
-) -> Result<(ReplayReport, Vec<ReplayReport>), ReplayError> {
-    let cold = trace.replay(alloc)?;
-    let warm = (1..PASSES)
-        .map(|_| trace.replay(alloc))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((cold, warm))
-}
-
-/// The warm figure: the fastest warm pass's ns per operation.
-pub(crate) fn warm_ns(warm: &[ReplayReport]) -> f64 {
-    warm.iter()
-        .map(|r| r.ns_per_op)
-        .fold(f64::INFINITY, f64::min)
 }
 
 /// The trace name: the file name up to its first dot (`gpt2_train.trace.json.gz` → `gpt2_train`).
@@ -305,7 +247,7 @@ fn cuda_index(args: &ReplayArgs) -> anyhow::Result<Option<usize>> {
 
 /// Runs `berth replay`.
 pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
-    let policies = Policy::parse_list(&args.policy)?;
+    let policies = parse_policies(&args.policy)?;
     let cuda = cuda_index(&args)?;
     let capacity = match &args.capacity {
         Some(c) => parse_capacity(c)?,
@@ -337,7 +279,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
             if args.real_addrs {
                 sim = sim.with_addresses(trace.segment_addresses.clone());
             }
-            let alloc = policy.allocator(sim, &conf)?;
+            let alloc = replay_allocator(policy, sim, &conf)?;
             // A policy that runs out of memory gets a row saying so, and the others still run
             // ("which policies fit in --capacity?"); any other error stops the replay.
             let (report, cold_ns_per_op, out_of_memory) =
@@ -713,8 +655,8 @@ mod tests {
 
     #[test]
     fn unknown_policy_names_the_choices() {
-        let err = Policy::parse_list("fast").unwrap_err();
+        let err = parse_policies("fast").unwrap_err();
         assert!(err.0.contains("pytorch, expandable, paged or all"), "{err}");
-        assert_eq!(Policy::parse_list("all").unwrap().len(), 3);
+        assert_eq!(parse_policies("all").unwrap().len(), 3);
     }
 }

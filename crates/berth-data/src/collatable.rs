@@ -157,4 +157,3 @@ macro_rules! impl_collate {
         }
     };
 }
-

@@ -140,9 +140,7 @@ impl<D: IterableDataset, C: Collate<D::Item>> IterableDataLoader<D, C> {
     }
 }
 
-impl<'a, D: IterableDataset, C: Collate<D::Item>> IntoIterator
-    for &'a IterableDataLoader<D, C>
-{
+impl<'a, D: IterableDataset, C: Collate<D::Item>> IntoIterator for &'a IterableDataLoader<D, C> {
     type Item = Result<C::Batch>;
     type IntoIter = IterableLoaderIter<'a, D, C>;
     fn into_iter(self) -> Self::IntoIter {
@@ -257,10 +255,7 @@ impl<D: IterableDataset, C: Collate<D::Item>> IterableDataLoaderBuilder<D, C> {
 
     /// Replaces the collate (`collate_fn`). A `pin_memory(true)` given before is dropped (it
     /// was for the old collate's batches): ask for it after the collate.
-    pub fn collate<C2: Collate<D::Item>>(
-        self,
-        collate: C2,
-    ) -> IterableDataLoaderBuilder<D, C2> {
+    pub fn collate<C2: Collate<D::Item>>(self, collate: C2) -> IterableDataLoaderBuilder<D, C2> {
         IterableDataLoaderBuilder {
             dataset: self.dataset,
             collate,

@@ -119,9 +119,8 @@ pub(crate) fn decide<B>(
         );
         return None;
     }
-    let target = target.or_else(|| {
-        crate::pinned_default::default_pinned_host().map(PinTarget::new)
-    });
+    let target =
+        target.or_else(|| crate::pinned_default::default_pinned_host().map(PinTarget::new));
     match target {
         Some(target) => Some(Pinning {
             target,

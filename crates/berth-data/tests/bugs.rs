@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use berth::{DType, Device, Tensor};
 use berth_data::{
     impl_collate, worker_info, worker_rng, CollateFn, DataError, DataLoader, DataLoaderBuilder,
-    Dataset, Generator, PinMemory, PinTarget, Result,
+    Dataset, Generator, MapTensors, PinTarget, Result,
 };
 
 use crate::pinned::sim_pinned;
@@ -222,28 +222,28 @@ struct Pair {
 }
 impl_collate!(Pair { x, y });
 
-/// An object holding a tensor, with no pinning of its own.
+/// An object holding a tensor, with no pinning (no tensor traversal) of its own.
 struct Plain {
     t: Tensor,
 }
-impl PinMemory for Plain {}
+impl MapTensors for Plain {}
 
-/// An object with its own `pin_memory()`.
+/// An object with its own `pin_memory()`: its own tensor traversal, which pinning goes through.
 struct Custom {
     t: Tensor,
     calls: Arc<AtomicUsize>,
 }
-impl PinMemory for Custom {
-    fn pin_memory(self, target: &PinTarget) -> Result<Self> {
+impl MapTensors for Custom {
+    fn map_tensors(self, f: &mut dyn FnMut(Tensor) -> Result<Tensor>) -> Result<Self> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Ok(Custom {
-            t: PinMemory::pin_memory(self.t, target)?,
+            t: f(self.t)?,
             calls: self.calls,
         })
     }
 }
 
-fn pinned_batch<B: PinMemory + Send + 'static>(
+fn pinned_batch<B: MapTensors + Send + 'static>(
     target: &PinTarget,
     f: impl Fn(Vec<Tensor>) -> Result<B> + Send + Sync + 'static,
 ) -> B {

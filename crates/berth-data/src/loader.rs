@@ -224,7 +224,7 @@ impl<D: Dataset, C: Collate<D::Item>> DataLoaderBuilder<D, C> {
     ///
     /// # Errors
     /// [`DataError::InvalidOption`] with PyTorch's message for: negative `num_workers`, negative
-    /// (or NaN) `timeout`, and with berth's for more than [`MAX_WORKERS`] workers; a `timeout` too large for a [`Duration`] (infinity included: 0 is
+    /// (or NaN) `timeout`, and with berth's for more than [`MAX_WORKERS`](crate::MAX_WORKERS) workers; a `timeout` too large for a [`Duration`] (infinity included: 0 is
     /// "no limit"), `prefetch_factor` without workers, negative (or zero) `prefetch_factor`,
     /// `persistent_workers` without workers, `sampler` with `shuffle`, `batch_sampler` with
     /// `batch_size`/`shuffle`/`sampler`/`drop_last`, `batch_size = 0`; and a positive `timeout`

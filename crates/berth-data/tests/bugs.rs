@@ -349,6 +349,38 @@ fn pin_memory_without_accelerator_warns_and_loads() {
     assert!(!b[0][0].is_pinned());
 }
 
+/// `pin_memory_device` follows PyTorch's rule (1.13–2.5): alone it pins nothing (a warning);
+/// with `pin_memory` it names the accelerator the pinned batches are for; a device that is not
+/// an accelerator pins nothing (a warning).
+#[test]
+fn pin_memory_device_needs_pin_memory_and_an_accelerator() {
+    let (target, _) = sim_pinned();
+    let cuda0: Device = "cuda:0".parse().unwrap();
+    let build = |pin: bool, device: Device| {
+        let x = Tensor::ones(&[4, 2], DType::F32, Device::Cpu).unwrap();
+        DataLoader::builder(berth_data::TensorDataset::new(vec![x]).unwrap())
+            .batch_size(2)
+            .pin_memory_target(target.clone())
+            .pin_memory_device(device)
+            .pin_memory(pin)
+            .build()
+            .unwrap()
+    };
+    let alone = build(false, cuda0);
+    assert!(!alone.pin_memory());
+    assert_eq!(alone.pin_memory_device(), None);
+    assert!(!alone.iter().next().unwrap().unwrap()[0].is_pinned());
+
+    let pinned = build(true, cuda0);
+    assert!(pinned.pin_memory());
+    assert_eq!(pinned.pin_memory_device(), Some(cuda0));
+    assert!(pinned.iter().next().unwrap().unwrap()[0].is_pinned());
+
+    let on_cpu = build(true, Device::Cpu);
+    assert!(!on_cpu.pin_memory());
+    assert!(!on_cpu.iter().next().unwrap().unwrap()[0].is_pinned());
+}
+
 /// A stuck worker times out and a dead one is reported, never a hang:
 /// <https://github.com/pytorch/pytorch/issues/2474>,
 /// <https://github.com/pytorch/pytorch/issues/1355>

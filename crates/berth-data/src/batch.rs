@@ -130,7 +130,7 @@ macro_rules! impl_map_tensors {
         impl $crate::MapTensors for $ty {
             fn map_tensors(
                 self,
-                f: &mut dyn FnMut(::berth::Tensor) -> $crate::Result<::berth::Tensor>,
+                f: &mut dyn FnMut($crate::__berth::Tensor) -> $crate::Result<$crate::__berth::Tensor>,
             ) -> $crate::Result<Self> {
                 Ok($ty { $($field: $crate::MapTensors::map_tensors(self.$field, f)?,)+ })
             }

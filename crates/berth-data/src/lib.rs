@@ -66,6 +66,10 @@ pub mod worker;
 
 pub use batch::MapTensors;
 pub use batch_sampler::{BatchSampler, BatchSampling};
+/// `berth`, for the macros ([`impl_map_tensors!`]), so that a crate using them needs no `berth`
+/// dependency of its own.
+#[doc(hidden)]
+pub use berth as __berth;
 pub use collatable::{Collatable, CollateContext};
 pub use collate::{Collate, CollateFn, DefaultCollate};
 pub use dataset::{random_split, Dataset, IterableDataset, SplitLengths, Subset, VecDataset};

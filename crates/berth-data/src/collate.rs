@@ -1,194 +1,86 @@
-//! Collation: turning the samples of one batch into a batch (`collate_fn`, `default_collate`).
+//! Collation for a loader: [`Collate`] (PyTorch's `collate_fn`), [`DefaultCollate`]
+//! (`default_collate`) and [`CollateFn`] (a closure).
 //!
-//! [`Collatable`] is the per-type rule of PyTorch's `default_collate` (`_utils/collate.py`):
-//! tensors are stacked along a new dimension 0; numbers become a 1-D tensor of the batch (floats
-//! as f64, integers as i64, bools as bool, like Python's); strings are kept as a list; tuples,
-//! `Vec`s and maps recurse per position or key. Rust keeps types where Python could not: a tuple
-//! stays a tuple (PyTorch turns it into a list), and a named struct keeps its type with
-//! [`impl_collate!`](crate::impl_collate) (PyTorch's namedtuple rule).
+//! # The collate traits, and why two remain
+//! PyTorch's batch step has three pieces: `default_collate` (per-type rules over the samples),
+//! `default_convert` (the same walk without stacking, for `batch_size=None`) and the
+//! `collate_fn` the loader calls. berth-data has two traits:
+//! 1. [`Collatable`](crate::Collatable): `default_collate`'s rule for one sample type (a tensor
+//!    stacks, a number becomes a 1-D tensor, containers recurse). It is a trait because the rule
+//!    is chosen by the sample's type, as PyTorch dispatches on the first element's type.
+//! 2. [`Collate`]: what a loader calls, the `collate_fn`: from the items of one batch to the
+//!    batch. The same trait serves both loader kinds: a map-style
+//!    [`DataLoader`](crate::DataLoader) calls [`Collate::collate_indices`] (the items fetched
+//!    by index, PyTorch's `_MapDatasetFetcher`), an
+//!    [`IterableDataLoader`](crate::IterableDataLoader) calls [`Collate::collate`] on the items
+//!    taken from a worker's stream. [`DefaultCollate`] applies [`Collatable`]; [`CollateFn`]
+//!    wraps a closure.
 //!
-//! [`Collate`] is the loader-facing trait: [`DefaultCollate`] uses [`Collatable`] (and the
-//! dataset's one-pass [`Dataset::collate_batch`] when it has one); [`CollateFn`] wraps a closure
-//! over the items, like a custom `collate_fn`.
+//! `default_convert` has no trait: without auto-collation a Rust sample already is its own
+//! batch (there are no numpy arrays to convert). What happens to a batch *after* collation
+//! (pinning, the copy to a device) is not collation: it is one per-tensor map over the batch,
+//! [`MapTensors`](crate::MapTensors) (Note [One batch traversal]). The map-style fast path
+//! [`Dataset::collate_batch`] (a dataset that gathers a batch's rows straight into one
+//! buffer, e.g. [`TensorDataset`](crate::TensorDataset)) is called from one place,
+//! [`DefaultCollate`]'s [`collate_indices`](Collate::collate_indices).
 
-use std::collections::{BTreeMap, HashMap};
-use std::hash::Hash;
-
+use crate::collatable::{Collatable, CollateContext};
 use crate::dataset::Dataset;
-use crate::error::{DataError, Result};
-use crate::pin::PinTarget;
+use crate::error::Result;
 
-/// What a collate knows about where it runs: the worker, and where to put its output.
-#[derive(Debug, Clone, Default)]
-pub struct CollateContext {
-    /// The worker thread running the collate, `None` on the main thread (`num_workers = 0`).
-    pub worker_id: Option<usize>,
-    /// When set (`pin_memory = true`), collates allocate their output tensors in page-locked host
-    /// memory from this target, so the batch needs no second copy to be pinned.
-    pub pin: Option<PinTarget>,
-}
-
-/// A sample type that knows how to collate a batch of itself (`default_collate`'s rules).
-pub trait Collatable: Sized + Send + 'static {
-    /// The collated batch.
+/// How a loader turns the items of one batch into a batch (`collate_fn`), for items of type `T`.
+///
+/// Implement [`collate`](Collate::collate); a map-style loader calls
+/// [`collate_indices`](Collate::collate_indices), whose default fetches the items with
+/// [`Dataset::get_many`] first.
+pub trait Collate<T>: Send + Sync + 'static {
+    /// The batch type the loader yields.
     type Batch: Send + 'static;
 
     /// Collates `items` (at least one) into a batch.
     ///
     /// # Errors
-    /// [`DataError::Collate`] when the items do not match (shapes, lengths, keys), or a tensor
-    /// error.
-    fn collate(items: Vec<Self>, ctx: &CollateContext) -> Result<Self::Batch>;
-}
+    /// The collate's own errors ([`DataError::Collate`](crate::DataError::Collate), tensor
+    /// errors).
+    fn collate(&self, items: Vec<T>, ctx: &CollateContext) -> Result<Self::Batch>;
 
-impl Collatable for String {
-    type Batch = Vec<String>;
-    fn collate(items: Vec<Self>, _ctx: &CollateContext) -> Result<Vec<String>> {
-        Ok(items)
-    }
-}
-
-impl<T: Collatable> Collatable for Vec<T> {
-    type Batch = Vec<T::Batch>;
-    fn collate(items: Vec<Self>, ctx: &CollateContext) -> Result<Self::Batch> {
-        let width = items.first().map_or(0, Vec::len);
-        if let Some(bad) = items.iter().position(|v| v.len() != width) {
-            return Err(DataError::collate(format!(
-                "each element in list of batch should be of equal size (element 0 has {width}, element {bad} has {})",
-                items[bad].len()
-            )));
-        }
-        let mut columns: Vec<Vec<T>> = (0..width)
-            .map(|_| Vec::with_capacity(items.len()))
-            .collect();
-        for item in items {
-            for (col, x) in columns.iter_mut().zip(item) {
-                col.push(x);
-            }
-        }
-        columns.into_iter().map(|c| T::collate(c, ctx)).collect()
-    }
-}
-
-macro_rules! map_collate {
-    ($map:ident, $($bound:tt)+) => {
-        impl<K: $($bound)+ + Send + std::fmt::Debug + 'static, V: Collatable> Collatable for $map<K, V> {
-            type Batch = $map<K, V::Batch>;
-            fn collate(items: Vec<Self>, ctx: &CollateContext) -> Result<Self::Batch> {
-                let keys: Vec<K> = items.first().map(|m| m.keys().cloned().collect()).unwrap_or_default();
-                let mut columns: Vec<Vec<V>> = keys.iter().map(|_| Vec::with_capacity(items.len())).collect();
-                for (n, mut item) in items.into_iter().enumerate() {
-                    if item.len() != keys.len() {
-                        return Err(DataError::collate(format!(
-                            "element {n} of the batch has {} keys, element 0 has {}: every map must have the same keys",
-                            item.len(), keys.len()
-                        )));
-                    }
-                    for (col, k) in columns.iter_mut().zip(&keys) {
-                        let v = item.remove(k).ok_or_else(|| DataError::collate(format!(
-                            "element {n} of the batch has no key {k:?}, which element 0 has"
-                        )))?;
-                        col.push(v);
-                    }
-                }
-                keys.into_iter().zip(columns).map(|(k, c)| Ok((k, V::collate(c, ctx)?))).collect()
-            }
-        }
-    };
-}
-map_collate!(BTreeMap, Ord + Clone);
-map_collate!(HashMap, Eq + Hash + Clone);
-
-macro_rules! tuple_collate {
-    ($($t:ident $v:ident),+) => {
-        impl<$($t: Collatable),+> Collatable for ($($t,)+) {
-            type Batch = ($($t::Batch,)+);
-            fn collate(items: Vec<Self>, ctx: &CollateContext) -> Result<Self::Batch> {
-                $(let mut $v = Vec::with_capacity(items.len());)+
-                for ($($t,)+) in items {
-                    $($v.push($t);)+
-                }
-                Ok(($($t::collate($v, ctx)?,)+))
-            }
-        }
-    };
-}
-#[allow(non_snake_case)]
-mod tuples {
-    use super::*;
-    tuple_collate!(A a);
-    tuple_collate!(A a, B b);
-    tuple_collate!(A a, B b, C c);
-    tuple_collate!(A a, B b, C c, D d);
-    tuple_collate!(A a, B b, C c, D d, E e);
-    tuple_collate!(A a, B b, C c, D d, E e, F f);
-}
-
-/// Implements [`Collatable`] (and [`PinMemory`](crate::PinMemory)) for a struct with named fields,
-/// field by field: the batch keeps the struct's type (PyTorch's namedtuple rule,
-/// <https://github.com/pytorch/pytorch/issues/14613>), or
-/// becomes a given batch struct with the same field names.
-///
-/// ```
-/// # use berth::Tensor;
-/// struct Pair { x: Tensor, y: Tensor }
-/// berth_data::impl_collate!(Pair { x, y });            // Batch = Pair (x, y stacked)
-/// struct Sample { x: Tensor, label: i64 }
-/// struct SampleBatch { x: Tensor, label: Tensor }
-/// berth_data::impl_collate!(Sample { x, label } => SampleBatch);
-/// ```
-#[macro_export]
-macro_rules! impl_collate {
-    ($ty:ident { $($field:ident),+ $(,)? }) => {
-        $crate::impl_collate!($ty { $($field),+ } => $ty);
-        impl $crate::PinMemory for $ty {
-            fn pin_memory(self, target: &$crate::PinTarget) -> $crate::Result<Self> {
-                Ok($ty { $($field: $crate::PinMemory::pin_memory(self.$field, target)?,)+ })
-            }
-        }
-    };
-    ($ty:ident { $($field:ident),+ $(,)? } => $batch:ident) => {
-        impl $crate::Collatable for $ty {
-            type Batch = $batch;
-            fn collate(items: Vec<Self>, ctx: &$crate::CollateContext) -> $crate::Result<$batch> {
-                $(let mut $field = Vec::with_capacity(items.len());)+
-                for item in items {
-                    $($field.push(item.$field);)+
-                }
-                Ok($batch { $($field: $crate::Collatable::collate($field, ctx)?,)+ })
-            }
-        }
-    };
-}
-
-/// How a loader turns the indices of one batch into a batch (`collate_fn`).
-pub trait Collate<D: Dataset>: Send + Sync + 'static {
-    /// The batch type the loader yields.
-    type Batch: Send + 'static;
-
-    /// Fetches the items at `indices` from `dataset` and collates them.
+    /// Fetches the items at `indices` from `dataset` and collates them (what a map-style loader
+    /// runs per batch). The default is [`Dataset::get_many`], then [`collate`](Collate::collate).
     ///
     /// # Errors
     /// The dataset's errors and the collate's own.
-    fn collate(&self, dataset: &D, indices: &[usize], ctx: &CollateContext) -> Result<Self::Batch>;
+    fn collate_indices<D: Dataset<Item = T>>(
+        &self,
+        dataset: &D,
+        indices: &[usize],
+        ctx: &CollateContext,
+    ) -> Result<Self::Batch> {
+        self.collate(dataset.get_many(indices)?, ctx)
+    }
 }
 
-/// `default_collate`: [`Dataset::collate_batch`] when the dataset offers it, else
-/// [`Dataset::get_many`] and [`Collatable::collate`].
+/// `default_collate`: [`Collatable::collate`] over the items; for a map-style dataset,
+/// [`Dataset::collate_batch`] first when the dataset offers it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultCollate;
 
-impl<D: Dataset> Collate<D> for DefaultCollate
-where
-    D::Item: Collatable,
-{
-    type Batch = <D::Item as Collatable>::Batch;
-    fn collate(&self, dataset: &D, indices: &[usize], ctx: &CollateContext) -> Result<Self::Batch> {
+impl<T: Collatable> Collate<T> for DefaultCollate {
+    type Batch = T::Batch;
+
+    fn collate(&self, items: Vec<T>, ctx: &CollateContext) -> Result<T::Batch> {
+        T::collate(items, ctx)
+    }
+
+    fn collate_indices<D: Dataset<Item = T>>(
+        &self,
+        dataset: &D,
+        indices: &[usize],
+        ctx: &CollateContext,
+    ) -> Result<T::Batch> {
         if let Some(batch) = dataset.collate_batch(indices, ctx) {
             return batch;
         }
-        let items = dataset.get_many(indices)?;
-        Collatable::collate(items, ctx)
+        T::collate(dataset.get_many(indices)?, ctx)
     }
 }
 
@@ -201,47 +93,13 @@ impl<F> std::fmt::Debug for CollateFn<F> {
     }
 }
 
-impl<D, F, B> Collate<D> for CollateFn<F>
-where
-    D: Dataset,
-    F: Fn(Vec<D::Item>) -> Result<B> + Send + Sync + 'static,
-    B: Send + 'static,
-{
-    type Batch = B;
-    fn collate(&self, dataset: &D, indices: &[usize], _ctx: &CollateContext) -> Result<B> {
-        (self.0)(dataset.get_many(indices)?)
-    }
-}
-
-/// How an iterable loader turns the items of one batch, taken from a worker's stream, into a
-/// batch (`collate_fn` for an [`IterableDataset`](crate::IterableDataset)). The same collates
-/// serve both loader kinds: [`DefaultCollate`] applies [`Collatable`], [`CollateFn`] calls its
-/// closure.
-pub trait CollateItems<T>: Send + Sync + 'static {
-    /// The batch type the loader yields.
-    type Batch: Send + 'static;
-
-    /// Collates `items` (at least one) into a batch.
-    ///
-    /// # Errors
-    /// The collate's own errors ([`DataError::Collate`], tensor errors).
-    fn collate_items(&self, items: Vec<T>, ctx: &CollateContext) -> Result<Self::Batch>;
-}
-
-impl<T: Collatable> CollateItems<T> for DefaultCollate {
-    type Batch = T::Batch;
-    fn collate_items(&self, items: Vec<T>, ctx: &CollateContext) -> Result<T::Batch> {
-        T::collate(items, ctx)
-    }
-}
-
-impl<T, F, B> CollateItems<T> for CollateFn<F>
+impl<T, F, B> Collate<T> for CollateFn<F>
 where
     F: Fn(Vec<T>) -> Result<B> + Send + Sync + 'static,
     B: Send + 'static,
 {
     type Batch = B;
-    fn collate_items(&self, items: Vec<T>, _ctx: &CollateContext) -> Result<B> {
+    fn collate(&self, items: Vec<T>, _ctx: &CollateContext) -> Result<B> {
         (self.0)(items)
     }
 }

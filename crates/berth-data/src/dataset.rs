@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::collate::{Collatable, CollateContext};
+use crate::collatable::{Collatable, CollateContext};
 use crate::error::{DataError, Result};
 use crate::rng::Generator;
 
@@ -40,9 +40,11 @@ pub trait Dataset: Send + Sync + 'static {
 
     /// Fetches *and* collates a batch in one pass, when the dataset can do better than collating
     /// the items one by one (e.g. [`TensorDataset`](crate::TensorDataset) gathers rows straight
-    /// into one, possibly pinned, buffer). [`DefaultCollate`](crate::DefaultCollate) calls this
-    /// first and falls back to `get_many` + [`Collatable::collate`] on `None`. The default is
-    /// `None`.
+    /// into one, possibly pinned, buffer from [`collate_output`](crate::collate_output)). Only
+    /// [`DefaultCollate`](crate::DefaultCollate)'s
+    /// [`collate_indices`](crate::Collate::collate_indices) calls this, first, and falls back to
+    /// `get_many` + [`Collatable::collate`] on `None`; so it must give what that fallback
+    /// gives. The default is `None`.
     ///
     /// # Errors
     /// As [`get`](Dataset::get) and [`Collatable::collate`].

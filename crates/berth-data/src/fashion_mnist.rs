@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 
 use berth::{DType, Device, Tensor};
 
-use crate::collate::{Collatable, CollateContext};
+use crate::collatable::{Collatable, CollateContext};
 use crate::dataset::{check_index, Dataset};
 use crate::error::{DataError, Result};
 use crate::idx::{read_images_labels, IdxError};
-use crate::tensor_collate::collate_output;
+use crate::pinning::collate_output;
 
 /// The class names, by label.
 pub const CLASSES: [&str; 10] = [

@@ -10,11 +10,11 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use crate::collate::{Collate, CollateContext, CollateItems};
+use crate::collate::Collate;
 use crate::dataset::{Dataset, IterableDataset};
 use crate::error::Result;
-use crate::pin::{PinFn, PinTarget};
-use crate::worker::WorkerInitFn;
+use crate::options::WorkerInitFn;
+use crate::pinning::{context, Pinning};
 
 /// The per-kind part of loading: a stream of state per worker and epoch, and one fetch per task.
 pub(crate) trait Fetcher: Clone + Send + Sync + 'static {
@@ -47,29 +47,23 @@ pub(crate) trait Fetcher: Clone + Send + Sync + 'static {
     ) -> Option<Result<Self::Batch>>;
 }
 
-fn pin_step<B>(pin: &Option<(PinTarget, PinFn<B>)>, batch: B) -> Result<B> {
+/// The pin step after a collate, when the loader pins (Note [Where pinning is decided]).
+fn finish<B>(pin: Option<&Pinning<B>>, batch: Result<B>) -> Result<B> {
     match pin {
-        Some((target, pin)) => pin(batch, target),
-        None => Ok(batch),
-    }
-}
-
-fn context<B>(pin: &Option<(PinTarget, PinFn<B>)>, worker_id: Option<usize>) -> CollateContext {
-    CollateContext {
-        worker_id,
-        pin: pin.as_ref().map(|(t, _)| t.clone()),
+        Some(p) => batch.and_then(|b| p.finish(b)),
+        None => batch,
     }
 }
 
 /// What every worker of a map-style loader needs, shared.
-pub(crate) struct WorkerShared<D: Dataset, C: Collate<D>> {
+pub(crate) struct WorkerShared<D: Dataset, C: Collate<D::Item>> {
     pub dataset: Arc<D>,
     pub collate: Arc<C>,
-    pub pin: Option<(PinTarget, PinFn<C::Batch>)>,
+    pub pin: Option<Pinning<C::Batch>>,
     pub init: Option<WorkerInitFn>,
 }
 
-impl<D: Dataset, C: Collate<D>> Clone for WorkerShared<D, C> {
+impl<D: Dataset, C: Collate<D::Item>> Clone for WorkerShared<D, C> {
     fn clone(&self) -> Self {
         WorkerShared {
             dataset: Arc::clone(&self.dataset),
@@ -82,17 +76,22 @@ impl<D: Dataset, C: Collate<D>> Clone for WorkerShared<D, C> {
 
 /// Runs one map-style batch: fetch, collate (into pinned buffers when pinning), then the batch's
 /// own `pin_memory` step.
-pub(crate) fn load_batch<D: Dataset, C: Collate<D>>(
+pub(crate) fn load_batch<D: Dataset, C: Collate<D::Item>>(
     shared: &WorkerShared<D, C>,
     indices: &[usize],
     worker_id: Option<usize>,
 ) -> Result<C::Batch> {
-    let ctx = context(&shared.pin, worker_id);
-    let batch = shared.collate.collate(&shared.dataset, indices, &ctx)?;
-    pin_step(&shared.pin, batch)
+    let pin = shared.pin.as_ref();
+    let ctx = context(pin, worker_id);
+    finish(
+        pin,
+        shared
+            .collate
+            .collate_indices(&*shared.dataset, indices, &ctx),
+    )
 }
 
-impl<D: Dataset, C: Collate<D>> Fetcher for WorkerShared<D, C> {
+impl<D: Dataset, C: Collate<D::Item>> Fetcher for WorkerShared<D, C> {
     type Batch = C::Batch;
     type Stream<'a> = ();
     const PANIC_ENDS_STREAM: bool = false;
@@ -115,17 +114,17 @@ impl<D: Dataset, C: Collate<D>> Fetcher for WorkerShared<D, C> {
 }
 
 /// What every worker of an iterable loader needs, shared.
-pub(crate) struct IterShared<D: IterableDataset, C: CollateItems<D::Item>> {
+pub(crate) struct IterShared<D: IterableDataset, C: Collate<D::Item>> {
     pub dataset: Arc<D>,
     pub collate: Arc<C>,
-    pub pin: Option<(PinTarget, PinFn<C::Batch>)>,
+    pub pin: Option<Pinning<C::Batch>>,
     pub init: Option<WorkerInitFn>,
     /// Items per batch.
     pub batch_size: usize,
     pub drop_last: bool,
 }
 
-impl<D: IterableDataset, C: CollateItems<D::Item>> Clone for IterShared<D, C> {
+impl<D: IterableDataset, C: Collate<D::Item>> Clone for IterShared<D, C> {
     fn clone(&self) -> Self {
         IterShared {
             dataset: Arc::clone(&self.dataset),
@@ -145,7 +144,7 @@ pub(crate) struct ItemStream<'a, T> {
     ended: bool,
 }
 
-impl<D: IterableDataset, C: CollateItems<D::Item>> Fetcher for IterShared<D, C> {
+impl<D: IterableDataset, C: Collate<D::Item>> Fetcher for IterShared<D, C> {
     type Batch = C::Batch;
     type Stream<'a> = ItemStream<'a, D::Item>;
     const PANIC_ENDS_STREAM: bool = true;
@@ -191,11 +190,8 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> Fetcher for IterShared<D, C> 
             stream.ended = true;
             return None;
         }
-        let ctx = context(&self.pin, worker_id);
-        Some(
-            self.collate
-                .collate_items(items, &ctx)
-                .and_then(|b| pin_step(&self.pin, b)),
-        )
+        let pin = self.pin.as_ref();
+        let ctx = context(pin, worker_id);
+        Some(finish(pin, self.collate.collate(items, &ctx)))
     }
 }

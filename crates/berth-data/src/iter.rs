@@ -1,5 +1,5 @@
 //! One epoch of a loader, on the calling thread or over worker threads: the consumer side,
-//! written once for map-style ([`LoaderIter`]) and iterable
+//! written once for map-style ([`LoaderIter`](crate::LoaderIter)) and iterable
 //! ([`IterableLoaderIter`](crate::IterableLoaderIter)) loaders.
 //!
 //! PyTorch's `_MultiProcessingDataLoaderIter`
@@ -17,11 +17,9 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::collate::Collate;
-use crate::dataset::Dataset;
 use crate::error::{DataError, OriginalError, Result};
-use crate::fetch::{Fetcher, WorkerShared};
-use crate::loader::DataLoader;
+use crate::fetch::Fetcher;
+use crate::options::{warn_workers_over_cpus, LoaderOptions, Workers};
 use crate::rng::Generator;
 use crate::worker::{Task, WorkerPool};
 
@@ -33,7 +31,7 @@ pub const STATUS_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// worker, whatever `prefetch_factor` says (1024). A stream has no last batch to stop at, and
 /// every batch requested ahead is a queued task and, once loaded, a batch held in memory; so
 /// a huge `prefetch_factor` (PyTorch primes `prefetch_factor × num_workers` tasks at once and
-/// would hang on `2**40`) is capped here. A map-style [`DataLoader`] needs no cap: it never
+/// would hang on `2**40`) is capped here. A map-style [`DataLoader`](crate::DataLoader) needs no cap: it never
 /// requests more batches than the epoch has left.
 pub const STREAM_PREFETCH_LIMIT: usize = 1024;
 
@@ -46,6 +44,28 @@ pub(crate) struct Core<F: Fetcher> {
     pub timeout: Duration,
     pub generator: Generator,
     pub pool: Mutex<Option<WorkerPool<F::Batch>>>,
+}
+
+impl<F: Fetcher> Core<F> {
+    /// The core of a loader over `shared`, from its validated options; warns when there are
+    /// more workers than CPUs.
+    pub fn new<B>(
+        shared: F,
+        opts: &LoaderOptions<B>,
+        workers: Workers,
+        generator: Generator,
+    ) -> Self {
+        warn_workers_over_cpus(workers.num_workers);
+        Core {
+            shared,
+            num_workers: workers.num_workers,
+            prefetch_factor: workers.prefetch_factor,
+            persistent_workers: opts.persistent_workers,
+            timeout: workers.timeout,
+            generator,
+            pool: Mutex::new(None),
+        }
+    }
 }
 
 /// Where an epoch's tasks come from.
@@ -397,67 +417,5 @@ impl<'a, F: Fetcher> Iterator for Epoch<'a, F> {
 impl<F: Fetcher> Drop for Epoch<'_, F> {
     fn drop(&mut self) {
         self.finish();
-    }
-}
-
-/// One epoch of a map-style [`DataLoader`]: batches in sampler order.
-///
-/// # Errors
-/// - A batch whose loading failed in a worker yields `Err` ([`DataError::InWorker`]; a panic in
-///   the dataset or the collate, caught in the worker, [`DataError::WorkerPanicked`]; a panic
-///   in `worker_init_fn`, [`DataError::WorkerInitPanicked`]) at its turn, and the epoch goes on
-///   with the next batch (PyTorch's `ExceptionWrapper`).
-/// - Without workers (`num_workers = 0`) a failed batch yields [`DataError::InBatch`], but a
-///   *panic* in [`Dataset::get`], the collate or the pin step is not caught: it unwinds out of
-///   [`next`](Iterator::next) on the calling thread, as PyTorch with `num_workers=0` raises the
-///   dataset's exception straight out of `__next__`. With workers the same panic is caught in
-///   the worker and reported as [`DataError::WorkerPanicked`] at its batch.
-/// - A timeout ([`DataError::Timeout`], PyTorch's "DataLoader timed out after N seconds"), a
-///   dead worker ([`DataError::WorkersExited`]) or a failed start ([`DataError::Spawn`]) is
-///   yielded once, then the epoch is over and `next` returns `None`. After a timeout the
-///   consumer does not wait for the late batch: the workers are told to stop (a persistent
-///   pool goes back to the loader for the next epoch) and a worker busy with an item ends once
-///   that item returns.
-///
-/// [`size_hint`](Iterator::size_hint)'s upper bound is the number of batches left (one item
-/// for a failed start). Dropping the iterator mid-epoch stops and joins the workers (or, with
-/// `persistent_workers`, returns the pool to the loader).
-pub struct LoaderIter<'a, D: Dataset, C: Collate<D>> {
-    epoch: Epoch<'a, WorkerShared<D, C>>,
-}
-
-impl<'a, D: Dataset, C: Collate<D>> LoaderIter<'a, D, C> {
-    pub(crate) fn new(loader: &'a DataLoader<D, C>) -> Self {
-        let epoch = Epoch::new(&loader.core, || {
-            let mut bs = loader
-                .batch_sampler
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            Plan::Batches(bs.epoch().into_iter().map(Some).collect())
-        });
-        LoaderIter { epoch }
-    }
-
-    /// Number of batches left in this epoch.
-    pub fn remaining(&self) -> usize {
-        self.epoch.remaining().unwrap_or(0)
-    }
-
-    /// The base seed drawn for this iterator from the loader's generator (its workers' seeds
-    /// are `base_seed + worker_id`); with `persistent_workers`, the pool's base seed, drawn once.
-    pub fn base_seed(&self) -> u64 {
-        self.epoch.base_seed()
-    }
-}
-
-impl<D: Dataset, C: Collate<D>> Iterator for LoaderIter<'_, D, C> {
-    type Item = Result<C::Batch>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        self.epoch.next()
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        (0, self.epoch.max_items())
     }
 }

@@ -4,20 +4,24 @@
 //!
 //! It runs on the same machinery as the map-style [`DataLoader`](crate::DataLoader): the worker
 //! pool and its seeding ([`crate::worker`]), the consumer with its reorder buffer, prefetch and
-//! timeout ([`crate::iter`]), pinned collation ([`crate::pin`]) and the collates
+//! timeout (`src/iter.rs`), pinned collation (`src/pinning.rs`) and the collates
 //! ([`DefaultCollate`], [`CollateFn`]); only the fetch differs.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use berth::Device;
+
+use crate::batch::MapTensors;
 use crate::batch_sampler::BatchSampling;
-use crate::collate::{Collatable, CollateFn, CollateItems, DefaultCollate};
+use crate::collatable::Collatable;
+use crate::collate::{Collate, CollateFn, DefaultCollate};
 use crate::dataset::IterableDataset;
 use crate::error::{DataError, Result};
 use crate::fetch::IterShared;
 use crate::iter::{Core, Epoch, Plan};
 use crate::options::{loader_option_setters, LoaderOptions};
-use crate::pin::PinMemory;
+use crate::pinning::pin_fn;
 use crate::rng::Generator;
 use crate::sampler::Sampler;
 
@@ -25,11 +29,11 @@ use crate::sampler::Sampler;
 /// iterates its own stream and batches it, the workers' batches are interleaved round-robin, a
 /// worker whose stream ends is skipped, and the epoch ends when all have ended. Built with
 /// [`IterableDataLoader::builder`]. See [`IterableDataset`] for the rules in full.
-pub struct IterableDataLoader<D: IterableDataset, C: CollateItems<D::Item> = DefaultCollate> {
+pub struct IterableDataLoader<D: IterableDataset, C: Collate<D::Item> = DefaultCollate> {
     core: Core<IterShared<D, C>>,
 }
 
-impl<D: IterableDataset, C: CollateItems<D::Item>> std::fmt::Debug for IterableDataLoader<D, C> {
+impl<D: IterableDataset, C: Collate<D::Item>> std::fmt::Debug for IterableDataLoader<D, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IterableDataLoader")
             .field("batch_size", &self.batch_size())
@@ -54,7 +58,7 @@ where
     }
 }
 
-impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoader<D, C> {
+impl<D: IterableDataset, C: Collate<D::Item>> IterableDataLoader<D, C> {
     /// Batches per epoch when the dataset knows its length (`len(loader)`):
     /// `ceil(len / batch_size)`, or `floor` with `drop_last`, as PyTorch computes it. With workers
     /// the real count can differ (each worker keeps or drops its own partial batch, and an
@@ -104,6 +108,12 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoader<D, C> {
         self.core.shared.pin.is_some()
     }
 
+    /// The `pin_memory_device` of a loader that pins; `None` when it does not pin or none was
+    /// given.
+    pub fn pin_memory_device(&self) -> Option<Device> {
+        self.core.shared.pin.as_ref().and_then(|p| p.device())
+    }
+
     /// The wait for one batch before [`DataError::Timeout`] (which ends the epoch); zero means
     /// no limit.
     pub fn timeout(&self) -> Duration {
@@ -130,9 +140,7 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoader<D, C> {
     }
 }
 
-impl<'a, D: IterableDataset, C: CollateItems<D::Item>> IntoIterator
-    for &'a IterableDataLoader<D, C>
-{
+impl<'a, D: IterableDataset, C: Collate<D::Item>> IntoIterator for &'a IterableDataLoader<D, C> {
     type Item = Result<C::Batch>;
     type IntoIter = IterableLoaderIter<'a, D, C>;
     fn into_iter(self) -> Self::IntoIter {
@@ -148,11 +156,11 @@ impl<'a, D: IterableDataset, C: CollateItems<D::Item>> IntoIterator
 /// with `num_workers=0` raises the stream's exception; with workers it is reported as
 /// [`DataError::WorkerPanicked`]. Dropping it mid-epoch stops and joins the workers (or, with
 /// `persistent_workers`, returns the pool to the loader).
-pub struct IterableLoaderIter<'a, D: IterableDataset, C: CollateItems<D::Item>> {
+pub struct IterableLoaderIter<'a, D: IterableDataset, C: Collate<D::Item>> {
     epoch: Epoch<'a, IterShared<D, C>>,
 }
 
-impl<D: IterableDataset, C: CollateItems<D::Item>> IterableLoaderIter<'_, D, C> {
+impl<D: IterableDataset, C: Collate<D::Item>> IterableLoaderIter<'_, D, C> {
     /// The base seed drawn for this iterator from the loader's generator (its workers' seeds
     /// are `base_seed + worker_id`); with `persistent_workers`, the pool's base seed, drawn once.
     pub fn base_seed(&self) -> u64 {
@@ -160,7 +168,7 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> IterableLoaderIter<'_, D, C> 
     }
 }
 
-impl<D: IterableDataset, C: CollateItems<D::Item>> Iterator for IterableLoaderIter<'_, D, C> {
+impl<D: IterableDataset, C: Collate<D::Item>> Iterator for IterableLoaderIter<'_, D, C> {
     type Item = Result<C::Batch>;
     fn next(&mut self) -> Option<Self::Item> {
         self.epoch.next()
@@ -169,7 +177,7 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> Iterator for IterableLoaderIt
 
 /// Builds an [`IterableDataLoader`]; option names and defaults are PyTorch's, and
 /// [`build`](Self::build) refuses what PyTorch refuses for an iterable dataset, with its messages.
-pub struct IterableDataLoaderBuilder<D: IterableDataset, C: CollateItems<D::Item>> {
+pub struct IterableDataLoaderBuilder<D: IterableDataset, C: Collate<D::Item>> {
     dataset: Arc<D>,
     collate: C,
     /// The type names of a `sampler` / `batch_sampler` given (to be refused).
@@ -178,7 +186,7 @@ pub struct IterableDataLoaderBuilder<D: IterableDataset, C: CollateItems<D::Item
     opts: LoaderOptions<C::Batch>,
 }
 
-impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoaderBuilder<D, C> {
+impl<D: IterableDataset, C: Collate<D::Item>> IterableDataLoaderBuilder<D, C> {
     /// A builder over `dataset` with the collate `collate`.
     pub fn with_collate(dataset: impl Into<Arc<D>>, collate: C) -> Self {
         IterableDataLoaderBuilder {
@@ -247,10 +255,7 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoaderBuilder<D, 
 
     /// Replaces the collate (`collate_fn`). A `pin_memory(true)` given before is dropped (it
     /// was for the old collate's batches): ask for it after the collate.
-    pub fn collate<C2: CollateItems<D::Item>>(
-        self,
-        collate: C2,
-    ) -> IterableDataLoaderBuilder<D, C2> {
+    pub fn collate<C2: Collate<D::Item>>(self, collate: C2) -> IterableDataLoaderBuilder<D, C2> {
         IterableDataLoaderBuilder {
             dataset: self.dataset,
             collate,
@@ -311,30 +316,30 @@ impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoaderBuilder<D, 
             .generator
             .take()
             .unwrap_or_else(Generator::from_entropy);
-        let (batch_size, drop_last) = (opts.batch_size, opts.drop_last);
-        let (dataset, collate) = (self.dataset, self.collate);
-        let core = opts.into_core(workers, generator, |pin, init| IterShared {
-            dataset,
-            collate: Arc::new(collate),
-            pin,
-            init,
-            batch_size,
-            drop_last,
-        });
+        let shared = IterShared {
+            dataset: self.dataset,
+            collate: Arc::new(self.collate),
+            pin: opts.pinning(),
+            init: opts.worker_init_fn.take(),
+            batch_size: opts.batch_size,
+            drop_last: opts.drop_last,
+        };
+        let core = Core::new(shared, &opts, workers, generator);
         Ok(IterableDataLoader { core })
     }
 }
 
-impl<D: IterableDataset, C: CollateItems<D::Item>> IterableDataLoaderBuilder<D, C>
+impl<D: IterableDataset, C: Collate<D::Item>> IterableDataLoaderBuilder<D, C>
 where
-    C::Batch: PinMemory,
+    C::Batch: MapTensors,
 {
     /// Puts batches in page-locked host memory (default false), as for a map-style loader: the
-    /// collate writes into pinned buffers and the batch's [`PinMemory::pin_memory`] runs in the
-    /// worker. Without an accelerator (and without
-    /// [`pin_memory_target`](Self::pin_memory_target)) this warns once and loads normally.
+    /// collate writes into pinned buffers and [`pin_memory`](crate::pin_memory) walks the batch
+    /// in the worker (through its [`MapTensors`]). Without an accelerator (and without
+    /// [`pin_memory_target`](Self::pin_memory_target)) this warns once and loads normally
+    /// (Note [Where pinning is decided]).
     pub fn pin_memory(mut self, pin_memory: bool) -> Self {
-        self.opts.set_pin_memory(pin_memory);
+        self.opts.pin_fn = pin_memory.then(pin_fn::<C::Batch>);
         self
     }
 }

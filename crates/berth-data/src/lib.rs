@@ -10,9 +10,13 @@
 //!    worker, see [`IterableDataset`]) with PyTorch's option names, defaults and validation
 //!    messages; workers are threads ([`worker`], Note [Workers are threads]); [`worker_info`] and
 //!    [`worker_rng`]; worker errors in PyTorch's words ([`DataError::InWorker`]).
-//! 4. Collation: [`Collatable`] (`default_collate`'s rules), [`Collate`] and [`CollateItems`]
-//!    (for each loader kind), [`DefaultCollate`], [`CollateFn`], [`impl_collate!`].
-//! 5. Pinning: [`PinMemory`], [`PinTarget`] (Note [Collate into pinned memory]).
+//! 4. Collation: [`Collatable`] (`default_collate`'s rule per sample type) and [`Collate`]
+//!    (`collate_fn`, for both loader kinds), with [`DefaultCollate`], [`CollateFn`] and
+//!    [`impl_collate!`]; `src/collate.rs` says why these two traits remain.
+//! 5. The batch after collation: [`MapTensors`], the one traversal of a batch's tensors
+//!    ([`impl_map_tensors!`]), used by pinning and by [`prefetch::DevicePrefetcher`].
+//! 6. Pinning: [`PinnedHost`], [`PinTarget`], [`pin_memory`]; decided in one place (Note [Where
+//!    pinning is decided]).
 //!
 //! # Where this crate sits
 //! ```text
@@ -28,12 +32,16 @@
 //! - Note [No global RNG]: `src/rng.rs` ([`rng`]): every loader owns its [`Generator`].
 //! - Note [Workers are threads]: `src/worker.rs` ([`worker`]).
 //! - Note [Prefetch stream ordering]: `src/prefetch.rs` ([`prefetch`]).
-//! - Note [Collate into pinned memory]: `src/pin.rs` ([`pin`]).
+//! - Note [One batch traversal]: `src/batch.rs` ([`MapTensors`]).
+//! - Note [Where pinning is decided]: `src/pinning.rs`.
+//! - Note [Collate into pinned memory]: `src/pinning.rs`.
 //! - Note [Recycled collate buffers]: `src/host_pool.rs` (unpinned batches reuse buffers).
 
 #![deny(missing_docs)]
 
+mod batch;
 mod batch_sampler;
+mod collatable;
 mod collate;
 mod dataset;
 mod error;
@@ -47,27 +55,36 @@ mod loader;
 mod options;
 pub mod pin;
 mod pinned_default;
+mod pinning;
 pub mod prefetch;
 pub mod rng;
 mod sampler;
 mod tensor_collate;
 mod tensor_dataset;
+mod warn;
 pub mod worker;
 
+pub use batch::MapTensors;
 pub use batch_sampler::{BatchSampler, BatchSampling};
-pub use collate::{Collatable, Collate, CollateContext, CollateFn, CollateItems, DefaultCollate};
+/// `berth`, for the macros ([`impl_map_tensors!`]), so that a crate using them needs no `berth`
+/// dependency of its own.
+#[doc(hidden)]
+pub use berth as __berth;
+pub use collatable::{Collatable, CollateContext};
+pub use collate::{Collate, CollateFn, DefaultCollate};
 pub use dataset::{random_split, Dataset, IterableDataset, SplitLengths, Subset, VecDataset};
 pub use error::{DataError, OriginalError, Result};
 pub use fashion_mnist::{FashionMnist, Split};
-pub use iter::{LoaderIter, STATUS_CHECK_INTERVAL, STREAM_PREFETCH_LIMIT};
+pub use iter::{STATUS_CHECK_INTERVAL, STREAM_PREFETCH_LIMIT};
 pub use iterable::{IterableDataLoader, IterableDataLoaderBuilder, IterableLoaderIter};
-pub use loader::{DataLoader, DataLoaderBuilder, DEFAULT_PREFETCH_FACTOR, MAX_WORKERS};
-pub use pin::{PinMemory, PinTarget, PinnedHost};
+pub use loader::{DataLoader, DataLoaderBuilder, LoaderIter};
+pub use options::{DEFAULT_PREFETCH_FACTOR, MAX_WORKERS};
+pub use pin::{PinTarget, PinnedHost};
 pub use pinned_default::AllocatorPinnedHost;
+pub use pinning::{collate_output, pin_memory, pin_tensor};
 pub use rng::Generator;
 pub use sampler::{
     RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler,
 };
-pub use tensor_collate::collate_output;
 pub use tensor_dataset::TensorDataset;
 pub use worker::{worker_info, worker_rng, WorkerInfo};

@@ -1,43 +1,37 @@
-//! `DataLoader`: options, validation (PyTorch's messages) and construction.
+//! `DataLoader`: the map-style loader, its builder and its epoch iterator [`LoaderIter`].
+//!
+//! The options and their validation are in `src/options.rs`, the machinery both loader kinds
+//! share (workers, consumer, fetch) in `src/worker.rs`, `src/iter.rs` and `src/fetch.rs`.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use berth::Device;
+
+use crate::batch::MapTensors;
 use crate::batch_sampler::{BatchSampler, BatchSampling};
-use crate::collate::{Collatable, Collate, CollateFn, DefaultCollate};
+use crate::collatable::Collatable;
+use crate::collate::{Collate, CollateFn, DefaultCollate};
 use crate::dataset::Dataset;
 use crate::error::{DataError, Result};
 use crate::fetch::WorkerShared;
-use crate::iter::{Core, LoaderIter};
+use crate::iter::{Core, Epoch, Plan};
 use crate::options::{loader_option_setters, LoaderOptions};
-use crate::pin::{PinFn, PinMemory, PinTarget};
+use crate::pinning::pin_fn;
 use crate::rng::Generator;
 use crate::sampler::{RandomSampler, Sampler, SequentialSampler};
-
-/// Default `prefetch_factor` with workers: batches loaded in advance per worker.
-pub const DEFAULT_PREFETCH_FACTOR: usize = 2;
-
-/// Prints `message` on stderr the first time `key` is seen in this process.
-pub(crate) fn warn_once(key: &'static str, message: &str) {
-    use std::collections::HashSet;
-    static SEEN: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
-    let mut seen = SEEN.lock().unwrap_or_else(PoisonError::into_inner);
-    if seen.get_or_insert_with(HashSet::new).insert(key) {
-        eprintln!("berth-data: warning: {message}");
-    }
-}
 
 /// Loads batches from a map-style [`Dataset`] with PyTorch's `DataLoader` semantics: batches in
 /// sampler order whatever `num_workers`, `prefetch_factor × num_workers` batches in flight, worker
 /// errors delivered at their batch, clean shutdown on drop. Built with [`DataLoader::builder`].
 ///
 /// See Note [Workers are threads] in [`crate::worker`] for how workers map to PyTorch's.
-pub struct DataLoader<D: Dataset, C: Collate<D> = DefaultCollate> {
+pub struct DataLoader<D: Dataset, C: Collate<D::Item> = DefaultCollate> {
     pub(crate) core: Core<WorkerShared<D, C>>,
     pub(crate) batch_sampler: Mutex<Box<dyn BatchSampling>>,
 }
 
-impl<D: Dataset, C: Collate<D>> std::fmt::Debug for DataLoader<D, C> {
+impl<D: Dataset, C: Collate<D::Item>> std::fmt::Debug for DataLoader<D, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DataLoader")
             .field("len", &self.len())
@@ -61,7 +55,7 @@ where
     }
 }
 
-impl<D: Dataset, C: Collate<D>> DataLoader<D, C> {
+impl<D: Dataset, C: Collate<D::Item>> DataLoader<D, C> {
     /// Number of batches per epoch (`len(loader)`).
     pub fn len(&self) -> usize {
         self.batch_sampler
@@ -95,6 +89,12 @@ impl<D: Dataset, C: Collate<D>> DataLoader<D, C> {
         self.core.shared.pin.is_some()
     }
 
+    /// The `pin_memory_device` of a loader that pins; `None` when it does not pin or none was
+    /// given.
+    pub fn pin_memory_device(&self) -> Option<Device> {
+        self.core.shared.pin.as_ref().and_then(|p| p.device())
+    }
+
     /// The wait for one batch before [`DataError::Timeout`] (which ends the epoch); zero means
     /// no limit.
     pub fn timeout(&self) -> Duration {
@@ -118,7 +118,7 @@ impl<D: Dataset, C: Collate<D>> DataLoader<D, C> {
     }
 }
 
-impl<'a, D: Dataset, C: Collate<D>> IntoIterator for &'a DataLoader<D, C> {
+impl<'a, D: Dataset, C: Collate<D::Item>> IntoIterator for &'a DataLoader<D, C> {
     type Item = Result<C::Batch>;
     type IntoIter = LoaderIter<'a, D, C>;
     fn into_iter(self) -> Self::IntoIter {
@@ -128,7 +128,7 @@ impl<'a, D: Dataset, C: Collate<D>> IntoIterator for &'a DataLoader<D, C> {
 
 /// Builds a [`DataLoader`]; option names and defaults are PyTorch's, and
 /// [`build`](DataLoaderBuilder::build) rejects the combinations PyTorch rejects, with its messages.
-pub struct DataLoaderBuilder<D: Dataset, C: Collate<D>> {
+pub struct DataLoaderBuilder<D: Dataset, C: Collate<D::Item>> {
     dataset: Arc<D>,
     collate: C,
     sampler: Option<Box<dyn Sampler>>,
@@ -136,7 +136,7 @@ pub struct DataLoaderBuilder<D: Dataset, C: Collate<D>> {
     opts: LoaderOptions<C::Batch>,
 }
 
-impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
+impl<D: Dataset, C: Collate<D::Item>> DataLoaderBuilder<D, C> {
     /// A builder over `dataset` with the collate `collate`.
     pub fn with_collate(dataset: impl Into<Arc<D>>, collate: C) -> Self {
         DataLoaderBuilder {
@@ -201,7 +201,7 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
 
     /// Replaces the collate (`collate_fn`). A `pin_memory(true)` given before is dropped (it
     /// was for the old collate's batches): ask for it after the collate.
-    pub fn collate<C2: Collate<D>>(self, collate: C2) -> DataLoaderBuilder<D, C2> {
+    pub fn collate<C2: Collate<D::Item>>(self, collate: C2) -> DataLoaderBuilder<D, C2> {
         DataLoaderBuilder {
             dataset: self.dataset,
             collate,
@@ -224,7 +224,7 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
     ///
     /// # Errors
     /// [`DataError::InvalidOption`] with PyTorch's message for: negative `num_workers`, negative
-    /// (or NaN) `timeout`, and with berth's for more than [`MAX_WORKERS`] workers; a `timeout` too large for a [`Duration`] (infinity included: 0 is
+    /// (or NaN) `timeout`, and with berth's for more than [`MAX_WORKERS`](crate::MAX_WORKERS) workers; a `timeout` too large for a [`Duration`] (infinity included: 0 is
     /// "no limit"), `prefetch_factor` without workers, negative (or zero) `prefetch_factor`,
     /// `persistent_workers` without workers, `sampler` with `shuffle`, `batch_sampler` with
     /// `batch_size`/`shuffle`/`sampler`/`drop_last`, `batch_size = 0`; and a positive `timeout`
@@ -266,13 +266,13 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
                 Box::new(BatchSampler::new(sampler, opts.batch_size, opts.drop_last)?)
             }
         };
-        let (dataset, collate) = (self.dataset, self.collate);
-        let core = opts.into_core(workers, generator, |pin, init| WorkerShared {
-            dataset,
-            collate: Arc::new(collate),
-            pin,
-            init,
-        });
+        let shared = WorkerShared {
+            dataset: self.dataset,
+            collate: Arc::new(self.collate),
+            pin: opts.pinning(),
+            init: opts.worker_init_fn.take(),
+        };
+        let core = Core::new(shared, &opts, workers, generator);
         Ok(DataLoader {
             core,
             batch_sampler: Mutex::new(batch_sampler),
@@ -280,144 +280,79 @@ impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C> {
     }
 }
 
-impl<D: Dataset, C: Collate<D>> DataLoaderBuilder<D, C>
+impl<D: Dataset, C: Collate<D::Item>> DataLoaderBuilder<D, C>
 where
-    C::Batch: PinMemory,
+    C::Batch: MapTensors,
 {
     /// Puts batches in page-locked host memory (default false): collates write straight into
-    /// buffers of the pinned host caching allocator, then the batch's own
-    /// [`PinMemory::pin_memory`] runs in the worker. Without an accelerator (and without
-    /// [`pin_memory_target`](Self::pin_memory_target)) this warns once and loads normally.
+    /// buffers of the pinned host caching allocator, then [`pin_memory`](crate::pin_memory)
+    /// walks the batch in the worker (through the batch's [`MapTensors`]). Without an
+    /// accelerator (and without [`pin_memory_target`](Self::pin_memory_target)) this warns once
+    /// and loads normally (Note [Where pinning is decided]).
     pub fn pin_memory(mut self, pin_memory: bool) -> Self {
-        self.opts.set_pin_memory(pin_memory);
+        self.opts.pin_fn = pin_memory.then(pin_fn::<C::Batch>);
         self
     }
 }
 
-/// The most worker threads a loader may start (`num_workers`).
+/// One epoch of a map-style [`DataLoader`]: batches in sampler order.
 ///
-/// Each worker is an OS thread of this process. Far past the number of cores they only add
-/// switching, and at some tens of thousands the OS refuses the memory for a new thread's stack
-/// guard page, which aborts the whole process from inside the new thread (no error to catch).
-/// 1024 is far above any useful count (PyTorch suggests at most the number of cores) and far
-/// below that abort. PyTorch has no such bound: its workers are processes.
-pub const MAX_WORKERS: usize = 1024;
-
-/// The worker options both loader kinds validate first, in PyTorch's order
-/// (`DataLoader.__init__`,
-/// <https://github.com/pytorch/pytorch/blob/main/torch/utils/data/dataloader.py>): `num_workers`,
-/// `timeout`, `prefetch_factor`, `persistent_workers`. Returns the worker count, the effective
-/// `prefetch_factor` and the timeout.
-pub(crate) fn validate_workers(
-    num_workers: isize,
-    prefetch_factor: Option<isize>,
-    persistent_workers: bool,
-    timeout_secs: f64,
-) -> Result<(usize, Option<usize>, Duration)> {
-    if num_workers < 0 {
-        return Err(DataError::option(
-            "num_workers",
-            "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.",
-        ));
-    }
-    if timeout_secs.is_nan() || timeout_secs < 0.0 {
-        return Err(DataError::option(
-            "timeout",
-            "timeout option should be non-negative",
-        ));
-    }
-    let Ok(timeout) = Duration::try_from_secs_f64(timeout_secs) else {
-        return Err(DataError::option(
-            "timeout",
-            "timeout option is too large: at most u64::MAX seconds; use 0 for no limit",
-        ));
-    };
-    let num_workers = num_workers as usize;
-    if num_workers > MAX_WORKERS {
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-        return Err(DataError::option(
-            "num_workers",
-            format!(
-                "num_workers={num_workers}: at most {MAX_WORKERS} worker threads (each is a thread of this process; this machine has {cores} cores, e.g. num_workers={cores})"
-            ),
-        ));
-    }
-    let prefetch_factor = match (num_workers, prefetch_factor) {
-        (0, Some(_)) => {
-            return Err(DataError::option(
-                "prefetch_factor",
-                "prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.",
-            ))
-        }
-        (0, None) => None,
-        (_, Some(p)) if p < 0 => {
-            return Err(DataError::option(
-                "prefetch_factor",
-                "prefetch_factor option should be non-negative",
-            ))
-        }
-        // PyTorch accepts 0 here and fails an assertion when the iterator starts.
-        (_, Some(0)) => {
-            return Err(DataError::option(
-                "prefetch_factor",
-                "prefetch_factor option should be positive with num_workers > 0 (PyTorch: assert prefetch_factor > 0)",
-            ))
-        }
-        (_, Some(p)) => Some(p as usize),
-        (_, None) => Some(DEFAULT_PREFETCH_FACTOR),
-    };
-    if persistent_workers && num_workers == 0 {
-        return Err(DataError::option(
-            "persistent_workers",
-            "persistent_workers option needs num_workers > 0",
-        ));
-    }
-    Ok((num_workers, prefetch_factor, timeout))
+/// # Errors
+/// - A batch whose loading failed in a worker yields `Err` ([`DataError::InWorker`]; a panic in
+///   the dataset or the collate, caught in the worker, [`DataError::WorkerPanicked`]; a panic
+///   in `worker_init_fn`, [`DataError::WorkerInitPanicked`]) at its turn, and the epoch goes on
+///   with the next batch (PyTorch's `ExceptionWrapper`).
+/// - Without workers (`num_workers = 0`) a failed batch yields [`DataError::InBatch`], but a
+///   *panic* in [`Dataset::get`], the collate or the pin step is not caught: it unwinds out of
+///   [`next`](Iterator::next) on the calling thread, as PyTorch with `num_workers=0` raises the
+///   dataset's exception straight out of `__next__`. With workers the same panic is caught in
+///   the worker and reported as [`DataError::WorkerPanicked`] at its batch.
+/// - A timeout ([`DataError::Timeout`], PyTorch's "DataLoader timed out after N seconds"), a
+///   dead worker ([`DataError::WorkersExited`]) or a failed start ([`DataError::Spawn`]) is
+///   yielded once, then the epoch is over and `next` returns `None`. After a timeout the
+///   consumer does not wait for the late batch: the workers are told to stop (a persistent
+///   pool goes back to the loader for the next epoch) and a worker busy with an item ends once
+///   that item returns.
+///
+/// [`size_hint`](Iterator::size_hint)'s upper bound is the number of batches left (one item
+/// for a failed start). Dropping the iterator mid-epoch stops and joins the workers (or, with
+/// `persistent_workers`, returns the pool to the loader).
+pub struct LoaderIter<'a, D: Dataset, C: Collate<D::Item>> {
+    epoch: Epoch<'a, WorkerShared<D, C>>,
 }
 
-/// A positive `timeout` needs workers (PyTorch asserts `timeout == 0` in the single-process
-/// iterator; berth refuses it when the loader is built).
-pub(crate) fn check_timeout_needs_workers(timeout_secs: f64, num_workers: usize) -> Result<()> {
-    if timeout_secs > 0.0 && num_workers == 0 {
-        return Err(DataError::option(
-            "timeout",
-            "timeout option needs num_workers > 0 (PyTorch: assert timeout == 0 without workers)",
-        ));
+impl<'a, D: Dataset, C: Collate<D::Item>> LoaderIter<'a, D, C> {
+    fn new(loader: &'a DataLoader<D, C>) -> Self {
+        let epoch = Epoch::new(&loader.core, || {
+            let mut bs = loader
+                .batch_sampler
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            Plan::Batches(bs.epoch().into_iter().map(Some).collect())
+        });
+        LoaderIter { epoch }
     }
-    Ok(())
-}
 
-/// PyTorch's warning for more workers than CPUs (`_get_shared_warning`), once per process.
-pub(crate) fn warn_workers_over_cpus(num_workers: usize) {
-    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    if num_workers > cpus {
-        warn_once(
-            "workers>cpus",
-            &format!(
-                "This DataLoader will create {num_workers} worker threads in total. Our suggested max number of worker in current system is {cpus}, which is smaller than what this DataLoader is going to create. Please be aware that excessive worker creation might get DataLoader running slow, lower the worker number to avoid potential slowness if necessary."
-            ),
-        );
+    /// Number of batches left in this epoch.
+    pub fn remaining(&self) -> usize {
+        self.epoch.remaining().unwrap_or(0)
+    }
+
+    /// The base seed drawn for this iterator from the loader's generator (its workers' seeds
+    /// are `base_seed + worker_id`); with `persistent_workers`, the pool's base seed, drawn once.
+    pub fn base_seed(&self) -> u64 {
+        self.epoch.base_seed()
     }
 }
 
-/// The pin step a loader runs, if `pin_memory` was asked for and a pinned host exists (else a
-/// warning once, and no pinning).
-pub(crate) fn resolve_pin<B>(
-    pin_memory: bool,
-    pin_fn: Option<PinFn<B>>,
-    pin_target: Option<PinTarget>,
-) -> Option<(PinTarget, PinFn<B>)> {
-    match pin_fn {
-        Some(f) if pin_memory => match pin_target.or_else(PinTarget::default_for_host) {
-            Some(t) => Some((t, f)),
-            None => {
-                warn_once(
-                    "pin_memory-no-accelerator",
-                    "'pin_memory' argument is set as true but no accelerator is found, then device pinned memory won't be used.",
-                );
-                None
-            }
-        },
-        _ => None,
+impl<D: Dataset, C: Collate<D::Item>> Iterator for LoaderIter<'_, D, C> {
+    type Item = Result<C::Batch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.epoch.next()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, self.epoch.max_items())
     }
 }

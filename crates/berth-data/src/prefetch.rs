@@ -16,102 +16,42 @@
 //! protected by the transfer layer itself, which records the copy stream on the pinned block
 //! and makes host writes wait for the copy. On a CPU target the prefetcher just moves batches
 //! through (`to(cpu)` is a no-op).
-
-use std::collections::{BTreeMap, HashMap};
-use std::hash::Hash;
+//!
+//! Both per-tensor steps here, the copy and `record_stream`, walk the batch through its
+//! [`MapTensors`] (Note [One batch traversal]).
 
 use berth::cuda::{current_stream, Event, Stream};
 use berth::{Device, Tensor};
 
+use crate::batch::MapTensors;
 use crate::error::Result;
 
-/// A batch type whose tensors can be copied to a device asynchronously.
-pub trait ToDevice: Sized {
-    /// The batch with every tensor copied to `device` with `non_blocking = true`: with
-    /// `copy_stream`, host tensors get memory from `device`'s current stream and their copies
-    /// are queued on `copy_stream` ([`berth::cuda::transfer::to_device_on`]); without, copies
-    /// are queued on the current stream (`Tensor::to`).
-    ///
-    /// # Errors
-    /// The copy's error.
-    fn to_device_async(&self, device: Device, copy_stream: Option<&Stream>) -> Result<Self>;
-
-    /// Marks every device tensor of the batch as used on `stream` (`Tensor.record_stream`).
-    ///
-    /// # Errors
-    /// The allocator's error.
-    fn record_stream(&self, stream: &Stream) -> Result<()>;
-}
-
-impl ToDevice for Tensor {
-    fn to_device_async(&self, device: Device, copy_stream: Option<&Stream>) -> Result<Self> {
-        match copy_stream {
-            Some(s) if self.device().is_cpu() && device.is_cuda() => {
-                Ok(berth::cuda::transfer::to_device_on(self, device, s)?)
-            }
-            _ => Ok(self.to(device, self.dtype(), true, false)?),
+/// `t` copied to `device` with `non_blocking = true`: with `copy_stream`, a host tensor gets
+/// memory from `device`'s current stream and its copy is queued on `copy_stream`
+/// ([`berth::cuda::transfer::to_device_on`]); without, the copy is queued on the current stream
+/// (`Tensor::to`).
+///
+/// # Errors
+/// The copy's error.
+fn to_device_async(t: Tensor, device: Device, copy_stream: Option<&Stream>) -> Result<Tensor> {
+    match copy_stream {
+        Some(s) if t.device().is_cpu() && device.is_cuda() => {
+            Ok(berth::cuda::transfer::to_device_on(&t, device, s)?)
         }
-    }
-
-    /// [`Tensor::record_stream`] for a CUDA tensor; host tensors are left alone.
-    fn record_stream(&self, stream: &Stream) -> Result<()> {
-        if self.device().is_cuda() {
-            Tensor::record_stream(self, stream)?;
-        }
-        Ok(())
+        _ => Ok(t.to(device, t.dtype(), true, false)?),
     }
 }
 
-impl<T: ToDevice> ToDevice for Vec<T> {
-    fn to_device_async(&self, device: Device, copy_stream: Option<&Stream>) -> Result<Self> {
-        self.iter()
-            .map(|x| x.to_device_async(device, copy_stream))
-            .collect()
+/// [`Tensor::record_stream`] for a CUDA tensor; host tensors are left alone.
+///
+/// # Errors
+/// The allocator's error.
+fn record_stream(t: Tensor, stream: &Stream) -> Result<Tensor> {
+    if t.device().is_cuda() {
+        t.record_stream(stream)?;
     }
-    fn record_stream(&self, stream: &Stream) -> Result<()> {
-        self.iter().try_for_each(|x| x.record_stream(stream))
-    }
+    Ok(t)
 }
-
-impl<K: Ord + Clone, V: ToDevice> ToDevice for BTreeMap<K, V> {
-    fn to_device_async(&self, device: Device, copy_stream: Option<&Stream>) -> Result<Self> {
-        self.iter()
-            .map(|(k, v)| Ok((k.clone(), v.to_device_async(device, copy_stream)?)))
-            .collect()
-    }
-    fn record_stream(&self, stream: &Stream) -> Result<()> {
-        self.values().try_for_each(|v| v.record_stream(stream))
-    }
-}
-
-impl<K: Eq + Hash + Clone, V: ToDevice> ToDevice for HashMap<K, V> {
-    fn to_device_async(&self, device: Device, copy_stream: Option<&Stream>) -> Result<Self> {
-        self.iter()
-            .map(|(k, v)| Ok((k.clone(), v.to_device_async(device, copy_stream)?)))
-            .collect()
-    }
-    fn record_stream(&self, stream: &Stream) -> Result<()> {
-        self.values().try_for_each(|v| v.record_stream(stream))
-    }
-}
-
-macro_rules! to_device_tuple {
-    ($($t:ident $i:tt),+) => {
-        impl<$($t: ToDevice),+> ToDevice for ($($t,)+) {
-            fn to_device_async(&self, device: Device, copy_stream: Option<&Stream>) -> Result<Self> {
-                Ok(($(self.$i.to_device_async(device, copy_stream)?,)+))
-            }
-            fn record_stream(&self, stream: &Stream) -> Result<()> {
-                $(self.$i.record_stream(stream)?;)+
-                Ok(())
-            }
-        }
-    };
-}
-to_device_tuple!(A 0);
-to_device_tuple!(A 0, B 1);
-to_device_tuple!(A 0, B 1, C 2);
-to_device_tuple!(A 0, B 1, C 2, D 3);
 
 /// Wraps a batch iterator (usually a [`LoaderIter`](crate::LoaderIter) with `pin_memory`) and
 /// yields its batches on `device`, one batch copied ahead on a side stream. See Note [Prefetch
@@ -132,7 +72,7 @@ impl<I, B> std::fmt::Debug for DevicePrefetcher<I, B> {
     }
 }
 
-impl<I: Iterator<Item = Result<B>>, B: ToDevice> DevicePrefetcher<I, B> {
+impl<I: Iterator<Item = Result<B>>, B: MapTensors> DevicePrefetcher<I, B> {
     /// Starts prefetching `inner`'s batches to `device`: creates the copy stream (on a CUDA
     /// device) and queues the copy of the first batch.
     ///
@@ -173,34 +113,39 @@ impl<I: Iterator<Item = Result<B>>, B: ToDevice> DevicePrefetcher<I, B> {
                 Some(side) => {
                     // Memory from the current (compute) stream, copies on the side stream
                     // (Note [Prefetch stream ordering]).
-                    let moved = batch.to_device_async(self.device, Some(side));
+                    let device = self.device;
+                    let moved = batch.map_tensors(&mut |t| to_device_async(t, device, Some(side)));
                     match side.record_event() {
                         Ok(ev) => Some((moved, Some(ev))),
                         Err(e) => Some((Err(berth::Error::from(e).into()), None)),
                     }
                 }
-                None => Some((batch.to_device_async(self.device, None), None)),
+                None => {
+                    let device = self.device;
+                    let moved = batch.map_tensors(&mut |t| to_device_async(t, device, None));
+                    Some((moved, None))
+                }
             },
         };
     }
 
-    fn hand_over(&self, batch: &B, ready: &Event) -> Result<()> {
+    fn hand_over(&self, batch: B, ready: &Event) -> Result<B> {
         let idx = self.cuda_index.unwrap_or(0);
         let compute = current_stream(idx).map_err(berth::Error::from)?;
         compute.wait_event(ready).map_err(berth::Error::from)?;
         // A no-op on the stream the batch was allocated on (the usual case); needed only when
         // the caller switched its current stream since (Note [Prefetch stream ordering]).
-        batch.record_stream(&compute)
+        batch.map_tensors(&mut |t| record_stream(t, &compute))
     }
 }
 
-impl<I: Iterator<Item = Result<B>>, B: ToDevice> Iterator for DevicePrefetcher<I, B> {
+impl<I: Iterator<Item = Result<B>>, B: MapTensors> Iterator for DevicePrefetcher<I, B> {
     type Item = Result<B>;
 
     fn next(&mut self) -> Option<Result<B>> {
         let (batch, ready) = self.next.take()?;
         let batch = match (batch, ready) {
-            (Ok(b), Some(ev)) => self.hand_over(&b, &ev).map(|()| b),
+            (Ok(b), Some(ev)) => self.hand_over(b, &ev),
             (other, _) => other,
         };
         self.preload();

@@ -1,50 +1,14 @@
-//! `default_collate` for tensors and numbers, and `pin_memory` for tensors.
+//! `default_collate` for tensors and numbers.
 //!
-//! Stacking is a tight copy of each item's bytes into one output buffer, allocated in pinned
-//! memory when the [`CollateContext`] carries a [`PinTarget`] (Note [Collate into pinned memory]).
+//! Stacking is a tight copy of each item's bytes into one output buffer, from
+//! [`collate_output`]: pinned when the [`CollateContext`] carries a
+//! [`PinTarget`](crate::PinTarget) (Note [Collate into pinned memory] in `src/pinning.rs`).
 
-use berth::{DType, Device, Element, Tensor};
+use berth::{Device, Element, Tensor};
 
-use crate::collate::{Collatable, CollateContext};
+use crate::collatable::{Collatable, CollateContext};
 use crate::error::{DataError, Result};
-use crate::pin::{PinMemory, PinTarget};
-
-/// A contiguous host tensor of `shape`/`dtype` for a collate's output: pinned when `ctx` asks,
-/// else over a recycled pageable buffer (Note [Recycled collate buffers] in `host_pool.rs`).
-/// Its bytes are unspecified: the collate must write every one of them.
-///
-/// # Errors
-/// The pinned allocator's error, [`berth::Error::HostOutOfMemory`], or the tensor
-/// constructor's error.
-pub fn collate_output(shape: &[usize], dtype: DType, ctx: &CollateContext) -> Result<Tensor> {
-    match &ctx.pin {
-        Some(target) => target.host().empty_pinned(shape, dtype),
-        None => crate::host_pool::empty_recycled(shape, dtype),
-    }
-}
-
-/// Copies the bytes of `src` (any layout, on the host) into `dst[..src.nbytes()]`.
-///
-/// A tensor with no elements copies nothing: its strides and storage offset are not looked at,
-/// since a view of zero elements may point past the end of an empty storage (a row of a `[5, 0]`
-/// tensor has offset 4 in a storage of 0 bytes).
-pub(crate) fn copy_tensor_bytes(src: &Tensor, dst: &mut [u8]) -> Result<()> {
-    if src.numel() == 0 {
-        return Ok(());
-    }
-    let owned;
-    let src = if src.is_contiguous() {
-        src
-    } else {
-        owned = src.contiguous()?;
-        &owned
-    };
-    let n = src.nbytes();
-    let off = src.storage_offset() * src.element_size();
-    let r = src.storage().read_host("collate")?;
-    dst[..n].copy_from_slice(&r.bytes()[off..off + n]);
-    Ok(())
-}
+use crate::pinning::{collate_output, copy_tensor_bytes, pin_tensor};
 
 impl Collatable for Tensor {
     type Batch = Tensor;
@@ -94,7 +58,7 @@ fn numbers<T: Element>(items: Vec<T>, ctx: &CollateContext) -> Result<Tensor> {
     let n = items.len();
     let t = Tensor::from_vec(items, &[n], Device::Cpu)?;
     match &ctx.pin {
-        Some(target) => PinMemory::pin_memory(t, target),
+        Some(target) => pin_tensor(t, target),
         None => Ok(t),
     }
 }
@@ -119,21 +83,5 @@ impl Collatable for bool {
     /// A 1-D bool tensor of the batch.
     fn collate(items: Vec<bool>, ctx: &CollateContext) -> Result<Tensor> {
         numbers::<bool>(items, ctx)
-    }
-}
-
-impl PinMemory for Tensor {
-    /// A pinned copy of a pageable host tensor; a tensor already pinned, or on a device, is
-    /// returned as is (`Tensor.pin_memory()`).
-    fn pin_memory(self, target: &PinTarget) -> Result<Self> {
-        if self.is_pinned() || !self.device().is_cpu() || target.host().is_pinned(&self) {
-            return Ok(self);
-        }
-        let out = target.host().empty_pinned(self.shape(), self.dtype())?;
-        {
-            let mut w = out.storage().write_host("pin_memory")?;
-            copy_tensor_bytes(&self, w.bytes_mut())?;
-        }
-        Ok(out)
     }
 }

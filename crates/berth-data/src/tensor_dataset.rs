@@ -2,10 +2,10 @@
 
 use berth::Tensor;
 
-use crate::collate::{Collatable, CollateContext};
+use crate::collatable::{Collatable, CollateContext};
 use crate::dataset::{check_index, Dataset};
 use crate::error::{DataError, Result};
-use crate::tensor_collate::collate_output;
+use crate::pinning::collate_output;
 
 /// Item `i` is row `i` of each tensor (`torch.utils.data.TensorDataset`). Items are *views*:
 /// they share storage with the dataset's tensors, nothing is copied per item.

@@ -108,8 +108,7 @@ pub fn worker_rng() -> Generator {
         .unwrap_or_else(|| THREAD_RNG.with(Generator::clone))
 }
 
-/// A user callback run in each worker after seeding (`worker_init_fn`), given the worker id.
-pub type WorkerInitFn = Arc<dyn Fn(usize) + Send + Sync>;
+pub use crate::options::WorkerInitFn;
 
 pub(crate) struct Task {
     pub generation: u64,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use berth::{DType, Device, Tensor};
 use berth_data::{
     impl_collate, worker_info, worker_rng, CollateFn, DataError, DataLoader, DataLoaderBuilder,
-    Dataset, Generator, PinMemory, PinTarget, Result,
+    Dataset, Generator, MapTensors, PinTarget, Result,
 };
 
 use crate::pinned::sim_pinned;
@@ -222,28 +222,28 @@ struct Pair {
 }
 impl_collate!(Pair { x, y });
 
-/// An object holding a tensor, with no pinning of its own.
+/// An object holding a tensor, with no pinning (no tensor traversal) of its own.
 struct Plain {
     t: Tensor,
 }
-impl PinMemory for Plain {}
+impl MapTensors for Plain {}
 
-/// An object with its own `pin_memory()`.
+/// An object with its own `pin_memory()`: its own tensor traversal, which pinning goes through.
 struct Custom {
     t: Tensor,
     calls: Arc<AtomicUsize>,
 }
-impl PinMemory for Custom {
-    fn pin_memory(self, target: &PinTarget) -> Result<Self> {
+impl MapTensors for Custom {
+    fn map_tensors(self, f: &mut dyn FnMut(Tensor) -> Result<Tensor>) -> Result<Self> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Ok(Custom {
-            t: PinMemory::pin_memory(self.t, target)?,
+            t: f(self.t)?,
             calls: self.calls,
         })
     }
 }
 
-fn pinned_batch<B: PinMemory + Send + 'static>(
+fn pinned_batch<B: MapTensors + Send + 'static>(
     target: &PinTarget,
     f: impl Fn(Vec<Tensor>) -> Result<B> + Send + Sync + 'static,
 ) -> B {
@@ -347,6 +347,38 @@ fn pin_memory_without_accelerator_warns_and_loads() {
     let b: Vec<Vec<Tensor>> = dl.iter().map(|b| b.unwrap()).collect();
     assert_eq!(b.len(), 2);
     assert!(!b[0][0].is_pinned());
+}
+
+/// `pin_memory_device` follows PyTorch's rule (1.13–2.5): alone it pins nothing (a warning);
+/// with `pin_memory` it names the accelerator the pinned batches are for; a device that is not
+/// an accelerator pins nothing (a warning).
+#[test]
+fn pin_memory_device_needs_pin_memory_and_an_accelerator() {
+    let (target, _) = sim_pinned();
+    let cuda0: Device = "cuda:0".parse().unwrap();
+    let build = |pin: bool, device: Device| {
+        let x = Tensor::ones(&[4, 2], DType::F32, Device::Cpu).unwrap();
+        DataLoader::builder(berth_data::TensorDataset::new(vec![x]).unwrap())
+            .batch_size(2)
+            .pin_memory_target(target.clone())
+            .pin_memory_device(device)
+            .pin_memory(pin)
+            .build()
+            .unwrap()
+    };
+    let alone = build(false, cuda0);
+    assert!(!alone.pin_memory());
+    assert_eq!(alone.pin_memory_device(), None);
+    assert!(!alone.iter().next().unwrap().unwrap()[0].is_pinned());
+
+    let pinned = build(true, cuda0);
+    assert!(pinned.pin_memory());
+    assert_eq!(pinned.pin_memory_device(), Some(cuda0));
+    assert!(pinned.iter().next().unwrap().unwrap()[0].is_pinned());
+
+    let on_cpu = build(true, Device::Cpu);
+    assert!(!on_cpu.pin_memory());
+    assert!(!on_cpu.iter().next().unwrap().unwrap()[0].is_pinned());
 }
 
 /// A stuck worker times out and a dead one is reported, never a hang:

@@ -39,7 +39,7 @@ rm -rf .gpu && mkdir -p .gpu/shared
 cp "$CARGO_TARGET_DIR/release/berth" .gpu/berth
 for t in ${TESTS[@]+"${TESTS[@]}"}; do
   name="${t%%$'\t'*}"; exe="${t#*$'\t'}"
-  case "$name" in *-tour) continue ;; esac   # the README's tour runs in CI, no GPU part
+  case "$name" in *-tour) continue ;; esac   # the API tour (docs/tour.md) runs in CI, no GPU part
   cp "$exe" ".gpu/test-$name"
 done
 for b in ${BENCHES[@]+"${BENCHES[@]}"}; do

@@ -79,7 +79,7 @@ impl TensorDataset {
             // Ordinary stores: streaming ones (`movntdq`, no read of the output lines) made
             // every loader figure 16-37% slower on the H200 host, whose 300 MiB L3 keeps the
             // recycled batch buffers for the next gather and for the copy engine
-            // (BENCHMARKS.md, seventh session).
+            // (docs/benchmarks/history.md, seventh session).
             for (d, &i) in dst.chunks_exact_mut(row.max(1)).zip(indices) {
                 d.copy_from_slice(&src[i * row..(i + 1) * row]);
             }

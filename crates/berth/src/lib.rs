@@ -32,6 +32,8 @@
 //! - `Note [Meta storage]`: `src/meta_plan.rs` ([`meta_plan`])
 //! - `Note [Kernel modules]`: `src/cuda/kernels/mod.rs`
 //! - `Note [Profiler off costs one load]`: `src/profiler/mod.rs` ([`profiler`])
+//! - `Note [Memory events are a leaf]`: `src/memory_events.rs` (how a storage reports to the
+//!   profiler without importing it)
 //! - `Note [Device clock]`: `src/profiler/device_time.rs`
 //! - `Note [CUPTI device time]`: `src/profiler/device_time.rs`
 //! - `Note [Small matmuls]`: `src/cpu/matmul.rs` (how a host product is sliced over threads)
@@ -58,6 +60,7 @@ pub mod device_kernels;
 pub mod dtype;
 mod error;
 pub mod layout;
+mod memory_events;
 pub mod meta_plan;
 pub mod nn;
 pub mod ops;

@@ -12,7 +12,8 @@
 
 use std::collections::HashSet;
 
-use crate::device_kernels::{kernels_for, SgdParam, View};
+use crate::device_kernels::dispatch::kernels_for;
+use crate::device_kernels::interface::{SgdParam, View};
 use crate::{DType, Error, Result, Storage, Tensor};
 
 /// Op name of the fused update (what the profiler records).

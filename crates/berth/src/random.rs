@@ -8,7 +8,7 @@
 
 use std::sync::Mutex;
 
-use crate::device_kernels::RandomDist;
+use crate::device_kernels::interface::RandomDist;
 
 /// PyTorch's default CPU seed (`torch.initial_seed()` in a fresh process).
 pub const DEFAULT_SEED: u64 = 67_280_421_310_721;

@@ -57,9 +57,7 @@ pub fn reset_peak_host_memory_stats() {
 fn host_account_add(bytes: usize) {
     let now = HOST_CURRENT.fetch_add(bytes, Ordering::Relaxed) + bytes;
     HOST_PEAK.fetch_max(now, Ordering::Relaxed);
-    if crate::profiler::is_active() {
-        crate::profiler::hooks::host_memory(true, bytes, now);
-    }
+    crate::memory_events::host_memory(true, bytes, now);
 }
 
 /// Device work that must finish before the host touches a storage's memory (an event, a
@@ -502,9 +500,7 @@ impl Drop for Storage {
             let now = HOST_CURRENT
                 .fetch_sub(self.nbytes, Ordering::Relaxed)
                 .wrapping_sub(self.nbytes);
-            if crate::profiler::is_active() {
-                crate::profiler::hooks::host_memory(false, self.nbytes, now);
-            }
+            crate::memory_events::host_memory(false, self.nbytes, now);
         }
     }
 }

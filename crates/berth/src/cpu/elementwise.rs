@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use super::{with_repr, In, Num, Scalar, Wide, PAR_MIN};
-use crate::device_kernels::View;
+use crate::device_kernels::interface::View;
 use crate::ops::{BinaryOp, CmpOp, UnaryOp};
 use crate::storage::{HostWrite, Pod};
 use crate::{DType, Layout, Result};

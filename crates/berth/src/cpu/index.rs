@@ -1,7 +1,7 @@
 //! Host `index_select`: whole slices copied by index along one dimension.
 
 use super::with_repr;
-use crate::device_kernels::View;
+use crate::device_kernels::interface::View;
 use crate::Result;
 
 /// `dst[q, j, i] = src[q, index[j], i]` over contiguous `src` `[outer, size, inner]`, i64

@@ -5,7 +5,7 @@
 use half::{bf16, f16};
 
 use super::{In, Num, Scalar};
-use crate::device_kernels::View;
+use crate::device_kernels::interface::View;
 use crate::storage::Pod;
 use crate::{DType, Layout, Result};
 

@@ -20,7 +20,7 @@ mod reduce;
 
 use half::{bf16, f16};
 
-use crate::device_kernels::{DeviceKernels, RandomDist, SgdParam, View};
+use crate::device_kernels::interface::{DeviceKernels, RandomDist, SgdParam, View};
 use crate::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::storage::{HostRead, Pod};
 use crate::{Device, Result, Storage};

@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use super::{with_repr, In, Num, Scalar, PAR_MIN};
-use crate::device_kernels::{RandomDist, View};
+use crate::device_kernels::interface::{RandomDist, View};
 use crate::{DType, Error, Layout, Result};
 
 /// Row start offsets, row length and in-row stride of a layout whose last dim is the row.

@@ -15,7 +15,7 @@ use std::ops::{Add, Mul};
 use rayon::prelude::*;
 
 use super::Scalar;
-use crate::device_kernels::{SgdParam, View};
+use crate::device_kernels::interface::{SgdParam, View};
 use crate::storage::Pod;
 use crate::{DType, Error, Result};
 

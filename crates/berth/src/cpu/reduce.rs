@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use super::{with_repr, In, Num, Scalar, Wide, PAR_MIN};
-use crate::device_kernels::View;
+use crate::device_kernels::interface::View;
 use crate::ops::ReduceOp;
 use crate::storage::HostWrite;
 use crate::{Layout, Result};

@@ -11,7 +11,7 @@
 use super::blas::{self, MatrixView};
 use super::kernels::{self, ArgReduce, DeviceView, RawStream};
 use super::rand::fill_random_with;
-use crate::device_kernels::{DeviceKernels, RandomDist, SgdParam, View};
+use crate::device_kernels::interface::{DeviceKernels, RandomDist, SgdParam, View};
 use crate::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Result};
 

@@ -10,7 +10,7 @@
 use super::kernels::{function, grid_for, launch, module_source, KernelError, RawStream};
 use super::registry::PerDevice;
 use super::CudaError;
-use crate::device_kernels::RandomDist;
+use crate::device_kernels::interface::RandomDist;
 use crate::DType;
 use std::ffi::c_void;
 use std::sync::Mutex;

@@ -1,7 +1,7 @@
 //! `Linear`: `y = x Wᵀ + b` (PyTorch's `nn.Linear`).
 
 use super::Module;
-use crate::device_kernels::RandomDist;
+use crate::device_kernels::interface::RandomDist;
 use crate::random::{with_global, Generator};
 use crate::{DType, Device, Result, Tensor};
 

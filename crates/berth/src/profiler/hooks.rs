@@ -1,7 +1,9 @@
 //! Where the rest of berth tells the profiler what happened: storages allocated and freed
-//! (host in [`crate::storage`], CUDA in [`crate::cuda::transfer`]), copies of tensor memory
-//! (the transfer code), and host waits (berth-cuda's [`HostWaitHook`](crate::cuda::HostWaitHook)).
-//! Every function here is called only after [`is_active`](super::is_active) said yes.
+//! (host in [`crate::storage`], through [`crate::memory_events`]; CUDA in
+//! [`crate::cuda::transfer`]), copies of tensor memory (the transfer code), and host waits
+//! (berth-cuda's [`HostWaitHook`](crate::cuda::HostWaitHook)). Every function here is called
+//! only after [`is_active`](super::is_active) said yes, or (`host_memory`) while the profiler
+//! listens to [`crate::memory_events`].
 
 use super::device_time::{self, Target};
 use super::record::{self, CopyKind, CopyRecord, MemoryAction, MemoryRecord, SyncRecord};
@@ -14,7 +16,8 @@ fn memory_on() -> bool {
 }
 
 /// A host storage of `bytes` bytes was allocated (`alloc`) or freed; `allocated_bytes` is
-/// [`host_memory_allocated`](crate::storage::host_memory_allocated) right after.
+/// [`host_memory_allocated`](crate::storage::host_memory_allocated) right after. The
+/// [`HostMemoryListener`](crate::memory_events::HostMemoryListener) the profiler installs.
 pub(crate) fn host_memory(alloc: bool, bytes: usize, allocated_bytes: usize) {
     if !memory_on() {
         return;

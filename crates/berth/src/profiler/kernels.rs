@@ -6,7 +6,7 @@
 
 use super::device_time::{self, Target};
 use super::record::{self, OpRecord};
-use crate::device_kernels::{DeviceKernels, RandomDist, SgdParam, View};
+use crate::device_kernels::interface::{DeviceKernels, RandomDist, SgdParam, View};
 use crate::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{Device, Result, Storage, Tensor};
 use std::collections::HashMap;

@@ -38,10 +38,13 @@
 //! Note [Profiler off costs one load]: every kernel call goes through [`kernels_for`](crate::device_kernels::kernels_for), which
 //! does one relaxed load of a global flag before anything else; with the flag clear it
 //! returns the device's kernels as before. With it set, it returns a profiling wrapper of
-//! them (one per device and op name, made once), which records the call. Storages, copies and
-//! host waits check the same flag. The cost of the off path is measured by the `profiler_off`
-//! criterion bench of this crate. One profiler is active at a time in a process, and it sees
-//! every thread (DataLoader workers and prefetch threads included), as `torch.profiler` does.
+//! them (one per device and op name, made once), which records the call. Copies and host
+//! waits check the same flag; host storages, below the profiler, check the flag of
+//! `crate::memory_events` instead, set while a profiler records memory
+//! (`Note [Memory events are a leaf]`). The cost of the off path is measured by the
+//! `profiler_off` criterion bench of this crate. One profiler is active at a time in a
+//! process, and it sees every thread (DataLoader workers and prefetch threads included), as
+//! `torch.profiler` does.
 
 mod chrome;
 pub(crate) mod device_time;
@@ -204,6 +207,9 @@ impl ProfilerBuilder {
             Vec::new()
         };
         record::ACTIVE.store(true, Ordering::SeqCst);
+        if self.profile_memory {
+            crate::memory_events::listen(hooks::host_memory);
+        }
         Ok(Profiler {
             cpu: self.cpu,
             start_ns,
@@ -275,6 +281,7 @@ impl Profiler {
     /// None today; the `Result` leaves room for device errors of the last synchronisation.
     pub fn stop(mut self) -> Result<Profile> {
         self.stopped = true;
+        crate::memory_events::stop();
         record::ACTIVE.store(false, Ordering::SeqCst);
         let mut records = record::take();
         let mut memory = std::mem::take(&mut self.start_memory);
@@ -296,6 +303,7 @@ impl Profiler {
 impl Drop for Profiler {
     fn drop(&mut self) {
         if !self.stopped {
+            crate::memory_events::stop();
             record::ACTIVE.store(false, Ordering::SeqCst);
             drop(record::take());
             device_time::clear();

@@ -2,7 +2,8 @@
 //! `from_slice`, `scalar`, and `cat` / `stack`.
 
 use super::Tensor;
-use crate::device_kernels::{alloc_tensor, kernels_for, RandomDist, View};
+use crate::device_kernels::dispatch::{alloc_tensor, kernels_for};
+use crate::device_kernels::interface::{RandomDist, View};
 use crate::random::{with_global, Generator};
 use crate::{DType, Device, Element, Error, Result, Storage};
 

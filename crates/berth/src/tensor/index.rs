@@ -1,7 +1,8 @@
 //! Indexing by a tensor of indices: [`Tensor::index_select`].
 
 use super::Tensor;
-use crate::device_kernels::{alloc_tensor, View};
+use crate::device_kernels::dispatch::alloc_tensor;
+use crate::device_kernels::interface::View;
 use crate::layout::wrap_dim;
 use crate::ops::infer;
 use crate::{DType, Error, Result};

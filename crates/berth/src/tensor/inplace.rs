@@ -11,7 +11,7 @@
 //! harmless.
 
 use super::Tensor;
-use crate::device_kernels::View;
+use crate::device_kernels::interface::View;
 use crate::layout::broadcast_shapes;
 use crate::ops::{infer, BinaryOp};
 use crate::{Error, Layout, Result};

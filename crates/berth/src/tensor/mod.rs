@@ -268,7 +268,7 @@ impl Tensor {
     /// A kernel or allocation error of the device.
     #[allow(clippy::should_implement_trait)]
     pub fn clone(&self) -> Result<Tensor> {
-        let mut t = crate::device_kernels::contiguous_copy(self)?;
+        let mut t = crate::device_kernels::dispatch::contiguous_copy(self)?;
         t.requires_grad = self.requires_grad;
         Ok(t)
     }

@@ -3,7 +3,8 @@
 //! output without memory, else (3) runs the device's kernel.
 
 use super::Tensor;
-use crate::device_kernels::{alloc_tensor, kernels_for, DeviceKernels, View};
+use crate::device_kernels::dispatch::{alloc_tensor, kernels_for};
+use crate::device_kernels::interface::{DeviceKernels, View};
 use crate::ops::{infer, BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{DType, Error, Layout, Result};
 

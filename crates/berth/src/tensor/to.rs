@@ -17,7 +17,8 @@
 //! differs. [`Tensor::clone`] does the same.
 
 use super::Tensor;
-use crate::device_kernels::{alloc_tensor, kernels_for, View};
+use crate::device_kernels::dispatch::{alloc_tensor, kernels_for};
+use crate::device_kernels::interface::View;
 use crate::{DType, Device, Element, Error, Result};
 
 /// Options of [`Tensor::to_with`].

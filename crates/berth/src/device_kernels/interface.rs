@@ -1,20 +1,7 @@
-//! The per-device kernel interface: what the tensor front-ends call once shapes and dtypes
-//! have been checked by [`crate::ops::infer`]. The CPU implements it in `crate::cpu`; the
-//! CUDA implementation (owned by the CUDA kernels) is plugged in by `cuda_kernels()`; the meta
-//! device never reaches it (front-ends build meta results from the inferred shape).
-//!
-//! # Contract (every method)
-//! - Operands are [`View`]s: a storage, a layout (shape, strides, offset in elements) and a
-//!   dtype. All views of one call live on the kernel's device (checked by the front-end).
-//! - `dst` of an out-of-place op is a fresh, contiguous storage allocated by [`DeviceKernels::alloc`]
-//!   for exactly the output shape; it never aliases an input.
-//! - When an optional `src`/`lhs` is `None`, the op is in place: `dst` is read and written
-//!   (`dst[i] = f(dst[i], ...)`), and `dst` may be any strided view. Other inputs never share
-//!   storage with `dst` (the front-end copies them first when they do).
-//! - Binary inputs are already broadcast to the output shape (stride 0 on broadcast
-//!   dimensions), and both have the same dtype except where a method says otherwise.
-//! - Kernels may be asynchronous on their device's current stream; host reads synchronise
-//!   through the storage's pending-work list.
+//! The per-device kernel interface, a leaf: the trait [`DeviceKernels`] and its operand types
+//! ([`View`], [`SgdParam`], [`RandomDist`]). Its implementations (the CPU's in `crate::cpu`,
+//! CUDA's in `crate::cuda::ops`) import this file; it imports none of them, nor the choice
+//! between them (`dispatch.rs`, beside it). The contract every method keeps is on the trait.
 
 use crate::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, Storage, Tensor};
@@ -85,6 +72,19 @@ fn missing(op: &'static str, device: Device) -> Error {
 
 /// Kernels of one device kind. Every method has a default that returns an "unavailable" error
 /// naming the op, so a partial implementation compiles and fails clearly.
+///
+/// # Contract (every method)
+/// - Operands are [`View`]s: a storage, a layout (shape, strides, offset in elements) and a
+///   dtype. All views of one call live on the kernel's device (checked by the front-end).
+/// - `dst` of an out-of-place op is a fresh, contiguous storage allocated by [`DeviceKernels::alloc`]
+///   for exactly the output shape; it never aliases an input.
+/// - When an optional `src`/`lhs` is `None`, the op is in place: `dst` is read and written
+///   (`dst[i] = f(dst[i], ...)`), and `dst` may be any strided view. Other inputs never share
+///   storage with `dst` (the front-end copies them first when they do).
+/// - Binary inputs are already broadcast to the output shape (stride 0 on broadcast
+///   dimensions), and both have the same dtype except where a method says otherwise.
+/// - Kernels may be asynchronous on their device's current stream; host reads synchronise
+///   through the storage's pending-work list.
 pub trait DeviceKernels: Send + Sync {
     /// The device kind these kernels run on, for error messages (`cuda:0` or `cpu`).
     fn kind(&self) -> Device;
@@ -321,84 +321,4 @@ pub trait DeviceKernels: Send + Sync {
         let _ = (src, device, non_blocking);
         Err(missing("to", self.kind()))
     }
-}
-
-/// CUDA kernels when none are plugged in: every call is an "unavailable" error.
-#[cfg_attr(feature = "cuda", allow(dead_code))]
-struct NoCudaKernels;
-
-impl DeviceKernels for NoCudaKernels {
-    fn kind(&self) -> Device {
-        Device::CudaCurrent
-    }
-}
-
-/// The CUDA implementation of [`DeviceKernels`]: berth's NVRTC/cuBLAS kernels with the
-/// `cuda` feature, "unavailable" errors without it.
-#[cfg(feature = "cuda")]
-fn cuda_kernels() -> &'static dyn DeviceKernels {
-    &crate::cuda::ops::CudaKernels
-}
-
-/// Without the `cuda` feature every CUDA op is an "unavailable" error.
-#[cfg(not(feature = "cuda"))]
-fn cuda_kernels() -> &'static dyn DeviceKernels {
-    &NoCudaKernels
-}
-
-/// The kernels of `device` (never called for meta: front-ends handle meta themselves).
-///
-/// # Errors
-/// [`Error::NoMetaImpl`] for meta (a front-end without a meta rule), `DeviceNotAvailable` for
-/// mps.
-///
-/// While a profiler is active the kernels come wrapped, recording each call
-/// (`Note [Profiler off costs one load]` in [`crate::profiler`]).
-pub fn kernels_for(device: Device, op: &'static str) -> Result<&'static dyn DeviceKernels> {
-    let k: &'static dyn DeviceKernels = match device.kind() {
-        crate::DeviceKind::Cpu => &crate::cpu::CpuKernels,
-        crate::DeviceKind::Cuda => cuda_kernels(),
-        crate::DeviceKind::Meta => return Err(Error::NoMetaImpl { op }),
-        _ => {
-            return Err(Error::DeviceNotAvailable {
-                device,
-                reason: "no kernels for this device kind on this platform".into(),
-            })
-        }
-    };
-    if crate::profiler::is_active() {
-        return Ok(crate::profiler::kernels::wrap(k, op));
-    }
-    Ok(k)
-}
-
-/// Allocate an output tensor of `shape`/`dtype` on `device` (meta: no memory). Every tensor
-/// creation goes through here or [`crate::layout::checked_nbytes`], so no device — meta
-/// included — ever sees a shape whose element count or byte size overflows.
-///
-/// # Errors
-/// [`Error::NumelOverflow`] / [`Error::StorageSizeOverflow`] naming `op` and `shape`; the
-/// device's allocation error (out of memory).
-pub(crate) fn alloc_tensor(
-    device: Device,
-    shape: &[usize],
-    dtype: DType,
-    op: &'static str,
-) -> Result<Tensor> {
-    let nbytes = crate::layout::checked_nbytes(shape, dtype, op)?;
-    let storage = if device.is_meta() {
-        Storage::meta(nbytes)
-    } else {
-        kernels_for(device, op)?.alloc(device, nbytes)?
-    };
-    Ok(Tensor::from_contiguous(storage, shape, dtype))
-}
-
-/// A dense copy of `t` on its device (meta: a meta storage of the dense size).
-pub(crate) fn contiguous_copy(t: &Tensor) -> Result<Tensor> {
-    let out = alloc_tensor(t.device(), t.shape(), t.dtype(), "clone")?;
-    if !t.device().is_meta() {
-        kernels_for(t.device(), "clone")?.copy(View::of(&out), View::of(t))?;
-    }
-    Ok(out)
 }

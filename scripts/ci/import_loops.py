@@ -3,8 +3,9 @@
 
 usage: python3 scripts/ci/import_loops.py [--edges]
 
-A file `a.rs` (module `a`) imports module `b` when it names `crate::b` (in a `use`, a path or a
-doc link is not counted: doc comments and plain comments are skipped). Modules are files: `mod.rs`
+A file `a.rs` (module `a`) imports module `b` when it names `crate::b`, or `super::b` / `self::b`
+resolved from `a`, in a `use` or a path (doc links are not counted: doc comments and plain
+comments are skipped). Modules are files: `mod.rs`
 stands for its directory, and an edge to `crate::x::y` goes to the file of `x::y` when there is
 one, else to `x`. An edge from a file to a module that contains it (a child naming its parent's
 items) counts as an edge to the parent's own file only. A cycle is a strongly connected set of
@@ -46,10 +47,26 @@ def resolve(mods, path):
     return None
 
 
+SUPER = re.compile(r"\b(self|super)((?:::super)*)::(?=[a-z_{])")
+
+
+def absolute(m, src):
+    """Rewrites `self::` and `super::` paths of module `m` as `crate::` paths, so a sibling named
+    through `super::` is an edge like any other. `use super::*` (the glob of a file's inline
+    test module, whose `super` is the file itself) is removed before."""
+    def sub(match):
+        up = (1 if match.group(1) == "super" else 0) + match.group(2).count("super")
+        base = m[: max(len(m) - up, 0)]
+        return "crate::" + "".join(x + "::" for x in base) if base else "crate::"
+    return SUPER.sub(sub, src)
+
+
 def edges_of(mods):
     edges = {m: set() for m in mods}
     for m, f in mods.items():
         src = strip_comments(open(f, encoding="utf-8").read())
+        src = re.sub(r"\buse\s+super::\*\s*;", "", src)
+        src = absolute(m, src)
         paths = []
         for g in USE_GROUP.finditer(src):
             for item in re.split(r"[,\s]+", re.sub(r"\{[^{}]*\}", "", g.group(1))):
@@ -67,8 +84,6 @@ def edges_of(mods):
             t = resolve(mods, [x for x in p if x])
             if t is None or t == m or t == ():
                 continue
-            if m[: len(t)] == t:  # a child naming its ancestor's items
-                pass
             edges[m].add(t)
     return edges
 

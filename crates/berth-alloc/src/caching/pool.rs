@@ -4,11 +4,9 @@
 use std::collections::BTreeSet;
 
 use super::block::Block;
-use super::sorted::SizeIndex;
+use super::sorted::{SizeIndex, SizeKey};
 use crate::backend::StreamId;
 
-/// Key of a free mapped block: (stream, size, address, slab index).
-pub(crate) type SizeKey = (u64, u64, u64, u32);
 /// Key of an unmapped range: (stream, address, slab index).
 pub(crate) type AddrKey = (u64, u64, u32);
 

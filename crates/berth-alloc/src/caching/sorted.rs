@@ -25,7 +25,6 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use super::pool::SizeKey;
 use crate::size_class::{class_of, ClassSet, CLASSES};
 
 /// Above this many blocks a class becomes a B-tree.
@@ -44,6 +43,9 @@ fn pack(size: u64, ptr: u64) -> u128 {
 fn class_of_key(k: u128) -> usize {
     class_of((k >> 64) as u64)
 }
+
+/// Key of a free block: (stream, size, address, slab index).
+pub(crate) type SizeKey = (u64, u64, u64, u32);
 
 #[inline]
 fn key_of(stream: u64, packed: u128, idx: u32) -> SizeKey {

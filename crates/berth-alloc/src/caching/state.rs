@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::block::{Block, Slab, NIL};
 use super::policy::{MIN_BLOCK_SIZE, SMALL_SIZE};
-use super::pool::{BlockPool, SizeKey};
+use super::pool::BlockPool;
+use super::sorted::SizeKey;
 use crate::addr_map::AddrMap;
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
 use crate::config::AllocatorConfig;

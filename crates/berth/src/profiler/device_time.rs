@@ -127,7 +127,7 @@ fn ensure_clock(s: &mut State, device: usize) -> Option<()> {
     }
     let reference = Event::new(true);
     reference.record_on(&stream).ok()?;
-    super::hooks::internal(|| reference.synchronize()).ok()?;
+    record::internal(|| reference.synchronize()).ok()?;
     let t_ref_ns = record::now_ns();
     s.clocks.insert(
         device,
@@ -302,7 +302,7 @@ pub(crate) fn resolve(records: &mut Records) -> Option<TimerUsed> {
             devices.sort_unstable();
             devices.dedup();
             for d in devices {
-                let _ = super::hooks::internal(|| crate::cuda::synchronize(d));
+                let _ = record::internal(|| crate::cuda::synchronize(d));
             }
             let by_id: HashMap<u64, usize> =
                 s.tags.iter().enumerate().map(|(i, t)| (t.id, i)).collect();
@@ -332,7 +332,7 @@ pub(crate) fn resolve(records: &mut Records) -> Option<TimerUsed> {
             devices.sort_unstable();
             devices.dedup();
             for d in devices {
-                let _ = super::hooks::internal(|| crate::cuda::synchronize(d));
+                let _ = record::internal(|| crate::cuda::synchronize(d));
             }
             while let Some(p) = s.pending.pop_front() {
                 settle(s, p);

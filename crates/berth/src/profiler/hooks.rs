@@ -145,22 +145,9 @@ pub(crate) fn copy_abort(start: CopyStart) {
     }
 }
 
-thread_local! {
-    /// Set while the profiler itself waits (its clocks), so those waits are not recorded.
-    static INTERNAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs `f` as the profiler's own work: host waits inside are not recorded.
-pub(crate) fn internal<R>(f: impl FnOnce() -> R) -> R {
-    let was = INTERNAL.with(|i| i.replace(true));
-    let r = f();
-    INTERNAL.with(|i| i.set(was));
-    r
-}
-
 /// The [`HostWaitHook`](crate::cuda::HostWaitHook) the profiler installs.
 pub(crate) fn host_wait(point: Option<&'static str>) {
-    if !super::is_active() || INTERNAL.with(std::cell::Cell::get) {
+    if !super::is_active() || record::in_internal() {
         return;
     }
     let stack = record::open_stack();

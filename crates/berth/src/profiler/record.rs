@@ -340,3 +340,22 @@ pub(crate) fn push_range(r: RangeRecord) {
 pub(crate) fn take() -> Records {
     std::mem::take(&mut *lock(&RECORDS))
 }
+
+thread_local! {
+    /// Set while the profiler itself waits (its clocks), so those waits are not recorded.
+    static INTERNAL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` as the profiler's own work: host waits inside are not recorded (the host-wait
+/// hook asks [`in_internal`]).
+pub(crate) fn internal<R>(f: impl FnOnce() -> R) -> R {
+    let was = INTERNAL.with(|i| i.replace(true));
+    let r = f();
+    INTERNAL.with(|i| i.set(was));
+    r
+}
+
+/// Whether this thread is inside [`internal`].
+pub(crate) fn in_internal() -> bool {
+    INTERNAL.with(Cell::get)
+}

@@ -24,11 +24,14 @@
 //! 2. Policies implementing [`DeviceAllocator`]: [`caching::CachingAllocator`] (PyTorch's
 //!    `CUDACachingAllocator` policy, byte-exact on real traces) and [`PagedBestFit`] (berth's
 //!    own, over virtual memory); [`HostCachingAllocator`] for pinned host memory.
-//! 3. Users (tensor storage, `berth replay`) see only [`DeviceAllocator`] and [`Allocation`].
+//! 3. Users (tensor storage, `berth replay`, `berth_torch`) see only [`DeviceAllocator`] and
+//!    [`Allocation`], built by one factory, [`device_allocator`], from a [`Policy`] and its
+//!    [`AllocatorConfig`].
 //!
 //! # Design notes
 //! Rationale lives in named notes (PyTorch's `Note [..]` convention), each defined once:
 //! - `Note [Fences and events]`: `src/backend/mod.rs`
+//! - `Note [Policy without virtual memory]`: `src/policy.rs`
 //! - `Note [Size classes]`: `src/size_class.rs`
 //! - `Note [Spin lock]`: `src/sync.rs`
 //! - `Note [Host block reuse]`: `src/host/mod.rs`

@@ -38,7 +38,8 @@
 //! - `pin_probe.rs` — first-pin variants, timed (benchmarks);
 //! - `registry.rs` — [`registry::PerDevice`], the one lazy per-device registry (contexts,
 //!   allocators; berth's generators and cuBLAS handles);
-//! - `memory.rs` — one allocator per device, the memory API;
+//! - `memory.rs` — one allocator per device for the whole process (`Note [One allocator
+//!   registry]`), the memory API;
 //! - `copy.rs` — byte copies: raw host↔device↔device, staged pageable pipelines,
 //!   [`PinnedBuffer`];
 //! - `sync_debug.rs` — sync points, host-wait counters;
@@ -50,6 +51,7 @@
 //! # Design notes
 //! - `Note [VMM handles]`: `src/backend.rs`
 //! - `Note [Foreign contexts]`: `src/context.rs`
+//! - `Note [One allocator registry]`: `src/memory.rs` (berth's tensors and `berth_torch` share it)
 //! - `Note [Filled first pins]`: `src/pinned.rs`
 //! - `Note [Streams are never destroyed]`: `src/stream.rs`
 //! - `Note [Activity tracing]`: `src/activity.rs` (device time from CUPTI, and what it costs)

@@ -51,7 +51,7 @@ impl Tensor {
         let dtype = infer::scalar(op, self)?;
         let result = infer::scalar_result(dtype, s);
         if result != dtype {
-            // Note [Scalar promotion]: an integer tensor and a float scalar compute in f32.
+            // An integer tensor and a float scalar compute in f32 (Note [Scalar promotion]).
             return self.to_dtype(result)?.scalar_op(op, s, scalar_first);
         }
         let kop = infer::kernel_op(op, dtype, true)?;

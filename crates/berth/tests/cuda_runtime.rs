@@ -409,8 +409,9 @@ fn record_stream_from_the_tensor_api() {
 
 /// The rule of Note [Streams are never destroyed] (berth-cuda's `stream.rs`): the allocator
 /// keeps using a stream's id after the last handle is gone (deferred frees, the paged policy's
-/// per-stream reservation), so dropping a stream must not free its `CUstream`: memory used on a dropped stream is reclaimed safely,
-/// and the next stream of that device and priority reuses the handle.
+/// per-stream reservation), so dropping a stream must not free its `CUstream`: memory used on
+/// a dropped stream is reclaimed safely, and the next stream of that device and priority reuses
+/// the handle.
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn a_dropped_stream_stays_valid_for_the_allocator_and_is_reused() {

@@ -78,13 +78,7 @@ impl PinnedHost for CudaPinnedHost {
         "cuda-host"
     }
     fn empty_pinned(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        let nbytes = shape.iter().product::<usize>() * dtype.size_in_bytes();
-        let storage = berth::cuda::transfer::alloc_pinned_storage(nbytes)?;
-        Ok(Tensor::from_parts(
-            Arc::new(storage),
-            Layout::contiguous(shape),
-            dtype,
-        )?)
+        Ok(Tensor::empty_pinned(shape, dtype)?)
     }
 }
 

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use berth::alloc::host::HostAllocator;
-use berth::storage::PinnedMemory;
 use berth::{DType, Layout, Storage, Tensor};
 
 use crate::error::{DataError, Result};
@@ -53,7 +52,7 @@ impl PinnedHost for AllocatorPinnedHost {
                 host: self.name.clone(),
                 source,
             })?;
-        let storage = Storage::host_external(Box::new(PinnedMemory::new(block)));
+        let storage = Storage::host_pinned(block);
         Ok(Tensor::from_parts(
             Arc::new(storage),
             Layout::contiguous(shape),
@@ -62,6 +61,9 @@ impl PinnedHost for AllocatorPinnedHost {
     }
 
     fn is_pinned(&self, tensor: &Tensor) -> bool {
+        // A block of this allocator is answered by its storage (`Storage::host_pinned`); the
+        // lookup by address is for memory the storage cannot know about: pages registered
+        // with the allocator's backend outside any block.
         tensor.is_pinned()
             || (tensor.device().is_cpu() && self.alloc.is_pinned(tensor.data_ptr() as *const u8))
     }
@@ -76,13 +78,7 @@ impl PinnedHost for CudaPinnedHost {
         "cuda-host"
     }
     fn empty_pinned(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        let nbytes = shape.iter().product::<usize>() * dtype.size_in_bytes();
-        let storage = berth::cuda::transfer::alloc_pinned_storage(nbytes)?;
-        Ok(Tensor::from_parts(
-            Arc::new(storage),
-            Layout::contiguous(shape),
-            dtype,
-        )?)
+        Ok(Tensor::empty_pinned(shape, dtype)?)
     }
 }
 

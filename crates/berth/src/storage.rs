@@ -28,7 +28,9 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::alloc::HostAllocation;
+use std::mem::ManuallyDrop;
+
+use crate::alloc::{Allocation, HostAllocation};
 use crate::{Device, Error, Result};
 
 /// Alignment of owned host buffers, in bytes (one cache line; enough for every dtype and SIMD).
@@ -72,8 +74,9 @@ pub trait PendingWork: Send + Sync + fmt::Debug {
     fn is_complete(&self) -> bool;
 }
 
-/// Host memory that berth did not allocate itself, e.g. a pinned block from the host caching
-/// allocator; dropping it returns the memory to its owner.
+/// Host memory of another owner (e.g. a recycled buffer of berth-data's collate pool, a
+/// huge-page mapping); dropping it returns the memory to its owner. A pinned host allocator's
+/// block is no such memory: [`Storage::host_pinned`] holds it as it is.
 ///
 /// # Safety
 /// berth reads and writes `len()` bytes from `as_ptr()` (host slices, and device copies that
@@ -95,63 +98,62 @@ pub unsafe trait ExternalHostMemory: Send + Sync + fmt::Debug {
     fn is_pinned(&self) -> bool;
 }
 
-/// A block of a pinned host allocator held by a host storage: the one wrapper behind pinned
-/// tensors, whether `pin_memory()`, a non-blocking device→host copy or the DataLoader's pinned
-/// batches made it. The block returns to its allocator's cache on drop, reused only after the
-/// streams it was used on ([`HostAllocation::record_stream`]) passed their events.
-#[derive(Debug)]
-pub struct PinnedMemory {
-    block: HostAllocation,
-}
-
-impl PinnedMemory {
-    /// Wraps `block` for [`Storage::host_external`].
-    pub fn new(block: HostAllocation) -> PinnedMemory {
-        PinnedMemory { block }
-    }
-
-    /// The block (for `record_stream`).
-    pub fn allocation(&self) -> &HostAllocation {
-        &self.block
-    }
-}
-
-// SAFETY: a live `HostAllocation` is host memory of `len()` bytes at `as_ptr()`, aligned to the
-// allocator's page size, owned by this value until drop (its allocator hands it to no one else
-// meanwhile); both values are fixed at creation.
-unsafe impl ExternalHostMemory for PinnedMemory {
-    fn as_ptr(&self) -> *mut u8 {
-        self.block.as_ptr()
-    }
-    fn len(&self) -> usize {
-        self.block.len()
-    }
-    fn is_pinned(&self) -> bool {
-        self.block.is_pinned()
-    }
-}
-
-/// Device memory (a CUDA allocation). Implemented by the CUDA runtime over its caching
-/// allocator's allocation; dropping it frees (or caches) the memory.
+/// A CUDA allocation held by a device storage: a block of a device's caching allocator, on
+/// device `cuda:device_index()`, of `len()` bytes. The one kind of device memory berth has, so
+/// [`Storage`] names it in a variant (`match` is the dispatch, no trait object to downcast).
 ///
-/// # Safety
-/// Kernels and copies write `len()` bytes at `device_ptr()` on `device()`, trusting all three.
-/// An implementation must guarantee that `device_ptr()..device_ptr() + len()` is live memory
-/// of `device()` owned by the value for as long as it lives (no other owner writes it), and
-/// that the three return the same values on every call.
-pub unsafe trait DeviceMemory: Send + Sync + fmt::Debug {
-    /// The device address (`CUdeviceptr`).
-    fn device_ptr(&self) -> u64;
-    /// Size in bytes.
-    fn len(&self) -> usize;
-    /// Whether the size is zero.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
+/// It returns to its caching allocator on drop. That `Drop` (the free, reported to the
+/// profiler) lives beside the allocation, in `crate::cuda::transfer`: this file sits below
+/// the profiler and imports nothing above it (Note [Memory events are a leaf]).
+#[derive(Debug)]
+pub struct CudaMemory {
+    // Dropped by hand in `Drop` (`crate::cuda::transfer`), so the profiler reads the
+    // allocator's statistics after the free.
+    pub(crate) alloc: ManuallyDrop<Allocation>,
+    pub(crate) device: usize,
+    pub(crate) len: usize,
+}
+
+impl CudaMemory {
+    /// Wraps `alloc`, `len` bytes of device `device`'s caching allocator (the transfer layer's
+    /// `alloc_storage` is the one caller).
+    pub(crate) fn new(alloc: Allocation, device: usize, len: usize) -> CudaMemory {
+        CudaMemory {
+            alloc: ManuallyDrop::new(alloc),
+            device,
+            len,
+        }
     }
+
+    /// The allocation (for `record_stream`).
+    pub fn allocation(&self) -> &Allocation {
+        &self.alloc
+    }
+
+    /// The index of the CUDA device the memory is on.
+    pub fn device_index(&self) -> usize {
+        self.device
+    }
+
     /// The device it lives on (`cuda:i`, always with an index).
-    fn device(&self) -> Device;
-    /// Downcasting hook for the runtime that created it.
-    fn as_any(&self) -> &dyn std::any::Any;
+    pub fn device(&self) -> Device {
+        Device::Cuda(self.device as u16)
+    }
+
+    /// The device address (`CUdeviceptr`).
+    pub fn device_ptr(&self) -> u64 {
+        self.alloc.ptr().0
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the size is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// An owned, zero-initialised, [`HOST_ALIGNMENT`]-aligned host buffer.
@@ -195,8 +197,12 @@ impl Drop for AlignedBuf {
     }
 }
 
+/// What a host storage holds: its own buffer, a pinned block of a host allocator (held as the
+/// allocator returned it: the storage asks the block, never the allocator by address), or
+/// memory of another owner.
 enum HostBuf {
     Owned(AlignedBuf),
+    Pinned(HostAllocation),
     External(Box<dyn ExternalHostMemory>),
 }
 
@@ -204,12 +210,25 @@ impl HostBuf {
     fn ptr(&self) -> *mut u8 {
         match self {
             HostBuf::Owned(b) => b.ptr.as_ptr(),
-            // A zero-byte external block may be null (an empty pinned allocation); slices need
-            // a non-null, aligned pointer even for zero bytes.
+            // A zero-byte block may be null (an empty pinned allocation); slices need a
+            // non-null, aligned pointer even for zero bytes.
+            HostBuf::Pinned(b) if b.as_ptr().is_null() => {
+                NonNull::<u64>::dangling().as_ptr().cast()
+            }
+            HostBuf::Pinned(b) => b.as_ptr(),
             HostBuf::External(e) if e.as_ptr().is_null() => {
                 NonNull::<u64>::dangling().as_ptr().cast()
             }
             HostBuf::External(e) => e.as_ptr(),
+        }
+    }
+
+    /// Whether the memory is page-locked.
+    fn is_pinned(&self) -> bool {
+        match self {
+            HostBuf::Owned(_) => false,
+            HostBuf::Pinned(b) => b.is_pinned(),
+            HostBuf::External(e) => e.is_pinned(),
         }
     }
 }
@@ -219,7 +238,7 @@ enum Memory {
         lock: RwLock<()>,
         buf: HostBuf,
     },
-    Device(Box<dyn DeviceMemory>),
+    Cuda(CudaMemory),
     /// No memory. While a [`crate::meta_plan::MetaPlan`] is active on the creating thread, the
     /// planned allocation on its simulated device rides along and is released with the storage
     /// (Note [Meta storage]).
@@ -310,14 +329,29 @@ impl Storage {
         Ok(s)
     }
 
-    /// Host storage over external memory (e.g. a pinned block); the storage's size is the
-    /// block's `len()`.
+    /// Host storage over external memory of another owner (e.g. a recycled buffer of a pool);
+    /// the storage's size is the memory's `len()`. A pinned host allocator's block goes to
+    /// [`Storage::host_pinned`] instead.
     pub fn host_external(mem: Box<dyn ExternalHostMemory>) -> Storage {
         let n = mem.len();
-        let buf = HostBuf::External(mem);
+        Storage::host(n, HostBuf::External(mem))
+    }
+
+    /// Host storage over a block of a pinned host allocator (berth's CUDA pinned cache, or any
+    /// [`HostAllocator`](crate::alloc::host::HostAllocator)); the storage's size is the block's
+    /// `len()`. The block returns to its allocator's cache when the storage drops, reused only
+    /// after the streams it was used on ([`HostAllocation::record_stream`], reached through
+    /// [`Storage::pinned_block`]) passed their events. The storage is pinned
+    /// ([`Storage::is_pinned`]) unless the block is empty.
+    pub fn host_pinned(block: HostAllocation) -> Storage {
+        let n = block.len();
+        Storage::host(n, HostBuf::Pinned(block))
+    }
+
+    fn host(nbytes: usize, buf: HostBuf) -> Storage {
         Storage::with_memory(
             Device::Cpu,
-            n,
+            nbytes,
             Memory::Host {
                 lock: RwLock::new(()),
                 buf,
@@ -325,10 +359,10 @@ impl Storage {
         )
     }
 
-    /// Storage over device memory.
-    pub fn device(mem: Box<dyn DeviceMemory>) -> Storage {
+    /// Storage over CUDA memory, on its device.
+    pub fn device(mem: CudaMemory) -> Storage {
         let (device, n) = (mem.device(), mem.len());
-        Storage::with_memory(device, n, Memory::Device(mem))
+        Storage::with_memory(device, n, Memory::Cuda(mem))
     }
 
     /// Meta storage: a size and no memory.
@@ -357,27 +391,41 @@ impl Storage {
 
     /// Whether this is page-locked host memory.
     pub fn is_pinned(&self) -> bool {
-        matches!(&self.memory, Memory::Host { buf: HostBuf::External(e), .. } if e.is_pinned())
+        matches!(&self.memory, Memory::Host { buf, .. } if buf.is_pinned())
     }
 
     /// The address of the memory: host pointer, device pointer, or 0 for meta.
     pub fn data_ptr(&self) -> u64 {
         match &self.memory {
             Memory::Host { buf, .. } => buf.ptr() as u64,
-            Memory::Device(d) => d.device_ptr(),
+            Memory::Cuda(d) => d.device_ptr(),
             Memory::Meta(_) => 0,
         }
     }
 
-    /// The device memory, when this is device storage.
-    pub fn device_memory(&self) -> Option<&dyn DeviceMemory> {
+    /// The CUDA memory, when this is device storage.
+    pub fn cuda_memory(&self) -> Option<&CudaMemory> {
         match &self.memory {
-            Memory::Device(d) => Some(d.as_ref()),
+            Memory::Cuda(d) => Some(d),
             _ => None,
         }
     }
 
-    /// The external host memory, when this host storage was built over one.
+    /// The pinned allocator's block, when this host storage holds one
+    /// ([`Storage::host_pinned`]): what `record_stream` and the transfers mark as used on a
+    /// stream.
+    pub fn pinned_block(&self) -> Option<&HostAllocation> {
+        match &self.memory {
+            Memory::Host {
+                buf: HostBuf::Pinned(b),
+                ..
+            } => Some(b),
+            _ => None,
+        }
+    }
+
+    /// The external host memory, when this host storage was built over one
+    /// ([`Storage::host_external`]; a pinned allocator's block is [`Storage::pinned_block`]).
     pub fn external_host_memory(&self) -> Option<&dyn ExternalHostMemory> {
         match &self.memory {
             Memory::Host {
@@ -440,7 +488,7 @@ impl Storage {
                 })
             }
             Memory::Meta(_) => Err(Error::MetaNoData { op }),
-            Memory::Device(_) => Err(Error::NoKernel {
+            Memory::Cuda(_) => Err(Error::NoKernel {
                 op,
                 device: self.device,
             }),
@@ -463,7 +511,7 @@ impl Storage {
                 })
             }
             Memory::Meta(_) => Err(Error::MetaNoData { op }),
-            Memory::Device(_) => Err(Error::NoKernel {
+            Memory::Cuda(_) => Err(Error::NoKernel {
                 op,
                 device: self.device,
             }),
@@ -493,7 +541,7 @@ impl Drop for Storage {
             // about every stream that used it (`record_stream`) and which reuses it only after
             // their events complete (PyTorch's host policy), so dropping it never blocks the
             // host.
-            let pinned = matches!(buf, HostBuf::External(e) if e.is_pinned());
+            let pinned = buf.is_pinned();
             if !pinned {
                 let _ = self.wait_pending();
             }

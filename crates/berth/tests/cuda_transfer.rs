@@ -81,6 +81,35 @@ fn first_pin_maps_fills_and_registers_and_the_cache_reuses_the_block() {
     assert!(!cuda::memory::is_pinned_ptr(ptr), "registration released");
 }
 
+/// `Tensor::empty_pinned` (`torch.empty(..., pin_memory=True)`): a contiguous pinned host
+/// tensor of the shape and dtype asked for, holding its block (recorded on a stream by the
+/// block), and a source of one-DMA copies.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
+fn empty_pinned_is_a_pinned_contiguous_host_tensor() {
+    if !testing::require_gpu("empty_pinned_is_a_pinned_contiguous_host_tensor") {
+        return;
+    }
+    let p = Tensor::empty_pinned(&[3, 5], DType::F32).unwrap();
+    assert_eq!(
+        (
+            p.shape(),
+            p.dtype(),
+            p.device(),
+            p.is_pinned(),
+            p.is_contiguous()
+        ),
+        (&[3usize, 5][..], DType::F32, Device::Cpu, true, true)
+    );
+    assert!(p.storage().pinned_block().is_some());
+    p.fill_(1.5).unwrap();
+    let d = p.cuda().unwrap();
+    assert_eq!(d.to_vec::<f32>().unwrap(), vec![1.5; 15]);
+    p.record_stream(&cuda::Stream::new(0, 0).unwrap()).unwrap();
+    let z = Tensor::empty_pinned(&[0], DType::F32).unwrap();
+    assert_eq!(z.numel(), 0);
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn small_pins_still_come_from_the_driver() {

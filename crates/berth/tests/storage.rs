@@ -69,6 +69,47 @@ fn external_host_memory_backs_a_tensor_and_reports_pinned() {
         .is_pinned());
 }
 
+/// A pinned allocator's block is held as the allocator returned it: the storage says it is
+/// pinned and hands the block back (for `record_stream`), with no lookup by address.
+#[test]
+fn a_pinned_block_is_held_as_is_and_reports_pinned() {
+    use berth::alloc::host::{HostAllocation, HostCachingAllocator, SimHostBackend};
+    let alloc = HostCachingAllocator::new(SimHostBackend::new(1 << 20));
+    let block = alloc.allocate(40).unwrap();
+    let ptr = block.as_ptr();
+    let s = Storage::host_pinned(block);
+    assert_eq!(
+        (s.nbytes(), s.device_of(), s.is_pinned(), s.data_ptr()),
+        (40, Device::Cpu, true, ptr as u64)
+    );
+    assert_eq!(s.pinned_block().map(HostAllocation::as_ptr), Some(ptr));
+    assert!(s.external_host_memory().is_none());
+    s.write_host("test").unwrap().bytes_mut().fill(7);
+    assert_eq!(s.read_host("test").unwrap().bytes(), &[7; 40]);
+    // An empty block is no pinned memory (PyTorch's `is_pinned()` on a null pointer).
+    let empty = Storage::host_pinned(HostAllocation::empty());
+    assert!(!empty.is_pinned() && empty.pinned_block().is_some());
+    assert_eq!(empty.read_host("test").unwrap().bytes(), &[] as &[u8]);
+    // Ordinary host storage holds no block.
+    assert!(Storage::host_zeroed(8).pinned_block().is_none());
+}
+
+/// `Tensor::empty_pinned` without CUDA is a typed error, not a panic.
+#[test]
+fn empty_pinned_without_cuda_is_a_typed_error() {
+    if berth::cuda::is_available() {
+        return;
+    }
+    let err = Tensor::empty_pinned(&[2, 3], DType::F32).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            berth::Error::Cuda(berth::cuda::CudaError::Unavailable { .. })
+        ),
+        "{err:?}"
+    );
+}
+
 #[test]
 fn host_bytes_are_counted_while_tensors_live() {
     // Other tests run in parallel: assert on a large allocation's effect on the peak.

@@ -3,7 +3,7 @@
 //! own NVRTC kernels ([`kernels`]), cuBLAS ([`blas`]) and the
 //! device Philox generator ([`rand`](super::rand)).
 //!
-//! Memory comes from the views' storages (`DeviceMemory::device_ptr`); the kernels never
+//! Memory comes from the views' storages (`CudaMemory::device_ptr`); the kernels never
 //! allocate. `alloc` and `transfer` delegate to the CUDA runtime ([`super::transfer`]): output
 //! storages come from the device's caching allocator, ordered on the current stream. Work is
 //! enqueued on the thread's current stream of the device ([`current_stream`]).
@@ -41,7 +41,7 @@ impl Raw {
     fn of(op: &'static str, v: &View<'_>) -> Result<Raw> {
         let mem = v
             .storage
-            .device_memory()
+            .cuda_memory()
             .ok_or_else(|| Error::InvalidArgument {
                 op,
                 what: "a CUDA kernel got a view whose storage is not device memory".into(),

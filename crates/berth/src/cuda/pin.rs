@@ -17,6 +17,31 @@ pub fn legacy_type_name(device_is_cuda: bool, dtype: DType) -> String {
 }
 
 impl Tensor {
+    /// A contiguous host tensor of `shape` and `dtype` in page-locked memory, its contents
+    /// unspecified (`torch.empty(shape, dtype=dtype, pin_memory=True)`): a block of berth's
+    /// pinned host caching allocator, so `is_pinned()` is `true` and a copy from it to a device
+    /// is one DMA. The block may be a recycled one holding an earlier tensor's bytes; it goes
+    /// back to the cache when the tensor's storage is dropped, reused only after the streams it
+    /// was used on passed their work. The first call initialises the pinned allocator (and the
+    /// current device's context). A zero-byte tensor holds an empty block.
+    ///
+    /// # Errors
+    /// 1. [`crate::Error::NumelOverflow`] / [`crate::Error::StorageSizeOverflow`] for a shape
+    ///    too large to describe.
+    /// 2. [`CudaError::Unavailable`] without CUDA (no driver or device, or berth built without
+    ///    its `cuda` feature): a typed error, never a panic. [`CudaError::PinnedAlloc`] when the
+    ///    memory cannot be pinned; [`CudaError::Driver`] / [`CudaError::Config`] when the pinned
+    ///    allocator cannot be built.
+    pub fn empty_pinned(shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let nbytes = crate::layout::checked_nbytes(shape, dtype, "empty_pinned")?;
+        let storage = alloc_pinned_storage(nbytes)?;
+        Ok(Tensor::from_storage(
+            Arc::new(storage),
+            crate::Layout::contiguous(shape),
+            dtype,
+        ))
+    }
+
     /// A copy of this host tensor in page-locked memory (`Tensor.pin_memory()`), with the same
     /// shape, strides and offset. An already pinned tensor is returned as is, sharing its
     /// storage (<https://github.com/pytorch/pytorch/pull/23484>). The first call initialises the

@@ -1,8 +1,6 @@
 //! `Tensor::record_stream`: PyTorch's `Tensor.record_stream(stream)`
 //! (<https://docs.pytorch.org/docs/stable/generated/torch.Tensor.record_stream.html>).
 
-use crate::cuda::memory::host_allocator;
-use crate::cuda::transfer::CudaMemory;
 use crate::cuda::{CudaError, Stream};
 use crate::{Error, Result, Tensor};
 
@@ -25,18 +23,15 @@ impl Tensor {
     /// # Errors
     /// [`CudaError::DeviceMismatch`] for a stream of another device than the tensor's;
     /// [`CudaError::InvalidArgument`] for a tensor whose memory no stream can use (pageable
-    /// host memory, meta); [`CudaError::Alloc`] / [`CudaError::PinnedAlloc`] if the allocator
+    /// host memory, meta) or that no berth allocator owns (host memory that another owner
+    /// reports pinned); [`CudaError::Alloc`] / [`CudaError::PinnedAlloc`] if the allocator
     /// no longer knows the memory.
     pub fn record_stream(&self, stream: &Stream) -> Result<()> {
         let storage = self.storage();
         if storage.nbytes() == 0 {
             return Ok(());
         }
-        if let Some(mem) = storage.device_memory() {
-            let cm = mem
-                .as_any()
-                .downcast_ref::<CudaMemory>()
-                .ok_or_else(|| not_recordable(self))?;
+        if let Some(cm) = storage.cuda_memory() {
             if cm.device_index() != stream.device() {
                 return Err(CudaError::DeviceMismatch {
                     op: "record_stream",
@@ -55,12 +50,10 @@ impl Tensor {
                     })
                 });
         }
-        let pinned = storage
-            .external_host_memory()
-            .filter(|e| e.is_pinned())
-            .ok_or_else(|| not_recordable(self))?;
-        host_allocator()?
-            .record_stream(pinned.as_ptr(), stream.device_stream())
+        // The storage holds its pinned block: ask the block, not the allocator by address.
+        let pinned = storage.pinned_block().ok_or_else(|| not_recordable(self))?;
+        pinned
+            .record_stream(stream.device_stream())
             .map_err(|source| CudaError::PinnedAlloc { source }.into())
     }
 }
@@ -72,7 +65,9 @@ fn not_recordable(t: &Tensor) -> Error {
             "a tensor on {} in {} memory is used by no CUDA stream; record_stream takes a CUDA \
              tensor or a pinned host tensor",
             t.device(),
-            if t.device().is_cpu() {
+            if t.is_pinned() {
+                "another owner's pinned"
+            } else if t.device().is_cpu() {
                 "pageable"
             } else {
                 "no"

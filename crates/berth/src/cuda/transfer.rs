@@ -3,7 +3,8 @@
 //! use are berth-cuda's ([`copy`](super::copy); re-exported here under their old paths).
 //!
 //! - **Device memory** comes from the device's caching allocator on the current stream
-//!   ([`alloc_storage`]); [`CudaMemory`] is the tensor layer's [`DeviceMemory`].
+//!   ([`alloc_storage`]), held by the storage as [`CudaMemory`]; its `Drop` (the free, told to
+//!   the profiler) is here.
 //! - **host→device**: from pinned memory, one `cuMemcpyHtoDAsync` on the current stream; the
 //!   source storage gets a pending event so a host write waits for the copy (where PyTorch lets
 //!   it race, <https://github.com/pytorch/pytorch/issues/127612>), and
@@ -27,39 +28,21 @@ use super::copy::{
     PinnedBuffer,
 };
 use super::hostmem::{Mapping, Pages};
-use super::memory::{allocator, host_allocator};
+use super::memory::allocator;
 use super::{current_stream, CudaError, Event, Stream};
-use crate::alloc::Allocation;
 use crate::profiler::{hooks, CopyKind};
-use crate::storage::{DeviceMemory, ExternalHostMemory, PendingWork};
+use crate::storage::{ExternalHostMemory, PendingWork};
 use crate::{Device, Result, Storage, Tensor};
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 pub use super::copy::{copy_dtod_raw, DTOH_STAGING_CHUNK_BYTES, STAGING_CHUNK_BYTES};
 
-/// A device allocation held by a tensor storage; returns to its caching allocator on drop.
-#[derive(Debug)]
-pub struct CudaMemory {
-    // Dropped by hand in `Drop`, so the profiler reads the allocator's statistics after the
-    // free.
-    alloc: ManuallyDrop<Allocation>,
-    device: usize,
-    len: usize,
-}
+pub use crate::storage::CudaMemory;
 
-impl CudaMemory {
-    /// The allocation (for `record_stream`).
-    pub fn allocation(&self) -> &Allocation {
-        &self.alloc
-    }
-
-    /// The index of the CUDA device the memory is on.
-    pub fn device_index(&self) -> usize {
-        self.device
-    }
-}
-
+/// The free of a device storage's memory: back to its caching allocator, reported to the
+/// profiler when one is active (here rather than in `crate::storage`, which sits below the
+/// profiler).
 impl Drop for CudaMemory {
     fn drop(&mut self) {
         let reserved_before = crate::profiler::is_active()
@@ -96,25 +79,6 @@ fn profiled_copy<R>(
     }
     r
 }
-
-// SAFETY: the allocation is live device memory of `device`, `len` bytes, owned by this value
-// until drop (the caching allocator hands it to no one else meanwhile).
-unsafe impl DeviceMemory for CudaMemory {
-    fn device_ptr(&self) -> u64 {
-        self.alloc.ptr().0
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn device(&self) -> Device {
-        Device::Cuda(self.device as u16)
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-pub use crate::storage::PinnedMemory;
 
 /// Device work a storage must wait for: an event recorded after a copy.
 #[derive(Debug)]
@@ -155,11 +119,7 @@ pub fn alloc_storage(device: usize, nbytes: usize) -> Result<Storage> {
     if let Some(before) = reserved_before {
         hooks::cuda_memory(true, device, nbytes, before);
     }
-    Ok(Storage::device(Box::new(CudaMemory {
-        alloc: ManuallyDrop::new(alloc),
-        device,
-        len: nbytes,
-    })))
+    Ok(Storage::device(CudaMemory::new(alloc, device, nbytes)))
 }
 
 /// `nbytes` bytes of pinned host memory as a host storage (contents unspecified).
@@ -168,9 +128,7 @@ pub fn alloc_storage(device: usize, nbytes: usize) -> Result<Storage> {
 /// [`CudaError::Unavailable`] or the pinned allocator's error.
 pub fn alloc_pinned_storage(nbytes: usize) -> Result<Storage> {
     let block = PinnedBuffer::new(nbytes)?;
-    Ok(Storage::host_external(Box::new(PinnedMemory::new(
-        block.into_allocation(),
-    ))))
+    Ok(Storage::host_pinned(block.into_allocation()))
 }
 
 fn cuda_index(d: Device) -> Result<usize> {
@@ -286,39 +244,34 @@ fn htod_into(
     if !non_blocking {
         super::sync_point("copy_htod")?;
     }
-    let pinned = storage.external_host_memory().filter(|e| e.is_pinned());
+    let pinned = storage.is_pinned();
     let kind = CopyKind::HostToDevice;
-    profiled_copy(
-        kind,
-        nbytes,
-        pinned.is_some(),
-        !non_blocking,
-        stream,
-        || {
-            if let Some(ext) = pinned {
-                let guard = storage.read_host("to")?;
-                let sptr = guard.bytes()[offset..].as_ptr();
-                // SAFETY: the source is `nbytes` bytes of a pinned block that stays out of reuse
-                // until the copy ran (`record_stream` below) and whose host writes wait for it
-                // (the pending event); `dptr` is the fresh allocation `dst`, of `nbytes` bytes on
-                // `dev`.
-                unsafe { copy_htod_async(dptr, sptr, nbytes, stream)? };
-                drop(guard);
-                // Keep the pinned block from reuse until the copy ran, and make host writes wait.
-                let _ = host_allocator()?.record_stream(ext.as_ptr(), stream.device_stream());
-                storage.add_pending_work(pending_after(stream)?);
-            } else {
-                let guard = storage.read_host("to")?;
-                let bytes = &guard.bytes()[offset..offset + nbytes];
-                // SAFETY: `dptr` is the fresh allocation `dst`, of `nbytes` bytes on `dev`.
-                unsafe { stage_htod(dptr, bytes, stream)? };
+    profiled_copy(kind, nbytes, pinned, !non_blocking, stream, || {
+        if pinned {
+            let guard = storage.read_host("to")?;
+            let sptr = guard.bytes()[offset..].as_ptr();
+            // SAFETY: the source is `nbytes` bytes of a pinned block that stays out of reuse
+            // until the copy ran (`record_stream` below) and whose host writes wait for it
+            // (the pending event); `dptr` is the fresh allocation `dst`, of `nbytes` bytes on
+            // `dev`.
+            unsafe { copy_htod_async(dptr, sptr, nbytes, stream)? };
+            drop(guard);
+            // Keep the pinned block from reuse until the copy ran, and make host writes wait.
+            if let Some(block) = storage.pinned_block() {
+                let _ = block.record_stream(stream.device_stream());
             }
-            if !non_blocking {
-                stream.synchronize_uncounted()?;
-            }
-            Ok(())
-        },
-    )?;
+            storage.add_pending_work(pending_after(stream)?);
+        } else {
+            let guard = storage.read_host("to")?;
+            let bytes = &guard.bytes()[offset..offset + nbytes];
+            // SAFETY: `dptr` is the fresh allocation `dst`, of `nbytes` bytes on `dev`.
+            unsafe { stage_htod(dptr, bytes, stream)? };
+        }
+        if !non_blocking {
+            stream.synchronize_uncounted()?;
+        }
+        Ok(())
+    })?;
     Ok(dst)
 }
 
@@ -334,8 +287,8 @@ fn dtoh(
     if non_blocking {
         let dst = alloc_pinned_storage(nbytes)?;
         if nbytes > 0 {
-            let ext = dst.external_host_memory().map(|e| e.as_ptr());
-            if let Some(hptr) = ext {
+            if let Some(block) = dst.pinned_block() {
+                let hptr = block.as_ptr();
                 let kind = CopyKind::DeviceToHost;
                 profiled_copy(kind, nbytes, true, false, &stream, || {
                     // SAFETY: `hptr` is the fresh pinned block of `dst` (`nbytes` bytes),
@@ -343,7 +296,7 @@ fn dtoh(
                     // event; `sptr` is `nbytes` bytes of `src`'s live device storage.
                     unsafe { copy_dtoh_async(hptr, sptr, nbytes, &stream) }.map_err(Into::into)
                 })?;
-                let _ = host_allocator()?.record_stream(hptr, stream.device_stream());
+                let _ = block.record_stream(stream.device_stream());
                 dst.add_pending_work(pending_after(&stream)?);
             }
         }
@@ -578,10 +531,8 @@ fn dtod(src: &Tensor, from: usize, to: usize, offset: usize, nbytes: usize) -> R
             unsafe { copy_peer_async(dst.data_ptr(), from, sptr, nbytes, &stream) }
                 .map_err(Into::into)
         })?;
-        if let Some(mem) = src.storage().device_memory() {
-            if let Some(cm) = mem.as_any().downcast_ref::<CudaMemory>() {
-                let _ = cm.allocation().record_stream(stream.id());
-            }
+        if let Some(cm) = src.storage().cuda_memory() {
+            let _ = cm.allocation().record_stream(stream.id());
         }
     }
     Ok(dst)

@@ -97,15 +97,6 @@ pub(crate) unsafe fn launch_kernel(
     params: &mut [*mut c_void],
 ) -> Result<(), KernelError> {
     // SAFETY: preconditions 1 to 3.
-    unsafe {
-        result::launch_kernel(
-            f,
-            (grid, 1, 1),
-            (block, 1, 1),
-            shared_bytes,
-            stream,
-            params,
-        )
-    }
-    .map_err(|e| KernelError::driver("cuLaunchKernel", device, e))
+    unsafe { result::launch_kernel(f, (grid, 1, 1), (block, 1, 1), shared_bytes, stream, params) }
+        .map_err(|e| KernelError::driver("cuLaunchKernel", device, e))
 }

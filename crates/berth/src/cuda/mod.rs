@@ -43,23 +43,23 @@
 //! Everything else of berth-cuda (its byte copies, host mappings, registries, CUPTI tracing,
 //! the kernel and cuBLAS calls) is reached as `berth_cuda::...`.
 
-pub use berth_cuda::{
-    allocator_policy, bind_context, check_device, contexts_created, current_device,
-    current_stream, device_count, device_scope, empty_cache, get_device_name,
-    get_device_properties, get_sync_debug_mode, host_empty_cache, host_waits,
-    initialized_devices, is_available, is_initialized, max_memory_allocated, max_memory_reserved,
-    mem_get_info, memory_allocated, memory_reserved, memory_snapshot, memory_stats,
-    memory_summary, record_memory_history, reset_accumulated_memory_stats,
-    reset_peak_memory_stats, set_device, set_host_wait_hook, set_per_process_memory_fraction,
-    set_sync_debug_mode, synchronize, take_sync_reports, thread_host_waits, unavailable_reason,
-    CudaBackend, CudaDeviceArg, CudaError, CudaHostBackend, DeviceGuard, DeviceProperties, Event,
-    HostWaitHook, KernelError, Stream, StreamGuard, SyncDebugMode,
-};
-pub use berth_cuda::{backend, memory, testing};
 #[doc(hidden)]
 pub use berth_cuda::pin_probe;
-// The transfer, pinning and generator code reaches these as `super::...`.
-pub(crate) use berth_cuda::{copy, hostmem, pinned, registry, sync_point};
+pub use berth_cuda::{
+    allocator_policy, bind_context, check_device, contexts_created, current_device, current_stream,
+    device_count, device_scope, empty_cache, get_device_name, get_device_properties,
+    get_sync_debug_mode, host_empty_cache, host_waits, initialized_devices, is_available,
+    is_initialized, max_memory_allocated, max_memory_reserved, mem_get_info, memory_allocated,
+    memory_reserved, memory_snapshot, memory_stats, memory_summary, record_memory_history,
+    reset_accumulated_memory_stats, reset_peak_memory_stats, set_device, set_host_wait_hook,
+    set_per_process_memory_fraction, set_sync_debug_mode, synchronize, take_sync_reports,
+    thread_host_waits, unavailable_reason, CudaBackend, CudaDeviceArg, CudaError, CudaHostBackend,
+    DeviceGuard, DeviceProperties, Event, HostWaitHook, KernelError, Stream, StreamGuard,
+    SyncDebugMode,
+};
+pub use berth_cuda::{backend, memory, testing};
+// The transfer and pinning code reaches these as `super::...`.
+pub(crate) use berth_cuda::{copy, hostmem, pinned, sync_point};
 
 #[cfg(feature = "cuda")]
 pub mod blas;

@@ -8,8 +8,8 @@
 use super::{bind, module_source};
 use crate::cuda::CudaError;
 use crate::DType;
-pub(crate) use berth_cuda::kernel::{function, launch};
 use berth_cuda::kernel::RawStream;
+pub(crate) use berth_cuda::kernel::{function, launch};
 use std::ffi::c_void;
 
 /// Grid size for a grid-stride loop over `n` elements with `block` threads: enough blocks to

@@ -2,9 +2,9 @@
 //!
 //! It is the error of this crate's kernel-layer calls: NVRTC, module loading and launches
 //! (`berth_cuda::kernel`, over `ffi/nvrtc.rs` and `ffi/module.rs`) and cuBLAS
-//! (`berth_cuda::cublas`, over `ffi/cublas.rs`), both with the `cuda` feature. berth's kernels (`berth::cuda::kernels`,
-//! `blas`, `rand`) add the argument and dtype checks; [`CudaError::Kernel`](crate::CudaError)
-//! carries it upward.
+//! (`berth_cuda::cublas`, over `ffi/cublas.rs`), both with the `cuda` feature. berth's
+//! kernels (`berth::cuda::kernels`, `blas`, `rand`) add the argument and dtype checks;
+//! [`CudaError::Kernel`](crate::CudaError) carries it upward.
 
 /// Errors of the kernel layer (NVRTC, module loading, launches, cuBLAS).
 ///

@@ -1,7 +1,10 @@
 //! `KernelError`: failures of berth's own CUDA kernels, cuBLAS and the device generator.
 //!
-//! The kernels themselves live in berth (`berth::cuda::kernels`, `blas`, `rand`); the error
-//! type lives here so that [`CudaError::Kernel`](crate::CudaError) can carry it.
+//! It is the error of this crate's kernel-layer calls: NVRTC, module loading and launches
+//! (`berth_cuda::kernel`, over `ffi/nvrtc.rs` and `ffi/module.rs`) and cuBLAS
+//! (`berth_cuda::cublas`, over `ffi/cublas.rs`), both with the `cuda` feature. berth's
+//! kernels (`berth::cuda::kernels`, `blas`, `rand`) add the argument and dtype checks;
+//! [`CudaError::Kernel`](crate::CudaError) carries it upward.
 
 /// Errors of the kernel layer (NVRTC, module loading, launches, cuBLAS).
 ///
@@ -86,9 +89,8 @@ impl KernelError {
 
 #[cfg(feature = "cuda")]
 impl KernelError {
-    /// Maps a cudarc driver error of the kernel layer.
-    #[doc(hidden)]
-    pub fn driver(op: &'static str, device: usize, e: cudarc::driver::DriverError) -> Self {
+    /// Maps a cudarc driver error of the kernel layer (`ffi/module.rs`).
+    pub(crate) fn driver(op: &'static str, device: usize, e: cudarc::driver::DriverError) -> Self {
         Self::Driver {
             op,
             device,

@@ -1,15 +1,19 @@
-//! berth-cuda: the CUDA driver layer of berth, through cudarc with dynamic loading: discovery,
+//! berth-cuda: the CUDA layer of berth, through cudarc with dynamic loading: discovery,
 //! primary contexts, streams, events, device and pinned memory backends for berth-alloc's
 //! caching allocators, the per-device allocator registry with the `torch.cuda` memory API,
-//! and byte-level copies. It knows no tensors: berth builds storages, `.to()` and kernels on
-//! top of it, and re-exports it as `berth::cuda`.
+//! byte-level copies, and the calls berth's kernels need (NVRTC compilation, module loading
+//! and launches in [`kernel`], cuBLAS gemm in [`cublas`]). It knows no tensors: berth builds
+//! storages, `.to()`, its kernels and matmul on top of it, and re-exports the parts its users
+//! need as `berth::cuda`.
 //!
 //! Every entry point answers "not available" on a machine without the NVIDIA driver and never
 //! panics there: nothing calls into cudarc before the driver library was found and `cuInit`
-//! succeeded ([`unavailable_reason`] says why not). Built without the default feature `cuda`
-//! (no cudarc at all), everything compiles and answers "not available". Only cudarc's `sys` /
-//! `result` layers are used, all of it in one module (`ffi`); memory is owned by berth's
-//! allocators, never by cudarc's self-freeing `CudaSlice`.
+//! succeeded ([`unavailable_reason`] says why not); a missing `libnvrtc` or `libcublas` is a
+//! [`KernelError::Unavailable`]. Built without the default feature `cuda` (no cudarc at all),
+//! everything compiles and answers "not available". Only cudarc's `sys` / `result` layers are
+//! used, and every driver, NVRTC and cuBLAS call is made in one module tree (`ffi`; CUPTI,
+//! for [`activity`], is the exception); berth itself does not depend on cudarc. Memory is owned
+//! by berth's allocators, never by cudarc's self-freeing `CudaSlice`.
 //!
 //! # Where this crate sits
 //! ```text
@@ -21,13 +25,14 @@
 //!
 //! It depends on [`berth_alloc`] (whose [`MemoryBackend`](berth_alloc::MemoryBackend) and
 //! [`HostBackend`](berth_alloc::HostBackend) it implements, and whose policies it installs per
-//! device) and on `cudarc` (feature `cuda`, dynamic loading: no CUDA toolkit at build time).
-//! `berth` re-exports it whole as `berth::cuda` and builds tensors on it; `berth-torch` hands
-//! its backends to PyTorch.
+//! device) and on `cudarc` (feature `cuda` with its `driver`, `nvrtc`, `cublas` and `cupti`
+//! parts, dynamic loading: no CUDA toolkit at build time). `berth` re-exports the parts its
+//! users need as `berth::cuda` and builds tensors on it; `berth-torch` hands its backends to
+//! PyTorch.
 //!
 //! Files:
-//! - `ffi/` — every driver call, each once, with the no-`cuda` twins (`ffi/twin.rs`) and the
-//!   host mapping calls (`ffi/os.rs`);
+//! - `ffi/` — every driver, NVRTC and cuBLAS call, each once, with the no-`cuda` twins
+//!   (`ffi/twin.rs`) and the host mapping calls (`ffi/os.rs`);
 //! - `driver.rs` — the gate (is the driver there, `cuInit`, device count);
 //! - `device.rs` — discovery, the current device;
 //! - `context.rs` — primary contexts, created lazily per named device;
@@ -45,7 +50,10 @@
 //! - `sync_debug.rs` — sync points, host-wait counters;
 //! - `activity.rs` — CUPTI activity tracing (device spans of kernels, copies and memsets, by
 //!   the caller's correlation ids), for the profiler;
-//! - `error.rs`, `kernel_error.rs` — [`CudaError`], [`KernelError`];
+//! - `kernel.rs` — NVRTC compilation, the per-device module cache, launches (`cuda` only);
+//! - `cublas.rs` — one cuBLAS handle per device, the strided batched gemm (`cuda` only);
+//! - `error.rs`, `kernel_error.rs` — [`CudaError`], [`KernelError`] (the error of `kernel`
+//!   and `cublas`);
 //! - `testing.rs` — the GPU gate for tests, a fake device count.
 //!
 //! # Design notes
@@ -64,6 +72,8 @@ pub mod activity;
 pub mod backend;
 mod context;
 pub mod copy;
+#[cfg(feature = "cuda")]
+pub mod cublas;
 mod device;
 mod driver;
 mod error;
@@ -71,6 +81,8 @@ mod event;
 mod event_pool;
 mod ffi;
 pub mod hostmem;
+#[cfg(feature = "cuda")]
+pub mod kernel;
 mod kernel_error;
 pub mod memory;
 #[doc(hidden)]

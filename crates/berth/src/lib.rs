@@ -24,9 +24,11 @@
 //! ```
 //!
 //! It depends on [`berth_alloc`] (re-exported as [`alloc`]: the allocator policies, stats and
-//! snapshots) and [`berth_cuda`] (re-exported whole in [`cuda`]: the driver layer; its CUDA
-//! part behind the default feature `cuda`). `berth-data`'s `DataLoader` and the `berth`
-//! binary (crate `berth-cli`) are built on it; it re-exports neither.
+//! snapshots) and [`berth_cuda`] (the CUDA layer, its CUDA part behind the default feature
+//! `cuda`: every driver, NVRTC and cuBLAS call is made there, and berth does not depend on
+//! cudarc; [`cuda`] re-exports by name the parts berth's users call). `berth-data`'s
+//! `DataLoader` and the `berth` binary (crate `berth-cli`) are built on it; it re-exports
+//! neither.
 //!
 //! # Design notes
 //! - `Note [Meta storage]`: `src/meta_plan.rs` ([`meta_plan`])

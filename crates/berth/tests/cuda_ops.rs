@@ -2,34 +2,48 @@
 //! relative in f32 and 1e-2 in bf16/f16 (issue 6 item 6). Ignored unless run with
 //! `--include-ignored`; then skipped with a message without a GPU unless `BERTH_REQUIRE_GPU=1`.
 
+use berth::alloc::{DevicePtr, MemoryBackend, StreamId};
 use berth::cuda::blas::{self, MatrixView};
 use berth::cuda::kernels::{self, contiguous_strides, BinaryOp, DeviceView, Reduction, UnaryOp};
 use berth::cuda::rand as crand;
+use berth::cuda::{CudaBackend, Stream};
 use berth::ops::CmpOp;
 use berth::DType;
-use cudarc::driver::result as drv;
+use berth_cuda::copy::{copy_dtoh_async, copy_htod_async};
 
-/// Device buffer freed on drop (test helper; berth's allocators are not needed here).
-struct Buf(u64);
+/// Device buffer (`cuMemAlloc`) freed on drop (test helper; berth's caching allocators are not
+/// needed here): its address, its size in bytes, and the backend that allocated it.
+struct Buf(u64, usize, CudaBackend);
 
 impl Drop for Buf {
     fn drop(&mut self) {
-        // SAFETY: allocated by `malloc_sync` in `upload`/`zeros`, freed once.
-        let _ = unsafe { drv::free_sync(self.0) };
+        // SAFETY: allocated by `self.2.malloc` in `upload`, freed once; `cuMemFree`
+        // synchronises the device first.
+        let _ = unsafe { self.2.free(DevicePtr(self.0), self.1, StreamId::DEFAULT) };
     }
 }
 
 fn upload<T: Copy>(data: &[T]) -> Buf {
     berth::cuda::bind_context(0).unwrap();
     let bytes = std::mem::size_of_val(data).max(1);
-    // SAFETY: the context is current; the copy covers exactly the allocation.
-    unsafe {
-        let p = drv::malloc_sync(bytes).unwrap();
-        if !data.is_empty() {
-            drv::memcpy_htod_sync(p, data).unwrap();
+    let backend = CudaBackend::new(0).unwrap();
+    let ptr = backend.malloc(bytes, StreamId::DEFAULT).unwrap().0;
+    if !data.is_empty() {
+        let stream = Stream::default_stream(0).unwrap();
+        // SAFETY: `data` lives and is unwritten until the stream is synchronised below; the
+        // copy covers exactly the allocation.
+        unsafe {
+            copy_htod_async(
+                ptr,
+                data.as_ptr().cast(),
+                std::mem::size_of_val(data),
+                &stream,
+            )
         }
-        Buf(p)
+        .unwrap();
+        stream.synchronize().unwrap();
     }
+    Buf(ptr, bytes, backend)
 }
 
 fn zeros<T: Copy + Default>(n: usize) -> Buf {
@@ -39,8 +53,19 @@ fn zeros<T: Copy + Default>(n: usize) -> Buf {
 fn download<T: Copy + Default>(b: &Buf, n: usize) -> Vec<T> {
     berth::cuda::synchronize(0).unwrap();
     let mut out = vec![T::default(); n];
-    // SAFETY: `b` holds at least `n` elements of `T`.
-    unsafe { drv::memcpy_dtoh_sync(&mut out, b.0) }.unwrap();
+    let stream = Stream::default_stream(0).unwrap();
+    // SAFETY: `b` holds at least `n` elements of `T`; `out` lives and is untouched until the
+    // stream is synchronised below.
+    unsafe {
+        copy_dtoh_async(
+            out.as_mut_ptr().cast(),
+            b.0,
+            std::mem::size_of_val(out.as_slice()),
+            &stream,
+        )
+    }
+    .unwrap();
+    stream.synchronize().unwrap();
     out
 }
 

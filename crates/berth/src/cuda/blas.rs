@@ -8,15 +8,15 @@
 //! copied: a row-major matrix is a transposed column-major one. An operand whose rows and
 //! columns both have non-unit strides cannot be described to cuBLAS and is rejected with
 //! [`KernelError::InvalidArgument`] (the caller makes it contiguous).
+//!
+//! The cuBLAS calls (handle per device, `cublasSetStream`, the gemm) are berth-cuda's
+//! [`berth_cuda::cublas`]; this file maps dtypes, views and the TF32 switch onto them.
 
 use super::kernels::{KernelError, RawStream};
-use super::registry::PerDevice;
 use super::CudaError;
 use crate::DType;
-use cudarc::cublas::{result as blas, sys as bsys};
-use std::ffi::c_void;
+use berth_cuda::cublas::{gemm_strided_batched, GemmOperand, GemmType};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
 
 static ALLOW_TF32: AtomicBool = AtomicBool::new(false);
 
@@ -30,40 +30,6 @@ pub fn set_allow_tf32(allow: bool) {
 /// Whether f32 matmuls may use TF32 ([`set_allow_tf32`]).
 pub fn allow_tf32() -> bool {
     ALLOW_TF32.load(Ordering::SeqCst)
-}
-
-/// One cuBLAS handle per device, used under its lock (cuBLAS handles are not thread-safe
-/// when their stream changes; PyTorch keeps one per (device, thread)).
-struct Handle(bsys::cublasHandle_t);
-
-// SAFETY: a cuBLAS handle may be used from any thread as long as calls on it are serialised,
-// which the `Mutex` around it guarantees.
-unsafe impl Send for Handle {}
-
-/// Each device's handle, created with the device's context current on first use.
-static HANDLES: PerDevice<Mutex<Handle>> = PerDevice::new();
-
-fn cublas_present() -> Result<(), KernelError> {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: `is_culib_present` only tries `dlopen` on candidate names.
-    if *PRESENT.get_or_init(|| unsafe { bsys::is_culib_present() }) {
-        Ok(())
-    } else {
-        Err(KernelError::Unavailable {
-            reason:
-                "the cuBLAS library (libcublas.so) was not found; add the CUDA toolkit's lib64 \
-                     directory to LD_LIBRARY_PATH"
-                    .into(),
-        })
-    }
-}
-
-fn status(op: &'static str, device: usize) -> impl Fn(blas::CublasError) -> KernelError {
-    move |e| KernelError::Cublas {
-        op,
-        device,
-        status: format!("{:?}", e.0),
-    }
 }
 
 /// One matrix operand of [`matmul`]: a batch of row-major matrices with strides in elements.
@@ -129,16 +95,12 @@ pub unsafe fn matmul(
     b: MatrixView,
     c: MatrixView,
 ) -> Result<(), CudaError> {
-    use bsys::cublasComputeType_t as Compute;
-    use bsys::cudaDataType as Dt;
-    let (data, compute, f64_scalars) = match dtype {
-        DType::F32 if allow_tf32() => {
-            (Dt::CUDA_R_32F, Compute::CUBLAS_COMPUTE_32F_FAST_TF32, false)
-        }
-        DType::F32 => (Dt::CUDA_R_32F, Compute::CUBLAS_COMPUTE_32F, false),
-        DType::F64 => (Dt::CUDA_R_64F, Compute::CUBLAS_COMPUTE_64F, true),
-        DType::F16 => (Dt::CUDA_R_16F, Compute::CUBLAS_COMPUTE_32F, false),
-        DType::BF16 => (Dt::CUDA_R_16BF, Compute::CUBLAS_COMPUTE_32F, false),
+    let ty = match dtype {
+        DType::F32 if allow_tf32() => GemmType::F32FastTf32,
+        DType::F32 => GemmType::F32,
+        DType::F64 => GemmType::F64,
+        DType::F16 => GemmType::F16,
+        DType::BF16 => GemmType::BF16,
         other => {
             return Err(KernelError::UnsupportedDType {
                 op: "matmul",
@@ -173,13 +135,6 @@ pub unsafe fn matmul(
         .into());
     }
     let ldc = if m == 1 { n.max(1) } else { c.row_stride };
-    let op = |t: bool| {
-        if t {
-            bsys::cublasOperation_t::CUBLAS_OP_T
-        } else {
-            bsys::cublasOperation_t::CUBLAS_OP_N
-        }
-    };
     let (mi, ni, ki) = (to_int("m", m)?, to_int("n", n)?, to_int("k", k)?);
     let (ldai, ldbi, ldci) = (
         to_int("lda", lda)?,
@@ -188,57 +143,39 @@ pub unsafe fn matmul(
     );
     let batch_i = to_int("batch", batch as i64)?;
     super::kernels::bind(device)?;
-    cublas_present()?;
-    let (alpha32, beta32, alpha64, beta64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
-    let (alpha, beta): (*const c_void, *const c_void) = if f64_scalars {
-        ((&raw const alpha64).cast(), (&raw const beta64).cast())
-    } else {
-        ((&raw const alpha32).cast(), (&raw const beta32).cast())
-    };
-    // `bind` made `device`'s context current: a new handle belongs to it.
-    let guard = HANDLES
-        .get_or_try_init(device, |d| {
-            let h = blas::create_handle().map_err(status("cublasCreate", d))?;
-            Ok(Mutex::new(Handle(h)))
-        })?
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let handle = guard.0;
-    // SAFETY: `handle` belongs to `device`'s context (created with it current) and is used
-    // under the lock; the stream belongs to the same context (precondition 2).
-    unsafe { blas::set_stream(handle, stream.cast()) }
-        .map_err(status("cublasSetStream", device))?;
-    // SAFETY: the handle is valid; the dimensions, leading dimensions and strides describe
-    // memory the caller guarantees (precondition 1); alpha/beta live across the call.
+    // cuBLAS "A" is B^T, cuBLAS "B" is A^T, cuBLAS "C" is C^T: (n x k) @ (k x m) = n x m.
+    // SAFETY: `bind` made `device`'s context current; the operands' memory is the caller's
+    // (precondition 1) and the leading dimensions and strides were derived from it above; the
+    // stream is the caller's (precondition 2).
     unsafe {
-        blas::gemm_strided_batched_ex(
-            handle,
-            op(ta),
-            op(tb),
+        gemm_strided_batched(
+            device,
+            stream,
+            ty,
+            batch_i,
             ni,
             mi,
             ki,
-            alpha,
-            b.ptr as *const c_void,
-            data,
-            ldai,
-            b.batch_stride,
-            a.ptr as *const c_void,
-            data,
-            ldbi,
-            a.batch_stride,
-            beta,
-            c.ptr as *mut c_void,
-            data,
-            ldci,
-            c.batch_stride,
-            batch_i,
-            compute,
-            bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            GemmOperand {
+                ptr: b.ptr,
+                transposed: ta,
+                ld: ldai,
+                batch_stride: b.batch_stride,
+            },
+            GemmOperand {
+                ptr: a.ptr,
+                transposed: tb,
+                ld: ldbi,
+                batch_stride: a.batch_stride,
+            },
+            GemmOperand {
+                ptr: c.ptr,
+                transposed: false,
+                ld: ldci,
+                batch_stride: c.batch_stride,
+            },
         )
     }
-    .map_err(status("cublasGemmStridedBatchedEx", device))?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -8,10 +8,10 @@
 //! bits of two words; normals use Box-Muller on pairs of uniforms.
 
 use super::kernels::{function, grid_for, launch, module_source, KernelError, RawStream};
-use super::registry::PerDevice;
 use super::CudaError;
 use crate::device_kernels::interface::RandomDist;
 use crate::DType;
+use berth_cuda::registry::PerDevice;
 use std::ffi::c_void;
 use std::sync::Mutex;
 

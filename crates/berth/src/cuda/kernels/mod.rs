@@ -4,10 +4,12 @@
 //! This is the raw layer under [`ops`](super::ops): every function takes device addresses
 //! (`CUdeviceptr` as `u64`) of memory that berth's allocators own, with the shape and strides
 //! (in elements) of each operand, and enqueues work on a stream. Nothing here allocates device
-//! memory, and no cudarc `CudaSlice` is involved.
+//! memory, and no cudarc `CudaSlice` is involved. The NVRTC and driver calls (compile, load,
+//! look up, launch) are berth-cuda's ([`berth_cuda::kernel`]); this crate names no cudarc.
 //!
 //! Files: `prelude.rs` (shared CUDA C: dtype table, half conversions, index structs, block
-//! reductions), `module.rs` (NVRTC + module cache + launch), `elementwise.rs` (unary, scalar,
+//! reductions), `module.rs` (grid sizing, kernel families, bind + look up + launch over
+//! [`berth_cuda::kernel`]), `elementwise.rs` (unary, scalar,
 //! binary, comparison, fill, copy/cast), `reduce.rs` (sum, mean, max, min, argmax, argmin),
 //! `softmax.rs` (softmax, `log_softmax` and their backward, cross-entropy forward/backward),
 //! `optim.rs` (the multi-tensor SGD update; `Note [Fused updates are exact]`), `index.rs`
@@ -50,8 +52,7 @@ macro_rules! kernel_params {
 }
 pub(crate) use kernel_params;
 
-/// A CUDA stream handle as the driver knows it (null = the legacy default stream).
-pub type RawStream = cudarc::driver::sys::CUstream;
+pub use berth_cuda::kernel::RawStream;
 
 /// The most dimensions a kernel operand may have after merging contiguous dimensions
 /// (PyTorch's limit is 25; berth's index struct holds 8).

@@ -255,7 +255,11 @@ impl Driver {
         }
         let Ok(dev) = dev else {
             assert_eq!(p, 0, "an allocation on device {} succeeded", index(dev));
-            assert!(last_error().contains("out of range"), "{}", last_error());
+            // A negative index is a bad argument, a too-large one a missing device; both say
+            // what would be right.
+            let e = last_error();
+            let why = if index(dev) < 0 { "is negative; use 0 or more" } else { "out of range" };
+            assert!(e.contains(why), "{e}");
             return;
         };
         if p == 0 {

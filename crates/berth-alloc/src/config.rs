@@ -19,6 +19,50 @@ const KNOWN_KEYS: &str = "backend, max_split_size_mb, max_non_split_rounding_mb,
 garbage_collection_threshold, expandable_segments, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
 pinned_num_register_threads, pinned_use_background_threads, graph_capture_record_stream_reuse";
 
+/// Other spellings PyTorch accepts for keys of [`KNOWN_KEYS`] (its device-generic and `ROCm`
+/// names), and the key each stands for.
+const KEY_ALIASES: [(&str, &str); 4] = [
+    (
+        "release_lock_on_device_malloc",
+        "release_lock_on_cudamalloc",
+    ),
+    ("release_lock_on_hipmalloc", "release_lock_on_cudamalloc"),
+    (
+        "pinned_use_device_host_register",
+        "pinned_use_cuda_host_register",
+    ),
+    (
+        "pinned_use_hip_host_register",
+        "pinned_use_cuda_host_register",
+    ),
+];
+
+/// Options of PyTorch's allocator that berth does not implement
+/// (<https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDAAllocatorConfig.h>). Written
+/// in `BERTH_ALLOC_CONF` they are an error ([`ConfigError::NotImplemented`]); read from
+/// PyTorch's own variables they are skipped with a warning, so that a PyTorch setting does
+/// not stop a berth program ([`AllocatorConfig::from_env`]).
+pub const PYTORCH_ONLY_KEYS: [&str; 6] = [
+    "per_process_memory_fraction",
+    "pinned_reserve_segment_size_mb",
+    "pinned_free_catch_all",
+    "throw_on_cudamalloc_oom",
+    "expandable_segments_reserve",
+    "expandable_segments_reserve_by_class",
+];
+
+/// The environment variables the allocator configuration is read from, the first one set
+/// winning: berth's own, then PyTorch's two names in PyTorch's order (`PYTORCH_ALLOC_CONF`,
+/// then the older `PYTORCH_CUDA_ALLOC_CONF`, as `CUDAAllocatorConfig::instance` reads them:
+/// <https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDAAllocatorConfig.h>). A PyTorch
+/// user's existing setting therefore tunes berth the same way unless `BERTH_ALLOC_CONF`
+/// overrides it.
+pub const CONFIG_VARIABLES: [&str; 3] = [
+    "BERTH_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+    "PYTORCH_CUDA_ALLOC_CONF",
+];
+
 /// The parsed configuration of a caching allocator. `Default` is PyTorch's default.
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -192,6 +236,25 @@ impl AllocatorConfig {
     /// 2. [`ConfigError::InvalidValue`] naming the key and value that does not fit it.
     /// 3. [`ConfigError::Syntax`] with the byte position of a malformed entry.
     pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        Self::parse_keys(s, false).map(|(cfg, _)| cfg)
+    }
+
+    /// [`AllocatorConfig::parse`] for a string written for PyTorch: the keys of
+    /// [`PYTORCH_ONLY_KEYS`] are skipped with their values, and returned (in order) instead
+    /// of refused.
+    ///
+    /// # Errors
+    /// As [`AllocatorConfig::parse`].
+    pub fn parse_pytorch(s: &str) -> Result<(Self, Vec<&'static str>), ConfigError> {
+        Self::parse_keys(s, true)
+    }
+
+    /// The parser of both spellings: `skip_pytorch_only` skips [`PYTORCH_ONLY_KEYS`].
+    fn parse_keys(
+        s: &str,
+        skip_pytorch_only: bool,
+    ) -> Result<(Self, Vec<&'static str>), ConfigError> {
+        let mut skipped = Vec::new();
         let mut cfg = AllocatorConfig {
             conf_string: s.to_owned(),
             ..Default::default()
@@ -214,12 +277,23 @@ impl AllocatorConfig {
                     format!("unexpected '{}' where a key was expected", key_tok.text),
                 ));
             }
-            let key = key_tok.text;
-            if !KNOWN_KEYS.split(", ").any(|k| k == key) {
-                return Err(ConfigError::UnknownKey {
-                    key: key.into(),
-                    known: KNOWN_KEYS,
-                });
+            let key = KEY_ALIASES
+                .iter()
+                .find(|(alias, _)| *alias == key_tok.text)
+                .map_or(key_tok.text, |(_, key)| *key);
+            let pytorch_only = PYTORCH_ONLY_KEYS.iter().find(|k| **k == key);
+            match pytorch_only {
+                Some(k) if !skip_pytorch_only => {
+                    return Err(ConfigError::NotImplemented { key: k });
+                }
+                Some(_) => {}
+                None if !KNOWN_KEYS.split(", ").any(|k| k == key) => {
+                    return Err(ConfigError::UnknownKey {
+                        key: key.into(),
+                        known: KNOWN_KEYS,
+                    });
+                }
+                None => {}
             }
             match tokens.get(i + 1) {
                 Some(t) if t.text == ":" => {}
@@ -235,7 +309,19 @@ impl AllocatorConfig {
             let Some(value_tok) = tokens.get(i) else {
                 return Err(syntax(s.len(), format!("key '{key}' has no value")));
             };
-            if value_tok.text == "[" {
+            if let Some(k) = pytorch_only {
+                // Skipped with its value: one token, or a bracketed list.
+                skipped.push(*k);
+                if value_tok.text == "[" {
+                    i = tokens[i..]
+                        .iter()
+                        .position(|t| t.text == "]")
+                        .map(|p| i + p + 1)
+                        .ok_or_else(|| syntax(s.len(), format!("'{key}': '[' without ']'")))?;
+                } else {
+                    i += 1;
+                }
+            } else if value_tok.text == "[" {
                 if key != "roundup_power2_divisions" {
                     return Err(invalid(key, "[", "a single value, not a list"));
                 }
@@ -267,7 +353,7 @@ impl AllocatorConfig {
                 });
             }
         }
-        Ok(cfg)
+        Ok((cfg, skipped))
     }
 
     /// The first option of PyTorch's device policy (`backend:native`) that differs from its
@@ -331,24 +417,64 @@ impl AllocatorConfig {
         self.policy().name()
     }
 
-    /// Parses `BERTH_ALLOC_CONF` (default configuration when unset).
+    /// Parses the first of [`CONFIG_VARIABLES`] that is set (`BERTH_ALLOC_CONF`, else
+    /// PyTorch's `PYTORCH_ALLOC_CONF`, else `PYTORCH_CUDA_ALLOC_CONF`); the default
+    /// configuration when none is. From PyTorch's variables, options berth does not implement
+    /// ([`PYTORCH_ONLY_KEYS`]) are skipped and said once on the [`crate::warnings`] channel.
     ///
     /// # Errors
-    /// As [`AllocatorConfig::parse`].
+    /// [`ConfigError::InVariable`] naming the variable, around [`AllocatorConfig::parse`]'s
+    /// error; [`ConfigError::NotUnicode`] for a value that is not UTF-8.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_env_value(std::env::var("BERTH_ALLOC_CONF"))
+        Self::from_vars(std::env::var)
     }
 
-    /// [`AllocatorConfig::from_env`] for a value as `std::env::var` returns it: unset is the
-    /// default, set but not UTF-8 is [`ConfigError::NotUnicode`].
-    fn from_env_value(v: Result<String, std::env::VarError>) -> Result<Self, ConfigError> {
-        match v {
-            Ok(s) => AllocatorConfig::parse(&s),
-            Err(std::env::VarError::NotPresent) => Ok(AllocatorConfig::default()),
-            Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode {
-                var: "BERTH_ALLOC_CONF",
-            }),
+    /// The variable of [`CONFIG_VARIABLES`] that [`AllocatorConfig::from_env`] reads now
+    /// (the first one set), or `None` when none is set.
+    pub fn env_variable() -> Option<&'static str> {
+        CONFIG_VARIABLES
+            .into_iter()
+            .find(|var| std::env::var_os(var).is_some())
+    }
+
+    /// [`AllocatorConfig::from_env`] over `get`, which answers as `std::env::var` does: the
+    /// first variable that is not [`std::env::VarError::NotPresent`] is read; set but not
+    /// UTF-8 is [`ConfigError::NotUnicode`] (never read as unset).
+    ///
+    /// # Errors
+    /// As [`AllocatorConfig::from_env`].
+    pub fn from_vars(
+        get: impl Fn(&'static str) -> Result<String, std::env::VarError>,
+    ) -> Result<Self, ConfigError> {
+        for var in CONFIG_VARIABLES {
+            let value = match get(var) {
+                Ok(value) => value,
+                Err(std::env::VarError::NotPresent) => continue,
+                Err(std::env::VarError::NotUnicode(_)) => {
+                    return Err(ConfigError::NotUnicode { var })
+                }
+            };
+            let in_variable = |error| ConfigError::InVariable {
+                var,
+                error: Box::new(error),
+            };
+            if var == CONFIG_VARIABLES[0] {
+                return AllocatorConfig::parse(&value).map_err(in_variable);
+            }
+            let (config, skipped) = AllocatorConfig::parse_pytorch(&value).map_err(in_variable)?;
+            if !skipped.is_empty() {
+                crate::warnings::warn_once("alloc-conf-pytorch-only-keys", || {
+                    format!(
+                        "{var}: berth does not implement PyTorch's allocator option(s) {}; \
+                         they are ignored (set BERTH_ALLOC_CONF, which is read first, to \
+                         configure berth without them)",
+                        skipped.join(", ")
+                    )
+                });
+            }
+            return Ok(config);
         }
+        Ok(AllocatorConfig::default())
     }
 
     fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
@@ -543,8 +669,8 @@ mod tests {
     fn non_utf8_env_value_is_refused_not_ignored() {
         use std::ffi::OsString;
         use std::os::unix::ffi::OsStringExt;
-        let bad = std::env::VarError::NotUnicode(OsString::from_vec(vec![0x62, 0xff, 0x3a]));
-        let e = AllocatorConfig::from_env_value(Err(bad)).unwrap_err();
+        let bad = || std::env::VarError::NotUnicode(OsString::from_vec(vec![0x62, 0xff, 0x3a]));
+        let e = AllocatorConfig::from_vars(|_| Err(bad())).unwrap_err();
         assert_eq!(
             e,
             ConfigError::NotUnicode {
@@ -552,7 +678,19 @@ mod tests {
             }
         );
         assert!(e.to_string().contains("not valid UTF-8"), "{e}");
-        let unset = AllocatorConfig::from_env_value(Err(std::env::VarError::NotPresent));
+        // Not UTF-8 in PyTorch's variable is refused too, naming it.
+        let e = AllocatorConfig::from_vars(|v| match v {
+            "PYTORCH_ALLOC_CONF" => Err(bad()),
+            _ => Err(std::env::VarError::NotPresent),
+        })
+        .unwrap_err();
+        assert_eq!(
+            e,
+            ConfigError::NotUnicode {
+                var: "PYTORCH_ALLOC_CONF"
+            }
+        );
+        let unset = AllocatorConfig::from_vars(|_| Err(std::env::VarError::NotPresent));
         assert_eq!(unset, Ok(AllocatorConfig::default()));
     }
 
@@ -727,5 +865,138 @@ mod tests {
         assert!(AllocatorConfig::parse("backend:paged,expandable_segments:False").is_ok());
         // Host options apply to every backend.
         assert!(AllocatorConfig::parse("backend:paged,pinned_use_cuda_host_register:True").is_ok());
+    }
+}
+
+#[cfg(test)]
+mod env_tests {
+    use super::*;
+    use std::env::VarError;
+
+    /// `from_vars` over a fixed set of variables.
+    fn read(vars: &[(&'static str, &str)]) -> Result<AllocatorConfig, ConfigError> {
+        AllocatorConfig::from_vars(|var| {
+            vars.iter()
+                .find(|(v, _)| *v == var)
+                .map(|(_, value)| value.to_string())
+                .ok_or(VarError::NotPresent)
+        })
+    }
+
+    #[test]
+    fn berth_then_pytorch_alloc_conf_then_pytorch_cuda_alloc_conf() {
+        let berth = ("BERTH_ALLOC_CONF", "backend:paged");
+        let torch = ("PYTORCH_ALLOC_CONF", "expandable_segments:True");
+        let torch_cuda = ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512");
+        assert_eq!(read(&[]).unwrap(), AllocatorConfig::default());
+        assert_eq!(
+            read(&[berth, torch, torch_cuda]).unwrap().policy(),
+            Policy::Paged
+        );
+        assert_eq!(
+            read(&[torch, torch_cuda]).unwrap().policy(),
+            Policy::Expandable
+        );
+        let c = read(&[torch_cuda]).unwrap();
+        assert_eq!(c.policy(), Policy::Pytorch);
+        assert!(
+            c.policy_chosen(),
+            "PyTorch's options choose PyTorch's policy"
+        );
+        assert_eq!(c.max_split_size, Some(512 << 20));
+        // An empty berth variable is set: it wins, and gives the default.
+        assert_eq!(
+            read(&[("BERTH_ALLOC_CONF", ""), torch]).unwrap(),
+            AllocatorConfig::default()
+        );
+    }
+
+    #[test]
+    fn errors_name_the_variable_they_came_from() {
+        for var in CONFIG_VARIABLES {
+            let e = read(&[(var, "bogus:1")]).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::InVariable { var: v, error } if *v == var
+                    && matches!(**error, ConfigError::UnknownKey { .. })),
+                "{e:?}"
+            );
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("{var}: unrecognized allocator config key 'bogus'")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn pytorch_only_options_are_refused_in_berths_variable_and_skipped_in_pytorchs() {
+        let e = read(&[("BERTH_ALLOC_CONF", "per_process_memory_fraction:0.5")]).unwrap_err();
+        assert_eq!(
+            e,
+            ConfigError::InVariable {
+                var: "BERTH_ALLOC_CONF",
+                error: Box::new(ConfigError::NotImplemented {
+                    key: "per_process_memory_fraction"
+                })
+            }
+        );
+        let conf = "max_split_size_mb:256,per_process_memory_fraction:0.5,\
+                    expandable_segments_reserve_by_class:[a:0.5,b:2G],pinned_free_catch_all:True";
+        let c = read(&[("PYTORCH_CUDA_ALLOC_CONF", conf)]).unwrap();
+        assert_eq!(c.max_split_size, Some(256 << 20));
+        assert_eq!(c.policy(), Policy::Pytorch);
+        let (_, skipped) = AllocatorConfig::parse_pytorch(conf).unwrap();
+        assert_eq!(
+            skipped,
+            [
+                "per_process_memory_fraction",
+                "expandable_segments_reserve_by_class",
+                "pinned_free_catch_all"
+            ]
+        );
+        let said = crate::warnings::said_for("alloc-conf-pytorch-only-keys").unwrap();
+        assert!(
+            said.starts_with("PYTORCH_CUDA_ALLOC_CONF: berth does not implement"),
+            "{said}"
+        );
+        assert!(said.contains("per_process_memory_fraction"), "{said}");
+        // Said once per process.
+        read(&[("PYTORCH_ALLOC_CONF", "throw_on_cudamalloc_oom:True")]).unwrap();
+        assert_eq!(
+            crate::warnings::said()
+                .iter()
+                .filter(|w| w.key == "alloc-conf-pytorch-only-keys")
+                .count(),
+            1
+        );
+        // A bracketed value that never closes is still a syntax error.
+        assert!(matches!(
+            AllocatorConfig::parse_pytorch("expandable_segments_reserve_by_class:[a:1"),
+            Err(ConfigError::Syntax { .. })
+        ));
+    }
+
+    #[test]
+    fn pytorchs_device_generic_and_rocm_spellings_are_the_same_keys() {
+        for (alias, key) in KEY_ALIASES {
+            let a = AllocatorConfig::parse(&format!("{alias}:True")).unwrap();
+            let k = AllocatorConfig::parse(&format!("{key}:True")).unwrap();
+            assert_eq!(
+                (
+                    a.release_lock_on_cudamalloc,
+                    a.pinned_use_cuda_host_register
+                ),
+                (
+                    k.release_lock_on_cudamalloc,
+                    k.pinned_use_cuda_host_register
+                ),
+                "{alias}"
+            );
+            assert_ne!(
+                a,
+                AllocatorConfig::parse("").unwrap(),
+                "{alias} set something"
+            );
+        }
     }
 }

@@ -278,6 +278,22 @@ pub enum ConfigError {
         /// The variable's name.
         var: &'static str,
     },
+    /// An option of PyTorch's allocator that berth does not implement
+    /// ([`crate::config::PYTORCH_ONLY_KEYS`]), written in berth's own configuration.
+    #[error("allocator config key '{key}' is an option of PyTorch's allocator that berth does not implement; remove it (read from PyTorch's PYTORCH_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF it is skipped with a warning)")]
+    NotImplemented {
+        /// The key.
+        key: &'static str,
+    },
+    /// The configuration read from an environment variable was refused: the variable's name
+    /// and why ([`crate::AllocatorConfig::from_env`]).
+    #[error("{var}: {error}")]
+    InVariable {
+        /// The variable (one of [`crate::config::CONFIG_VARIABLES`]).
+        var: &'static str,
+        /// What was wrong with its value (part of this error's message, not a separate source).
+        error: Box<ConfigError>,
+    },
     /// A malformed entry (no `key:value` shape, unbalanced brackets).
     #[error("malformed allocator config at byte {position}: {message} (expected comma-separated key:value pairs)")]
     Syntax {

@@ -3,8 +3,8 @@
 //!
 //! # Where this crate sits
 //! The bottom of the workspace; it depends on no other berth crate and never on CUDA (only
-//! `thiserror`, plus `serde` / `serde_json` / `flate2` behind the `serde` and `trace`
-//! features):
+//! `thiserror` and `tracing`, the latter for the [`warnings`] channel, plus `serde` /
+//! `serde_json` / `flate2` behind the `serde` and `trace` features):
 //!
 //! ```text
 //! berth-alloc  <-  berth-cuda  <-  berth  <-  berth-data  <-  berth-cli (the `berth` binary)
@@ -79,6 +79,7 @@ mod sync;
 pub mod testing;
 #[cfg(feature = "trace")]
 pub mod trace;
+pub mod warnings;
 
 pub use allocator::{Allocation, AllocationOwner, DeviceAllocator, OomObserver};
 pub use backend::{

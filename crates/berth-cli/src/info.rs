@@ -32,9 +32,12 @@ struct Info {
     cuda_available: bool,
     /// Why CUDA is not available; `None` when it is.
     cuda_unavailable_reason: Option<String>,
-    /// The device-memory policy `BERTH_ALLOC_CONF` selects (`paged`, `pytorch`, `expandable`).
+    /// The device-memory policy the configuration selects (`paged`, `pytorch`, `expandable`).
     allocator_policy: String,
-    /// `BERTH_ALLOC_CONF` as set (empty when unset).
+    /// The variable the configuration was read from (`BERTH_ALLOC_CONF`, else PyTorch's
+    /// `PYTORCH_ALLOC_CONF` or `PYTORCH_CUDA_ALLOC_CONF`); `None` when none is set.
+    alloc_conf_variable: Option<&'static str>,
+    /// Its value (empty when none is set).
     alloc_conf: String,
     devices: Vec<DeviceInfo>,
 }
@@ -68,16 +71,16 @@ fn collect() -> anyhow::Result<Info> {
         cuda_available: reason.is_none(),
         cuda_unavailable_reason: reason,
         allocator_policy: config.policy_name().to_owned(),
+        alloc_conf_variable: berth::alloc::AllocatorConfig::env_variable(),
         alloc_conf: config.conf_string,
         devices,
     })
 }
 
 fn render(info: &Info) -> String {
-    let conf = if info.alloc_conf.is_empty() {
-        "BERTH_ALLOC_CONF unset".to_owned()
-    } else {
-        format!("BERTH_ALLOC_CONF={}", info.alloc_conf)
+    let conf = match info.alloc_conf_variable {
+        None => "BERTH_ALLOC_CONF unset".to_owned(),
+        Some(var) => format!("{var}={}", info.alloc_conf),
     };
     let mut out = format!(
         "berth {}\nCPU cores: {}\nCUDA allocator policy: {} ({conf}; choose with backend:paged or backend:native)\n",
@@ -122,6 +125,7 @@ mod tests {
             cuda_available: true,
             cuda_unavailable_reason: None,
             allocator_policy: "paged".into(),
+            alloc_conf_variable: None,
             alloc_conf: String::new(),
             devices: vec![DeviceInfo {
                 index: 0,
@@ -139,6 +143,15 @@ mod tests {
         ));
         assert!(text.contains(
             "cuda:0  NVIDIA H200  143771 MiB total, 143000 MiB free, compute capability 9.0, 132 SMs"
+        ));
+        let from_torch = Info {
+            allocator_policy: "expandable".into(),
+            alloc_conf_variable: Some("PYTORCH_CUDA_ALLOC_CONF"),
+            alloc_conf: "expandable_segments:True".into(),
+            ..info
+        };
+        assert!(render(&from_torch).contains(
+            "CUDA allocator policy: expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; choose with"
         ));
     }
 

@@ -237,3 +237,54 @@ fn dataloader_json_says_when_the_gpu_part_was_skipped() {
         assert!(!reason.is_empty());
     }
 }
+
+/// A PyTorch user's `PYTORCH_ALLOC_CONF` / `PYTORCH_CUDA_ALLOC_CONF` configures berth when
+/// `BERTH_ALLOC_CONF` is unset (PyTorch's order), `BERTH_ALLOC_CONF` wins when set, and
+/// `berth info` names the variable it read.
+#[test]
+fn info_reads_pytorchs_allocator_variables_after_berths() {
+    let info = |vars: &[(&str, &str)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_berth"));
+        c.args(["info", "--json"]);
+        for v in [
+            "BERTH_ALLOC_CONF",
+            "PYTORCH_ALLOC_CONF",
+            "PYTORCH_CUDA_ALLOC_CONF",
+        ] {
+            c.env_remove(v);
+        }
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        let out = c.output().expect("berth runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            j["allocator_policy"].as_str().unwrap().to_owned(),
+            j["alloc_conf_variable"].as_str().map(str::to_owned),
+        )
+    };
+    assert_eq!(info(&[]), ("paged".into(), None));
+    assert_eq!(
+        info(&[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]),
+        ("expandable".into(), Some("PYTORCH_CUDA_ALLOC_CONF".into()))
+    );
+    assert_eq!(
+        info(&[
+            ("PYTORCH_ALLOC_CONF", "max_split_size_mb:512"),
+            ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        ]),
+        ("pytorch".into(), Some("PYTORCH_ALLOC_CONF".into()))
+    );
+    assert_eq!(
+        info(&[
+            ("BERTH_ALLOC_CONF", "backend:paged"),
+            ("PYTORCH_ALLOC_CONF", "max_split_size_mb:512")
+        ]),
+        ("paged".into(), Some("BERTH_ALLOC_CONF".into()))
+    );
+}

@@ -162,8 +162,10 @@ pub enum CudaError {
         /// The one asked for.
         requested: String,
     },
-    /// `BERTH_ALLOC_CONF` (PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax) could not be used.
-    #[error("BERTH_ALLOC_CONF: {0}")]
+    /// The allocator configuration read from the environment (`BERTH_ALLOC_CONF`, else
+    /// PyTorch's `PYTORCH_ALLOC_CONF` or `PYTORCH_CUDA_ALLOC_CONF`) could not be used; the
+    /// error names the variable ([`berth_alloc::ConfigError::InVariable`]).
+    #[error("{0}")]
     Config(#[from] berth_alloc::ConfigError),
 
     /// A host mapping (huge-page destination or first pin) could not be made.
@@ -270,11 +272,21 @@ mod tests {
             },
         };
         assert!(oom.is_out_of_memory());
-        let conf = CudaError::from(berth_alloc::AllocatorConfig::parse("backend:x").unwrap_err());
-        assert!(matches!(conf, CudaError::Config(_)), "{conf:?}");
-        assert!(conf
-            .to_string()
-            .starts_with("BERTH_ALLOC_CONF: invalid value 'x'"));
+        let read = |var: &'static str| {
+            berth_alloc::AllocatorConfig::from_vars(|v| match v == var {
+                true => Ok("backend:x".into()),
+                false => Err(std::env::VarError::NotPresent),
+            })
+        };
+        for var in berth_alloc::config::CONFIG_VARIABLES {
+            let conf = CudaError::from(read(var).unwrap_err());
+            assert!(matches!(conf, CudaError::Config(_)), "{conf:?}");
+            assert!(
+                conf.to_string()
+                    .starts_with(&format!("{var}: invalid value 'x'")),
+                "{conf}"
+            );
+        }
     }
 
     /// A driver error keeps its `CUresult` when it reaches berth-alloc.

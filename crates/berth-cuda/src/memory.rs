@@ -6,7 +6,9 @@
 //! process: berth's CUDA tensors, PyTorch's allocations through `berth_torch` (its hooks call
 //! [`allocator`]), and the CLI. It is built on the first allocation on that device, by
 //! [`berth_alloc::device_allocator`], with the configuration [`configure`] set or, when none
-//! was set, `BERTH_ALLOC_CONF` (PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax): `backend:paged`
+//! was set, the environment's ([`AllocatorConfig::from_env`]: `BERTH_ALLOC_CONF`, else
+//! PyTorch's `PYTORCH_ALLOC_CONF`, else `PYTORCH_CUDA_ALLOC_CONF`, all in PyTorch's syntax):
+//! `backend:paged`
 //! (berth's [`PagedBestFit`](berth_alloc::PagedBestFit)) or `backend:native` (PyTorch's caching
 //! allocator, `expandable_segments:True` for its expandable segments); without `backend:` the
 //! policy is [`Policy::DEFAULT`](berth_alloc::Policy::DEFAULT) unless an option of PyTorch's

@@ -18,7 +18,7 @@ use std::hash::Hash;
 use berth::Tensor;
 
 use crate::error::Result;
-use crate::warn::warn_once;
+use berth::alloc::warnings::warn_once;
 
 /// A batch whose tensors can be mapped one by one, keeping the batch's structure (PyTorch's
 /// `pin_memory` recursion and the custom `pin_memory()` method hook of pytorch#16743, as one
@@ -42,13 +42,12 @@ pub trait MapTensors: Sized {
     /// The first error `f` returns.
     fn map_tensors(self, f: &mut dyn FnMut(Tensor) -> Result<Tensor>) -> Result<Self> {
         let _ = f;
-        warn_once(
-            "map-tensors-unsupported-type",
-            &format!(
+        warn_once("map-tensors-unsupported-type", || {
+            format!(
                 "batch type {} has no map_tensors of its own; returned unchanged (not pinned, not moved to a device)",
                 std::any::type_name::<Self>()
-            ),
-        );
+            )
+        });
         Ok(self)
     }
 }

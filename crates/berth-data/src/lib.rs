@@ -61,7 +61,6 @@ pub mod rng;
 mod sampler;
 mod tensor_collate;
 mod tensor_dataset;
-mod warn;
 pub mod worker;
 
 pub use batch::MapTensors;

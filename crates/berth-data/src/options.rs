@@ -19,7 +19,7 @@ use crate::error::{DataError, Result};
 use crate::pin::PinTarget;
 use crate::pinning::{decide, PinFn, Pinning};
 use crate::rng::Generator;
-use crate::warn::warn_once;
+use berth::alloc::warnings::warn_once;
 
 /// Default `prefetch_factor` with workers: batches loaded in advance per worker.
 pub const DEFAULT_PREFETCH_FACTOR: usize = 2;
@@ -230,12 +230,11 @@ pub(crate) fn check_timeout_needs_workers(timeout_secs: f64, num_workers: usize)
 pub(crate) fn warn_workers_over_cpus(num_workers: usize) {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     if num_workers > cpus {
-        warn_once(
-            "workers>cpus",
-            &format!(
+        warn_once("workers>cpus", || {
+            format!(
                 "This DataLoader will create {num_workers} worker threads in total. Our suggested max number of worker in current system is {cpus}, which is smaller than what this DataLoader is going to create. Please be aware that excessive worker creation might get DataLoader running slow, lower the worker number to avoid potential slowness if necessary."
-            ),
-        );
+            )
+        });
     }
 }
 

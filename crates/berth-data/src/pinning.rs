@@ -37,7 +37,7 @@ use crate::batch::MapTensors;
 use crate::collatable::CollateContext;
 use crate::error::Result;
 use crate::pin::PinTarget;
-use crate::warn::warn_once;
+use berth::alloc::warnings::warn_once;
 
 /// The worker-side pin step of a loader, type-erased over the batch type (set by the builders'
 /// `pin_memory(true)`, which is where the batch type is known to implement [`MapTensors`]).
@@ -103,20 +103,18 @@ pub(crate) fn decide<B>(
 ) -> Option<Pinning<B>> {
     let Some(pin) = pin else {
         if device.is_some() {
-            warn_once(
-                "pin_memory_device-without-pin_memory",
-                "pin memory device is set and pin_memory flag is not used then device pinned memory won't be used, please set pin_memory to true, if you need to use the device pin memory",
-            );
+            warn_once("pin_memory_device-without-pin_memory", || {
+                "pin memory device is set and pin_memory flag is not used then device pinned memory won't be used, please set pin_memory to true, if you need to use the device pin memory".into()
+            });
         }
         return None;
     };
     if let Some(d) = device.filter(|d| !d.is_cuda()) {
-        warn_once(
-            "pin_memory_device-not-accelerator",
-            &format!(
+        warn_once("pin_memory_device-not-accelerator", || {
+            format!(
                 "pin_memory_device={d} is not an accelerator, then device pinned memory won't be used"
-            ),
-        );
+            )
+        });
         return None;
     }
     let target =
@@ -128,10 +126,9 @@ pub(crate) fn decide<B>(
             pin,
         }),
         None => {
-            warn_once(
-                "pin_memory-no-accelerator",
-                "'pin_memory' argument is set as true but no accelerator is found, then device pinned memory won't be used.",
-            );
+            warn_once("pin_memory-no-accelerator", || {
+                "'pin_memory' argument is set as true but no accelerator is found, then device pinned memory won't be used.".into()
+            });
             None
         }
     }

@@ -94,8 +94,7 @@ fn parse_policies(s: &str) -> Result<Vec<Policy>, UsageError> {
 /// # Errors
 /// A [`UsageError`] for a malformed `BERTH_ALLOC_CONF`.
 fn replay_conf() -> Result<AllocatorConfig, UsageError> {
-    let conf =
-        AllocatorConfig::from_env().map_err(|e| UsageError(format!("BERTH_ALLOC_CONF: {e}")))?;
+    let conf = AllocatorConfig::from_env().map_err(|e| UsageError(e.to_string()))?;
     if conf.backend.is_some() || conf.expandable_segments {
         eprintln!(
             "berth: note: BERTH_ALLOC_CONF={}: replay runs the policies --policy names; its \

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::error::AllocError;
-use crate::ids::{DevicePtr, StreamId};
+use crate::ids::{DevicePtr, MempoolId, StreamFilter, StreamId};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
@@ -234,6 +234,100 @@ pub trait DeviceAllocator: Send + Sync {
     /// # Errors
     /// The recorded error, once.
     fn check_err(&self) -> Result<(), AllocError>;
+
+    /// Creates private pool `id` with one use, or counts one more use of it (PyTorch's
+    /// `createOrIncrefPool`, called by `torch.cuda.MemPool()`). `Note [Private pools]` in
+    /// [`crate::caching::private_pools`] says what a private pool is.
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] for `(0, 0)`; [`AllocError::PolicyLacks`] from a policy
+    /// without private pools.
+    fn create_or_incref_pool(&self, id: MempoolId) -> Result<(), AllocError> {
+        let _ = id;
+        Err(lacks_private_pools(self.policy_name()))
+    }
+
+    /// Serves every request on a stream `filter` accepts from private pool `id` (created if
+    /// new, else one more use) until [`DeviceAllocator::end_allocate_to_pool`] (PyTorch's
+    /// `beginAllocateToPool`: CUDA-graph capture, `torch.cuda.use_mem_pool`).
+    ///
+    /// # Errors
+    /// [`AllocError::PoolInUse`] when `id` is already being allocated to; as
+    /// [`DeviceAllocator::create_or_incref_pool`].
+    fn begin_allocate_to_pool(
+        &self,
+        id: MempoolId,
+        filter: StreamFilter,
+    ) -> Result<(), AllocError> {
+        let _ = (id, filter);
+        Err(lacks_private_pools(self.policy_name()))
+    }
+
+    /// Stops serving requests from private pool `id` (PyTorch's `endAllocateToPool`); the use
+    /// it took stays until [`DeviceAllocator::release_pool`].
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] when `id` is not being allocated to;
+    /// [`AllocError::PolicyLacks`] from a policy without private pools.
+    fn end_allocate_to_pool(&self, id: MempoolId) -> Result<(), AllocError> {
+        let _ = id;
+        Err(lacks_private_pools(self.policy_name()))
+    }
+
+    /// Gives back one use of private pool `id` (PyTorch's `releasePool`); at zero uses its
+    /// cached memory goes back to the device at the next [`DeviceAllocator::empty_cache`].
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] for an unknown pool or one with no use left;
+    /// [`AllocError::PolicyLacks`] from a policy without private pools.
+    fn release_pool(&self, id: MempoolId) -> Result<(), AllocError> {
+        let _ = id;
+        Err(lacks_private_pools(self.policy_name()))
+    }
+
+    /// The use count of private pool `id`, 0 for an unknown pool (PyTorch's
+    /// `getPoolUseCount`).
+    fn pool_use_count(&self, id: MempoolId) -> u32 {
+        let _ = id;
+        0
+    }
+
+    /// Whether the allocations alive in private pool `id` are exactly `expected` (PyTorch's
+    /// `checkPoolLiveAllocations`, used by CUDA-graph trees).
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] for an unknown pool; [`AllocError::PolicyLacks`] from a
+    /// policy without private pools.
+    fn check_pool_live_allocations(
+        &self,
+        id: MempoolId,
+        expected: &std::collections::HashSet<DevicePtr>,
+    ) -> Result<bool, AllocError> {
+        let _ = (id, expected);
+        Err(lacks_private_pools(self.policy_name()))
+    }
+
+    /// Returns the unsplit cached blocks of private pool `id` to the device, whatever its use
+    /// count (PyTorch's `emptyCache(mempool_id)`, run when a `torch.cuda.MemPool` is
+    /// destroyed); the pool is forgotten when it has no use and no segment left.
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] for an unknown pool; [`AllocError::PolicyLacks`] from a
+    /// policy without private pools; [`AllocError::Backend`] when a free fails.
+    fn empty_pool_cache(&self, id: MempoolId) -> Result<(), AllocError> {
+        let _ = id;
+        Err(lacks_private_pools(self.policy_name()))
+    }
+}
+
+/// The error of a private-pool call to a policy that has none.
+fn lacks_private_pools(policy: &str) -> AllocError {
+    AllocError::PolicyLacks {
+        feature:
+            "private pools (CUDA graphs, torch.cuda.MemPool, torch.compile's reduce-overhead mode)",
+        policy: policy.to_owned(),
+        instead: "use policy \"pytorch\" or \"expandable\", which have them",
+    }
 }
 
 #[cfg(test)]

@@ -149,6 +149,37 @@ pub enum AllocError {
         /// The missing capability.
         needs: &'static str,
     },
+    /// A private-pool call named a pool that does not exist, or one in the wrong state
+    /// (`Note [Private pools]` in `caching::private_pools`).
+    #[error("private pool {id:?}: cannot {what}")]
+    NoSuchPool {
+        /// The pool's id (PyTorch's `MempoolId_t`).
+        id: (u64, u64),
+        /// What was asked and why it cannot be done.
+        what: &'static str,
+    },
+    /// `begin_allocate_to_pool` for a pool that is already being allocated to (PyTorch:
+    /// "beginAllocateToPool: already recording to `mempool_id`").
+    #[error(
+        "private pool {id:?} is already being allocated to; end that first (end_allocate_to_pool)"
+    )]
+    PoolInUse {
+        /// The pool's id.
+        id: (u64, u64),
+    },
+    /// The policy does not implement the feature asked for; another policy does.
+    #[error("the {policy} policy does not support {feature}; {instead}")]
+    PolicyLacks {
+        /// The feature asked for.
+        feature: &'static str,
+        /// The policy's name.
+        policy: String,
+        /// What to do instead.
+        instead: &'static str,
+    },
+    /// More private pools than one device can index (32766) are alive.
+    #[error("too many private pools alive on this device (at most 32766); release pools no longer used (release_pool) and empty the cache")]
+    TooManyPools,
     /// A backend call failed for a reason other than running out of memory.
     #[error("backend failure on {stream}: {source}")]
     Backend {

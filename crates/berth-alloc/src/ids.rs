@@ -84,3 +84,13 @@ pub struct MemInfo {
     /// Total device memory in bytes.
     pub total_bytes: u64,
 }
+
+/// The id of a private pool: PyTorch's `MempoolId_t`, a pair of which one element is nonzero
+/// (graphs use `(n, 0)`, `torch.cuda.MemPool` uses `(0, n)`); `(0, 0)` is the general pool
+/// and names no private pool.
+pub type MempoolId = (u64, u64);
+
+/// Which streams allocate into a pool while it is being allocated to (PyTorch's
+/// `std::function<bool(cudaStream_t)>` filter: the capturing stream, or the current thread's
+/// streams for `use_mem_pool`).
+pub type StreamFilter = std::sync::Arc<dyn Fn(StreamId) -> bool + Send + Sync>;

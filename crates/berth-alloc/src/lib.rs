@@ -41,6 +41,7 @@
 //! - `Note [Pickle reader arena]`: `src/pickle/reader.rs`
 //! - `Note [Compiled replay]`: `src/replay.rs`
 //! - `Note [Streaming trace reader]`: `src/trace/mod.rs`
+//! - `Note [Private pools]`: `src/caching/private_pools.rs`
 //!
 //! # Quick start
 //! ```
@@ -89,6 +90,7 @@ pub use config::AllocatorConfig;
 pub use error::{AllocError, BackendError, ConfigError, OomHint, PolicyError};
 pub use factory::device_allocator;
 pub use host::{HostAllocation, HostAllocator, HostBackend, HostCachingAllocator};
+pub use ids::{MempoolId, StreamFilter};
 pub use paged::{PagedBestFit, PagedTuning};
 pub use policy::Policy;
 pub use snapshot::{BlockInfo, BlockState, MemorySnapshot, SegmentInfo, TraceAction, TraceEntry};

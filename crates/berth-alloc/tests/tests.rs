@@ -17,6 +17,7 @@ mod paged;
 mod pickle;
 mod pickle_bad_input;
 mod policy;
+mod private_pools;
 mod recorded;
 mod stress;
 mod trace_stream;

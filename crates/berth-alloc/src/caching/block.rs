@@ -16,6 +16,9 @@ pub(crate) struct Block {
     pub stream: StreamId,
     pub prev: u32,
     pub next: u32,
+    /// Its pool's index in the allocator's pools ([`super::pool::pool_index`]).
+    pub pool: u16,
+    /// In a small pool (`pool` is odd).
     pub small: bool,
     pub allocated: bool,
     /// Mapped (always true outside expandable segments).
@@ -31,7 +34,7 @@ pub(crate) struct Block {
 }
 
 impl Block {
-    pub fn new(ptr: u64, size: u64, stream: StreamId, small: bool) -> Self {
+    pub fn new(ptr: u64, size: u64, stream: StreamId, pool: u16) -> Self {
         Block {
             ptr,
             size,
@@ -39,7 +42,8 @@ impl Block {
             stream,
             prev: NIL,
             next: NIL,
-            small,
+            pool,
+            small: pool & 1 == 1,
             allocated: false,
             mapped: true,
             expandable: NIL,

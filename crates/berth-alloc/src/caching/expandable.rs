@@ -47,10 +47,11 @@ impl<E> State<E> {
         &mut self,
         backend: &B,
         stream: StreamId,
-        small: bool,
+        pool: u16,
         size: u64,
     ) -> Result<Option<u32>, AllocError> {
-        let candidates: Vec<u32> = self.pools[small as usize]
+        let small = pool & 1 == 1;
+        let candidates: Vec<u32> = self.pools[pool as usize]
             .unmapped
             .range((stream.0, 0, 0)..)
             .take_while(|k| k.0 == stream.0)
@@ -88,8 +89,10 @@ impl<E> State<E> {
             page,
             stream,
             small,
+            pool,
         }));
-        let mut b = Block::new(base, reserve, stream, small);
+        self.count_segment(pool, true);
+        let mut b = Block::new(base, reserve, stream, pool);
         b.mapped = false;
         b.expandable = id;
         let i = self.blocks.insert(b);
@@ -103,10 +106,10 @@ impl<E> State<E> {
         &mut self,
         backend: &B,
         stream: StreamId,
-        small: bool,
+        pool: u16,
         size: u64,
     ) -> Result<Option<u32>, AllocError> {
-        let Some(mut c) = self.find_expandable_block(backend, stream, small, size)? else {
+        let Some(mut c) = self.find_expandable_block(backend, stream, pool, size)? else {
             return Ok(None);
         };
         if !self.blocks[c].mapped {
@@ -137,10 +140,10 @@ impl<E> State<E> {
         i: u32,
         size: u64,
     ) -> Result<bool, AllocError> {
-        let (ptr, bsize, stream, small, es_id) = {
+        let (ptr, bsize, stream, small, pool, es_id) = {
             let b = &self.blocks[i];
             debug_assert!(!b.mapped && size <= b.size);
-            (b.ptr, b.size, b.stream, b.small, b.expandable)
+            (b.ptr, b.size, b.stream, b.small, b.pool, b.expandable)
         };
         let es = self.expandable[es_id as usize].expect("live expandable segment");
         let begin = (ptr - es.base) / es.page;
@@ -170,7 +173,7 @@ impl<E> State<E> {
         self.pool_remove(i);
         self.blocks[i].mapped = true;
         if map_bytes < bsize {
-            let mut rest = Block::new(ptr + map_bytes, bsize - map_bytes, stream, small);
+            let mut rest = Block::new(ptr + map_bytes, bsize - map_bytes, stream, pool);
             rest.mapped = false;
             rest.expandable = es_id;
             rest.prev = i;
@@ -198,9 +201,9 @@ impl<E> State<E> {
     /// `unmap_block`: unmaps every page lying entirely inside free mapped block `i` (in its
     /// pool), after waiting for the segment's stream.
     pub fn unmap_block<B: MemoryBackend>(&mut self, backend: &B, i: u32) -> Result<(), AllocError> {
-        let (ptr, size, stream, small, es_id) = {
+        let (ptr, size, stream, small, pool, es_id) = {
             let b = &self.blocks[i];
-            (b.ptr, b.size, b.stream, b.small, b.expandable)
+            (b.ptr, b.size, b.stream, b.small, b.pool, b.expandable)
         };
         let es = self.expandable[es_id as usize].expect("live expandable segment");
         let begin = (ptr - es.base).div_ceil(es.page);
@@ -220,7 +223,7 @@ impl<E> State<E> {
         self.pool_remove(i);
         let before = un_ptr - ptr;
         if before > 0 {
-            let mut b = Block::new(ptr, before, stream, small);
+            let mut b = Block::new(ptr, before, stream, pool);
             b.expandable = es_id;
             b.prev = self.blocks[i].prev;
             b.next = i;
@@ -234,7 +237,7 @@ impl<E> State<E> {
         }
         let after = size - before - un_bytes;
         if after > 0 {
-            let mut b = Block::new(un_ptr + un_bytes, after, stream, small);
+            let mut b = Block::new(un_ptr + un_bytes, after, stream, pool);
             b.expandable = es_id;
             b.prev = i;
             b.next = self.blocks[i].next;
@@ -277,6 +280,7 @@ impl<E> State<E> {
         self.pool_remove(i);
         self.blocks.remove(i);
         self.expandable[es_id as usize] = None;
+        self.count_segment(es.pool, false);
         Ok(())
     }
 }

@@ -20,7 +20,8 @@ pub(crate) struct Request {
     pub alloc_size: u64,
     /// The caller's size.
     pub requested: u64,
-    pub small: bool,
+    /// The pool's index ([`super::pool::pool_index`]): general or a private pool's.
+    pub pool: u16,
 }
 
 type Guard<'a, E> = SpinGuard<'a, State<E>>;
@@ -54,11 +55,15 @@ impl<B: MemoryBackend> Shared<B> {
         // Step 4: wait for every pending cross-stream free, release every unsplit cached block
         // of every stream, and ask again (counts `num_alloc_retries`). As in PyTorch, the pool
         // is not searched again (issue #189504).
-        st.release_cached_blocks(&self.backend)?;
-        let (st2, found) = self.alloc_block(st, r, true)?;
-        st = st2;
-        if let Some(i) = found {
-            return Ok((st, i));
+        // Not while a private pool is being allocated to (a graph capture may be under way,
+        // and freeing memory is illegal during capture: `Note [Private pools]`).
+        if !st.private.capturing() {
+            st.release_cached_blocks(&self.backend)?;
+            let (st2, found) = self.alloc_block(st, r, true)?;
+            st = st2;
+            if let Some(i) = found {
+                return Ok((st, i));
+            }
         }
         // Step 5: out of memory.
         Err(self.out_of_memory(&mut st, r))
@@ -83,7 +88,7 @@ impl<B: MemoryBackend> Shared<B> {
         }
         if st.cfg.expandable_segments {
             let found =
-                st.try_allocate_expandable_block(&self.backend, r.stream, r.small, r.size)?;
+                st.try_allocate_expandable_block(&self.backend, r.stream, r.pool, r.size)?;
             return Ok((st, found));
         }
         st.inflight += r.alloc_size;
@@ -93,7 +98,7 @@ impl<B: MemoryBackend> Shared<B> {
         st.inflight -= r.alloc_size;
         match result {
             Ok(ptr) => {
-                let i = st.new_segment(ptr.0, r.alloc_size, r.stream, r.small);
+                let i = st.new_segment(ptr.0, r.alloc_size, r.stream, r.pool);
                 Ok((st, Some(i)))
             }
             Err(e) if e.is_out_of_memory() => Ok((st, None)),
@@ -149,7 +154,7 @@ impl<E> State<E> {
         }
         let target = r.size.max(self.max_split);
         let key = (r.stream.0, target, 0u64, 0u32);
-        let pool = r.small as usize;
+        let pool = r.pool as usize;
         let found = self.pools[pool].blocks.first_from(&key);
         match found {
             Some(k)

@@ -23,6 +23,7 @@ fn segment_info(
     device: i32,
     stream: StreamId,
     small: bool,
+    pool_id: (u64, u64),
     expandable: bool,
     blocks: &[&Block],
 ) -> SegmentInfo {
@@ -39,7 +40,7 @@ fn segment_info(
         } else {
             SegmentType::Large
         },
-        segment_pool_id: (0, 0),
+        segment_pool_id: pool_id,
         is_expandable: expandable,
         blocks: Vec::with_capacity(blocks.len()),
     };
@@ -84,7 +85,14 @@ impl<E> State<E> {
         let mut segments = Vec::new();
         for (&base, m) in &self.segments {
             let blocks: Vec<&Block> = in_range(base, m.size).iter().map(|(_, b)| *b).collect();
-            segments.push(segment_info(self.device, m.stream, m.small, false, &blocks));
+            segments.push(segment_info(
+                self.device,
+                m.stream,
+                m.small,
+                self.private.id_of(m.pool / 2),
+                false,
+                &blocks,
+            ));
         }
         for es in self.expandable.iter().flatten() {
             let mut run: Vec<&Block> = Vec::new();
@@ -92,12 +100,26 @@ impl<E> State<E> {
                 if b.mapped {
                     run.push(b);
                 } else if !run.is_empty() {
-                    segments.push(segment_info(self.device, es.stream, es.small, true, &run));
+                    segments.push(segment_info(
+                        self.device,
+                        es.stream,
+                        es.small,
+                        self.private.id_of(es.pool / 2),
+                        true,
+                        &run,
+                    ));
                     run.clear();
                 }
             }
             if !run.is_empty() {
-                segments.push(segment_info(self.device, es.stream, es.small, true, &run));
+                segments.push(segment_info(
+                    self.device,
+                    es.stream,
+                    es.small,
+                    self.private.id_of(es.pool / 2),
+                    true,
+                    &run,
+                ));
             }
         }
         segments.sort_by_key(|s| s.address);
@@ -185,7 +207,7 @@ impl<E> State<E> {
         // Pools and the allocated map hold exactly the right blocks; free neighbours are merged.
         let mut pooled = 0;
         for (i, b) in &sorted {
-            let pool = &self.pools[b.small as usize];
+            let pool = &self.pools[b.pool as usize];
             let in_blocks = pool.blocks.contains(&BlockPool::size_key(b, *i));
             let in_unmapped = pool.unmapped.contains(&BlockPool::addr_key(b, *i));
             let reusable = b.is_reusable();

@@ -19,6 +19,7 @@ mod fallback;
 mod inspect;
 pub mod policy;
 mod pool;
+pub mod private_pools;
 mod sorted;
 mod state;
 mod stream_uses;
@@ -32,6 +33,7 @@ use crate::allocator::{Allocation, AllocationOwner, DeviceAllocator};
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
 use crate::config::AllocatorConfig;
 use crate::error::AllocError;
+use crate::ids::{MempoolId, StreamFilter};
 use crate::snapshot::{MemorySnapshot, TraceRing};
 use crate::stats::MemoryStats;
 
@@ -69,7 +71,8 @@ impl<B: MemoryBackend> Shared<B> {
         st.process_events(&self.backend)?;
         let size = policy::round_size(requested, &st.cfg);
         let small = policy::is_small(size);
-        if let Some(key) = st.get_free_block(stream, size, small) {
+        let pool = private_pools::pool_index(st.private.pair_for(stream), small);
+        if let Some(key) = st.get_free_block(stream, size, pool) {
             return Ok(DevicePtr(st.alloc_found_block(
                 key.3,
                 size,
@@ -82,7 +85,7 @@ impl<B: MemoryBackend> Shared<B> {
             size,
             alloc_size: policy::allocation_size(size),
             requested,
-            small,
+            pool,
         };
         match self.malloc_fallback(st, r) {
             Ok((mut st, i)) => Ok(DevicePtr(st.alloc_found_block(i, size, requested, None))),
@@ -291,5 +294,68 @@ impl<B: MemoryBackend> DeviceAllocator for CachingAllocator<B> {
 
     fn check_err(&self) -> Result<(), AllocError> {
         self.shared.sticky.take()
+    }
+
+    fn create_or_incref_pool(&self, id: MempoolId) -> Result<(), AllocError> {
+        let mut st = self.shared.lock();
+        let (pair, new) = st.private.create_or_incref(id)?;
+        if new {
+            st.add_pool_pair(pair);
+        }
+        Ok(())
+    }
+
+    fn begin_allocate_to_pool(
+        &self,
+        id: MempoolId,
+        filter: StreamFilter,
+    ) -> Result<(), AllocError> {
+        let mut st = self.shared.lock();
+        let (pair, new) = st.private.begin(id, filter)?;
+        if new {
+            st.add_pool_pair(pair);
+        }
+        Ok(())
+    }
+
+    fn end_allocate_to_pool(&self, id: MempoolId) -> Result<(), AllocError> {
+        self.shared.lock().private.end(id)
+    }
+
+    fn release_pool(&self, id: MempoolId) -> Result<(), AllocError> {
+        self.shared.lock().private.release(id).map(|_| ())
+    }
+
+    fn pool_use_count(&self, id: MempoolId) -> u32 {
+        self.shared.lock().private.use_count(id)
+    }
+
+    fn check_pool_live_allocations(
+        &self,
+        id: MempoolId,
+        expected: &std::collections::HashSet<DevicePtr>,
+    ) -> Result<bool, AllocError> {
+        let st = self.shared.lock();
+        let pair = st.private.pair_of(id).ok_or(AllocError::NoSuchPool {
+            id,
+            what: "check its live allocations: no such pool",
+        })?;
+        let live = st
+            .allocated
+            .iter()
+            .map(|(_, &i)| &st.blocks[i])
+            .filter(|b| b.pool / 2 == pair)
+            .map(|b| b.ptr);
+        Ok(private_pools::live_allocations_match(live, expected))
+    }
+
+    fn empty_pool_cache(&self, id: MempoolId) -> Result<(), AllocError> {
+        let mut st = self.shared.lock();
+        let pair = st.private.pair_of(id).ok_or(AllocError::NoSuchPool {
+            id,
+            what: "empty its cache: no such pool",
+        })?;
+        st.synchronize_and_free_events(&self.shared.backend)?;
+        st.release_pool_pair(&self.shared.backend, pair)
     }
 }

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, VecDeque};
 use super::block::{Block, Slab, NIL};
 use super::policy::{MIN_BLOCK_SIZE, SMALL_SIZE};
 use super::pool::BlockPool;
+use super::private_pools::PrivatePools;
 use super::sorted::SizeKey;
 use crate::addr_map::AddrMap;
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
@@ -22,6 +23,8 @@ pub(crate) struct SegmentMeta {
     pub size: u64,
     pub stream: StreamId,
     pub small: bool,
+    /// The pool it belongs to ([`super::private_pools::pool_index`]).
+    pub pool: u16,
 }
 
 /// An expandable segment: one reserved virtual range mapped page by page.
@@ -32,6 +35,8 @@ pub(crate) struct ExpandableSegment {
     pub page: u64,
     pub stream: StreamId,
     pub small: bool,
+    /// The pool it belongs to ([`super::private_pools::pool_index`]).
+    pub pool: u16,
 }
 
 pub(crate) struct State<E> {
@@ -39,8 +44,11 @@ pub(crate) struct State<E> {
     /// `max_split_size` in bytes (`u64::MAX` = unlimited).
     pub max_split: u64,
     pub blocks: Slab,
-    /// `[large, small]`.
-    pub pools: [BlockPool; 2],
+    /// `[large, small]` of the general pool, then of each private pool (`Note [Private
+    /// pools]`).
+    pub pools: Vec<BlockPool>,
+    /// The private pools' bookkeeping.
+    pub private: PrivatePools,
     /// Allocated blocks by address (PyTorch's `allocated_blocks`).
     pub allocated: AddrMap<u32>,
     pub stats: MemoryStats,
@@ -72,7 +80,8 @@ impl<E> State<E> {
             cfg,
             max_split,
             blocks: Slab::default(),
-            pools: [BlockPool::default(), BlockPool::default()],
+            pools: vec![BlockPool::default(), BlockPool::default()],
+            private: PrivatePools::default(),
             allocated: AddrMap::default(),
             total_reserved: 0,
             inflight: 0,
@@ -111,20 +120,20 @@ impl<E> State<E> {
     #[inline]
     pub fn pool_remove(&mut self, i: u32) -> bool {
         let b = &self.blocks[i];
-        self.pools[b.small as usize].remove(b, i)
+        self.pools[b.pool as usize].remove(b, i)
     }
 
     #[inline]
     pub fn pool_insert(&mut self, i: u32) {
         let b = &mut self.blocks[i];
-        self.pools[b.small as usize].insert(b, i);
+        self.pools[b.pool as usize].insert(b, i);
     }
 
     /// `get_free_block`: best fit by (stream, size, address) with the oversize rules. The
     /// block stays in its pool: [`State::alloc_found_block`] takes it out, given its key.
-    pub fn get_free_block(&mut self, stream: StreamId, size: u64, small: bool) -> Option<SizeKey> {
+    pub fn get_free_block(&mut self, stream: StreamId, size: u64, pool: u16) -> Option<SizeKey> {
         let gc = self.gc_enabled();
-        let pool = &mut self.pools[small as usize];
+        let pool = &mut self.pools[pool as usize];
         if gc {
             pool.free_calls += 1;
         }
@@ -189,9 +198,9 @@ impl<E> State<E> {
         requested: u64,
         pooled: Option<SizeKey>,
     ) -> u64 {
-        let (small, already_split, exp) = {
+        let (small, pool, already_split, exp) = {
             let b = &self.blocks[i];
-            (b.small, b.is_split(), b.is_expandable())
+            (b.small, b.pool, b.is_split(), b.is_expandable())
         };
         if self.should_split(i, size) {
             let rem = i;
@@ -199,7 +208,7 @@ impl<E> State<E> {
                 let r = &self.blocks[rem];
                 (r.ptr, r.stream, r.prev)
             };
-            let mut front = Block::new(ptr, size, stream, small);
+            let mut front = Block::new(ptr, size, stream, pool);
             front.expandable = self.blocks[rem].expandable;
             front.prev = prev;
             front.next = rem;
@@ -216,7 +225,7 @@ impl<E> State<E> {
             match pooled {
                 Some(old) => {
                     let r = &mut self.blocks[rem];
-                    self.pools[small as usize].insert_replacing(&old, r, rem);
+                    self.pools[pool as usize].insert_replacing(&old, r, rem);
                 }
                 None => self.pool_insert(rem),
             }
@@ -232,7 +241,7 @@ impl<E> State<E> {
             i = f;
         } else {
             if let Some(old) = pooled {
-                self.pools[small as usize].blocks.remove(&old);
+                self.pools[pool as usize].blocks.remove(&old);
             }
             if already_split && !exp {
                 let bsize = self.blocks[i].size as i64;
@@ -262,7 +271,7 @@ impl<E> State<E> {
     pub fn try_merge(&mut self, dst: u32, src: u32) -> u64 {
         let (subsumed, pooled) = self.try_merge_deferred(dst, src);
         if let Some(key) = pooled {
-            self.pools[self.blocks[dst].small as usize]
+            self.pools[self.blocks[dst].pool as usize]
                 .blocks
                 .remove(&key);
         }
@@ -309,7 +318,7 @@ impl<E> State<E> {
     /// `free_block`: the block becomes reusable; merge with free neighbours and return it to its
     /// pool.
     pub fn free_block(&mut self, i: u32) {
-        let (ptr, size, requested, stream, small, exp, prev, next) = {
+        let (ptr, size, requested, stream, small, pool, exp, prev, next) = {
             let b = &self.blocks[i];
             debug_assert!(b.is_reusable());
             (
@@ -318,6 +327,7 @@ impl<E> State<E> {
                 b.requested,
                 b.stream,
                 b.small,
+                b.pool,
                 b.is_expandable(),
                 b.prev,
                 b.next,
@@ -338,14 +348,14 @@ impl<E> State<E> {
                 if replaced.is_none() {
                     replaced = Some(key);
                 } else {
-                    self.pools[small as usize].blocks.remove(&key);
+                    self.pools[pool as usize].blocks.remove(&key);
                 }
             }
         }
         match replaced {
             Some(old) => {
                 let b = &mut self.blocks[i];
-                self.pools[small as usize].insert_replacing(&old, b, i);
+                self.pools[pool as usize].insert_replacing(&old, b, i);
             }
             None => self.pool_insert(i),
         }
@@ -372,8 +382,9 @@ impl<E> State<E> {
     }
 
     /// Registers a new `malloc`'d segment and returns its single (unpooled) block.
-    pub fn new_segment(&mut self, ptr: u64, size: u64, stream: StreamId, small: bool) -> u32 {
-        let i = self.blocks.insert(Block::new(ptr, size, stream, small));
+    pub fn new_segment(&mut self, ptr: u64, size: u64, stream: StreamId, pool: u16) -> u32 {
+        let i = self.blocks.insert(Block::new(ptr, size, stream, pool));
+        let small = self.blocks[i].small;
         self.total_reserved += size;
         self.stats.segment.increase(small, 1);
         self.stats.reserved_bytes.increase(small, size as i64);
@@ -387,8 +398,10 @@ impl<E> State<E> {
                 size,
                 stream,
                 small,
+                pool,
             },
         );
+        self.count_segment(pool, true);
         self.trace(TraceAction::SegmentAlloc, ptr, size, stream);
         i
     }
@@ -399,10 +412,10 @@ impl<E> State<E> {
         backend: &B,
         i: u32,
     ) -> Result<(), AllocError> {
-        let (ptr, size, stream, small) = {
+        let (ptr, size, stream, small, pool) = {
             let b = &self.blocks[i];
             debug_assert!(!b.is_split() && !b.is_expandable() && b.is_reusable());
-            (b.ptr, b.size, b.stream, b.small)
+            (b.ptr, b.size, b.stream, b.small, b.pool)
         };
         // SAFETY: the segment came from `backend.malloc` with this size, is entirely free, and
         // has no pending events, so no queued work uses it.
@@ -419,7 +432,30 @@ impl<E> State<E> {
             self.stats.oversize_segments.decrease(1);
         }
         self.segments.remove(&ptr);
+        self.count_segment(pool, false);
         Ok(())
+    }
+
+    /// Counts a segment more (`added`) or less in the private pool owning pool index `pool`
+    /// (nothing for the general pool).
+    pub fn count_segment(&mut self, pool: u16, added: bool) {
+        if let Some(p) = self.private.get_mut(pool / 2) {
+            if added {
+                p.segments += 1;
+            } else {
+                p.segments -= 1;
+            }
+        }
+    }
+
+    /// Makes room for the two block pools of private pool pair `pair` (new, or reusing a
+    /// forgotten pair's empty slots).
+    pub fn add_pool_pair(&mut self, pair: u16) {
+        let need = usize::from(pair) * 2 + 2;
+        if self.pools.len() < need {
+            self.pools.resize_with(need, BlockPool::default);
+        }
+        debug_assert!(self.pools[need - 2].blocks.len() + self.pools[need - 1].blocks.len() == 0);
     }
 
     /// `release_blocks`: frees every unsplit cached segment of a pool and unmaps the free pages
@@ -427,9 +463,9 @@ impl<E> State<E> {
     pub fn release_blocks<B: MemoryBackend>(
         &mut self,
         backend: &B,
-        small: bool,
+        pool: u16,
     ) -> Result<(), AllocError> {
-        let keys: Vec<_> = self.pools[small as usize].blocks.iter().collect();
+        let keys: Vec<_> = self.pools[pool as usize].blocks.iter().collect();
         let mut to_unmap = Vec::new();
         for k in keys {
             let b = &self.blocks[k.3];
@@ -442,7 +478,7 @@ impl<E> State<E> {
         for k in to_unmap {
             // Unmapping only creates blocks next to allocated or unmapped ones, so every
             // gathered block is still free and pooled; check anyway.
-            if !self.pools[small as usize].blocks.contains(&k) {
+            if !self.pools[pool as usize].blocks.contains(&k) {
                 continue;
             }
             self.unmap_block(backend, k.3)?;

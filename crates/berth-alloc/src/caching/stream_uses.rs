@@ -2,6 +2,7 @@
 //! `recordStream`, `insert_events`, `process_events`, `synchronize_and_free_events`; kept apart
 //! from block policy as in RMM's `stream_ordered_memory_resource`).
 
+use super::private_pools::pool_index;
 use super::state::{backend_err, State};
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
 use crate::error::AllocError;
@@ -96,13 +97,38 @@ impl<E> State<E> {
     }
 
     /// Frees every unsplit cached block of every stream after syncing all events
-    /// (`release_cached_blocks`, the full flush of `empty_cache` and step 4 of the fallback).
+    /// (`release_cached_blocks`, the full flush of `empty_cache` and step 4 of the fallback),
+    /// in the general pool and in every freeable private pool; a freeable pool left without
+    /// segments is forgotten (`Note [Private pools]`).
     pub fn release_cached_blocks<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
     ) -> Result<(), AllocError> {
         self.synchronize_and_free_events(backend)?;
-        self.release_blocks(backend, false)?;
-        self.release_blocks(backend, true)
+        self.release_blocks(backend, 0)?;
+        self.release_blocks(backend, 1)?;
+        for pair in self.private.freeable() {
+            self.release_pool_pair(backend, pair)?;
+        }
+        Ok(())
+    }
+
+    /// Frees the unsplit cached blocks of private pool pair `pair` (its two block pools), and
+    /// forgets the pool when it is freeable and holds no segment any more.
+    pub fn release_pool_pair<B: MemoryBackend<Fence = E>>(
+        &mut self,
+        backend: &B,
+        pair: u16,
+    ) -> Result<(), AllocError> {
+        self.release_blocks(backend, pool_index(pair, false))?;
+        self.release_blocks(backend, pool_index(pair, true))?;
+        if self
+            .private
+            .get_mut(pair)
+            .is_some_and(|p| p.use_count == 0 && p.segments == 0)
+        {
+            self.private.forget(pair);
+        }
+        Ok(())
     }
 }

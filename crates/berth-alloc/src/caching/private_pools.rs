@@ -1,0 +1,254 @@
+//! Private pools: the memory of CUDA graphs and of `torch.cuda.MemPool`, kept apart from the
+//! general pools (PyTorch's `PrivatePool`, `beginAllocateToPool`, `endAllocateToPool`,
+//! `releasePool`, `createOrIncrefPool`, `getPoolUseCount`, `checkPoolLiveAllocations`:
+//! <https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.cpp>, notes
+//! "[Interaction with CUDA graph capture]"; the user's side:
+//! <https://pytorch.org/docs/stable/notes/cuda.html#memory-management>).
+//!
+//! # Note [Private pools]
+//! A private pool is a pair of block pools (large and small) in the allocator's list of pools:
+//! the general pair is at indices 0 and 1, private pool `k` (from 1) at `2k` and `2k + 1`
+//! ([`pool_index`]). A block remembers its pool, so a free returns it to the pool it came
+//! from and merges stay inside it; a segment belongs to the pool that asked for it, whole.
+//!
+//! While a pool is being allocated to (`begin_allocate_to_pool`, with a filter of streams),
+//! every request on a stream the filter accepts is served from that pool, searched and grown
+//! like the general one; the first matching pool of the list wins, as in PyTorch. A pool lives
+//! while its use count is above zero (each `create_or_incref_pool` and each
+//! `begin_allocate_to_pool` counts one; `release_pool` gives one back). At zero it becomes
+//! freeable: the next `empty_cache` (or the out-of-memory flush) returns its cached segments,
+//! and the pool is forgotten once it holds none. Until then its cached blocks are never used
+//! for requests outside it: that is what keeps a captured graph's addresses valid.
+//!
+//! While any pool is being allocated to, the out-of-memory fallback does not flush the caches
+//! (PyTorch's `captures_underway` check: freeing memory is illegal during graph capture).
+
+use std::collections::HashSet;
+
+use crate::error::AllocError;
+use crate::ids::{DevicePtr, MempoolId, StreamFilter, StreamId};
+
+/// The index in the allocator's pools of pool pair `pair` (0: general; `k`: private pool
+/// `k`), small or large (`Note [Private pools]`).
+#[inline]
+pub(crate) fn pool_index(pair: u16, small: bool) -> u16 {
+    pair * 2 + small as u16
+}
+
+/// One private pool's bookkeeping.
+#[derive(Debug)]
+pub(crate) struct PrivatePool {
+    pub id: MempoolId,
+    /// Graphs, `MemPool`s and allocation windows using it.
+    pub use_count: u32,
+    /// Segments (and expandable segments) it holds (PyTorch's `cudaMalloc_count`).
+    pub segments: u32,
+}
+
+/// A pool being allocated to.
+struct Capture {
+    id: MempoolId,
+    pair: u16,
+    filter: StreamFilter,
+}
+
+/// The private pools of one device.
+#[derive(Default)]
+pub(crate) struct PrivatePools {
+    /// Pool pair `k` at index `k - 1`; `None` for a slot free for reuse.
+    pools: Vec<Option<PrivatePool>>,
+    captures: Vec<Capture>,
+}
+
+impl std::fmt::Debug for PrivatePools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrivatePools")
+            .field("pools", &self.pools)
+            .field(
+                "capturing",
+                &self.captures.iter().map(|c| c.id).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+fn no_pool(id: MempoolId, what: &'static str) -> AllocError {
+    AllocError::NoSuchPool { id, what }
+}
+
+impl PrivatePools {
+    /// The pool pair that serves a request on `stream`: the first pool being allocated to
+    /// whose filter accepts it, else 0 (general).
+    #[inline]
+    pub fn pair_for(&self, stream: StreamId) -> u16 {
+        if self.captures.is_empty() {
+            return 0;
+        }
+        self.captures
+            .iter()
+            .find(|c| (c.filter)(stream))
+            .map_or(0, |c| c.pair)
+    }
+
+    /// Whether any pool is being allocated to now.
+    pub fn capturing(&self) -> bool {
+        !self.captures.is_empty()
+    }
+
+    /// The pair of pool `id`, if it exists.
+    pub fn pair_of(&self, id: MempoolId) -> Option<u16> {
+        self.pools
+            .iter()
+            .position(|p| p.as_ref().is_some_and(|p| p.id == id))
+            .map(|k| k as u16 + 1)
+    }
+
+    /// Pool pair `pair`'s bookkeeping (`pair` ≥ 1 and live).
+    pub fn get_mut(&mut self, pair: u16) -> Option<&mut PrivatePool> {
+        self.pools
+            .get_mut(usize::from(pair).checked_sub(1)?)?
+            .as_mut()
+    }
+
+    /// The id of pool pair `pair`; `(0, 0)` for the general pair.
+    pub fn id_of(&self, pair: u16) -> MempoolId {
+        match usize::from(pair).checked_sub(1) {
+            Some(k) => self.pools[k].as_ref().map_or((0, 0), |p| p.id),
+            None => (0, 0),
+        }
+    }
+
+    /// Creates pool `id` with a use count of 1, or counts one more use of it. Returns the
+    /// pair and whether it is new (the caller then adds its two block pools).
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] for `(0, 0)`; [`AllocError::TooManyPools`] past 32767
+    /// pools.
+    pub fn create_or_incref(&mut self, id: MempoolId) -> Result<(u16, bool), AllocError> {
+        if id == (0, 0) {
+            return Err(no_pool(
+                id,
+                "create a private pool: (0, 0) is the general pool",
+            ));
+        }
+        if let Some(pair) = self.pair_of(id) {
+            let p = self.get_mut(pair).expect("live pool");
+            p.use_count += 1;
+            return Ok((pair, false));
+        }
+        let pool = Some(PrivatePool {
+            id,
+            use_count: 1,
+            segments: 0,
+        });
+        let k = match self.pools.iter().position(Option::is_none) {
+            Some(k) => {
+                self.pools[k] = pool;
+                k
+            }
+            None if self.pools.len() < usize::from(u16::MAX / 2) - 1 => {
+                self.pools.push(pool);
+                self.pools.len() - 1
+            }
+            None => return Err(AllocError::TooManyPools),
+        };
+        Ok((k as u16 + 1, true))
+    }
+
+    /// Starts serving requests on the streams `filter` accepts from pool `id` (created if
+    /// new, one more use otherwise). Returns the pair and whether the pool is new.
+    ///
+    /// # Errors
+    /// [`AllocError::PoolInUse`] when `id` is already being allocated to; as
+    /// [`PrivatePools::create_or_incref`].
+    pub fn begin(
+        &mut self,
+        id: MempoolId,
+        filter: StreamFilter,
+    ) -> Result<(u16, bool), AllocError> {
+        if self.captures.iter().any(|c| c.id == id) {
+            return Err(AllocError::PoolInUse { id });
+        }
+        let (pair, new) = self.create_or_incref(id)?;
+        self.captures.push(Capture { id, pair, filter });
+        Ok((pair, new))
+    }
+
+    /// Stops serving requests from pool `id`.
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] when `id` is not being allocated to.
+    pub fn end(&mut self, id: MempoolId) -> Result<(), AllocError> {
+        match self.captures.iter().position(|c| c.id == id) {
+            Some(k) => {
+                self.captures.remove(k);
+                Ok(())
+            }
+            None => Err(no_pool(
+                id,
+                "end allocating to it: it is not being allocated to",
+            )),
+        }
+    }
+
+    /// Gives back one use of pool `id`; returns its use count after.
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] for an unknown pool or one whose uses are all given back.
+    pub fn release(&mut self, id: MempoolId) -> Result<u32, AllocError> {
+        let pair = self
+            .pair_of(id)
+            .ok_or_else(|| no_pool(id, "release it: no such pool"))?;
+        let p = self.get_mut(pair).expect("live pool");
+        if p.use_count == 0 {
+            return Err(no_pool(id, "release it: every use was already released"));
+        }
+        p.use_count -= 1;
+        Ok(p.use_count)
+    }
+
+    /// The use count of pool `id`; 0 for an unknown one (PyTorch's `getPoolUseCount`).
+    pub fn use_count(&self, id: MempoolId) -> u32 {
+        self.pair_of(id)
+            .and_then(|pair| self.pools[usize::from(pair) - 1].as_ref())
+            .map_or(0, |p| p.use_count)
+    }
+
+    /// The pairs of the pools whose use count is 0 (freeable at the next flush).
+    pub fn freeable(&self) -> Vec<u16> {
+        self.pools
+            .iter()
+            .enumerate()
+            .filter_map(|(k, p)| {
+                p.as_ref()
+                    .filter(|p| p.use_count == 0)
+                    .map(|_| k as u16 + 1)
+            })
+            .collect()
+    }
+
+    /// Forgets pool pair `pair` (freeable and holding no segment).
+    pub fn forget(&mut self, pair: u16) {
+        debug_assert!(self
+            .get_mut(pair)
+            .is_some_and(|p| p.use_count == 0 && p.segments == 0));
+        self.pools[usize::from(pair) - 1] = None;
+    }
+}
+
+/// Whether the allocated blocks of a pool are exactly `expected` (PyTorch's
+/// `checkPoolLiveAllocations`, which CUDA-graph trees call to check that only the outputs
+/// they know of are alive).
+pub(crate) fn live_allocations_match(
+    live: impl Iterator<Item = u64>,
+    expected: &HashSet<DevicePtr>,
+) -> bool {
+    let mut n = 0usize;
+    for ptr in live {
+        if !expected.contains(&DevicePtr(ptr)) {
+            return false;
+        }
+        n += 1;
+    }
+    n == expected.len()
+}

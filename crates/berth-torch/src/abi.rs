@@ -44,7 +44,7 @@ fn defer(msg: String) {
 }
 
 /// Runs `f`, turning a panic into an error message instead of unwinding into C.
-fn guarded<T>(f: impl FnOnce() -> Result<T, HookError>) -> Result<T, String> {
+pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, HookError>) -> Result<T, String> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {

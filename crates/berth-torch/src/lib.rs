@@ -39,6 +39,7 @@
 //! - `Note [Raising from the alloc hook]`: `src/oom.cpp`
 
 pub mod abi;
+pub mod allocator_abi;
 pub mod install;
 #[cfg(feature = "python")]
 mod python;

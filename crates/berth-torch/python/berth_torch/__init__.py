@@ -9,16 +9,27 @@
     berth_torch.dump_snapshot("s.pickle")   # torch.cuda.memory._dump_snapshot's format
 
 Policies: "pytorch" (PyTorch's caching allocator, byte for byte), "expandable" (with
-expandable segments) and "paged" (berth's own: lower peak reserved). The allocator is PyTorch's
-``torch.cuda.memory.CUDAPluggableAllocator`` over this package's native library; with it
-installed, ``torch.cuda.memory_stats()`` and friends raise "does not yet support", so use the
-functions of this module, which answer with the same names and meanings. A request berth cannot
-serve (after freeing its cached blocks and retrying) raises ``torch.OutOfMemoryError`` with
-berth's message.
+expandable segments) and "paged" (berth's own: lower peak reserved).
+
+The allocator PyTorch gets is berth's full ``CUDAAllocator`` (``csrc/allocator.cpp``), compiled
+at first use against the installed PyTorch with ``torch.utils.cpp_extension`` and cached: with
+it, PyTorch's own ``torch.cuda.memory_stats()``, ``memory_summary()``, ``memory._snapshot()``,
+``memory._record_memory_history()``, ``torch.cuda.MemPool``, CUDA graphs and
+``torch.compile(mode="reduce-overhead")`` answer from berth. Where no C++ compiler or CUDA
+headers are found it falls back, with one warning, to PyTorch's ``CUDAPluggableAllocator``,
+under which those functions raise "does not yet support"; this module's functions answer with
+the same names and meanings either way. A request berth cannot serve (after freeing its cached
+blocks and retrying) raises ``torch.OutOfMemoryError`` with berth's message.
+
+Setting ``BERTH_TORCH_ALLOCATOR=paged`` (or another policy) in the environment installs the
+policy at ``import berth_torch``, so a program needs only the import;
+``BERTH_TORCH_PLUGGABLE=1`` skips the full allocator and installs the ``CUDAPluggableAllocator``.
 """
 
+import os
 import pickle
 import sys
+import warnings
 
 from . import _native
 
@@ -27,10 +38,37 @@ __all__ = [
     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "memory_summary", "empty_cache", "record_memory_history",
     "snapshot", "dump_snapshot", "set_per_process_memory_fraction", "check_errors",
+    "full_allocator",
 ]
 
 POLICY_NAMES = tuple(_native.POLICY_NAMES)
-_ALLOCATOR = None  # the installed CUDAPluggableAllocator, kept alive for the process
+_ALLOCATOR = None  # the installed allocator (the C++ module, or a CUDAPluggableAllocator)
+_FULL = None  # whether the installed allocator is the full one
+
+
+def _build_full_allocator():
+    """The C++ allocator module, built at first use against this PyTorch and cached by
+    ``torch.utils.cpp_extension`` (a rebuild only when the source or PyTorch changes); None,
+    with one warning saying what is lost, when it cannot be built."""
+    import torch
+    from torch.utils import cpp_extension
+
+    src = os.path.join(os.path.dirname(__file__), "csrc", "allocator.cpp")
+    tag = "".join(c if c.isalnum() else "_" for c in torch.__version__)
+    try:
+        return cpp_extension.load(
+            name=f"berth_torch_allocator_{tag}", sources=[src], with_cuda=True,
+            extra_cflags=["-O2"], verbose=os.environ.get("BERTH_TORCH_VERBOSE_BUILD") == "1")
+    except Exception as e:  # no compiler, no CUDA headers, a PyTorch without its headers
+        warnings.warn(
+            "berth_torch: the full allocator could not be built against this PyTorch "
+            f"({type(e).__name__}: {str(e).strip()[-400:]}); using PyTorch's "
+            "CUDAPluggableAllocator instead, under which torch.cuda.memory_stats(), "
+            "torch.cuda.memory._snapshot(), torch.cuda.MemPool and "
+            "torch.compile(mode='reduce-overhead') raise. berth_torch's own functions still "
+            "answer. Install g++ and the CUDA toolkit headers (CUDA_HOME) to get them.",
+            RuntimeWarning, stacklevel=3)
+        return None
 
 
 def use_allocator(policy="paged", options=""):
@@ -44,7 +82,7 @@ def use_allocator(policy="paged", options=""):
     Raises ``ValueError`` for an unknown policy (naming the valid ones) or bad options, and
     ``RuntimeError`` when CUDA already started or another allocator is installed.
     """
-    global _ALLOCATOR
+    global _ALLOCATOR, _FULL
     import torch
 
     if not isinstance(policy, str) or policy not in POLICY_NAMES:
@@ -62,18 +100,30 @@ def use_allocator(policy="paged", options=""):
             "before any CUDA work, or start a new process.")
     _native.install(policy, options)
     _native.set_oom_exception(torch.OutOfMemoryError)
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(
-        _native.__file__, "berth_torch_alloc", "berth_torch_free")
-    for setter, address in _native.hook_addresses().items():
-        getattr(alloc._allocator, setter)(address)
+    full = _build_full_allocator() if os.environ.get("BERTH_TORCH_PLUGGABLE") != "1" else None
     try:
+        if full is not None:
+            full.install(_native.__file__, policy)
+            _ALLOCATOR, _FULL = full, True
+            return
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(
+            _native.__file__, "berth_torch_alloc", "berth_torch_free")
+        for setter, address in _native.hook_addresses().items():
+            getattr(alloc._allocator, setter)(address)
         torch.cuda.memory.change_current_allocator(alloc)
     except RuntimeError as e:
         raise RuntimeError(
             "berth_torch.use_allocator(): PyTorch refused to switch allocators ("
             f"{e}). This happens when CUDA already allocated memory in this process; call "
             "use_allocator right after `import torch`.") from e
-    _ALLOCATOR = alloc
+    _ALLOCATOR, _FULL = alloc, False
+
+
+def full_allocator():
+    """Whether the installed allocator is berth's full one (PyTorch's own memory functions,
+    MemPool and CUDA graphs answer from berth), False for the CUDAPluggableAllocator
+    fallback, None before :func:`use_allocator`."""
+    return _FULL
 
 
 def installed_policy():
@@ -183,3 +233,9 @@ def check_errors():
     msg = _native.take_deferred_error()
     if msg is not None:
         raise RuntimeError(msg)
+
+
+# BERTH_TORCH_ALLOCATOR=<policy>: install at import, so a program needs only the import.
+if os.environ.get("BERTH_TORCH_ALLOCATOR"):
+    use_allocator(os.environ["BERTH_TORCH_ALLOCATOR"],
+                  os.environ.get("BERTH_TORCH_ALLOCATOR_OPTIONS", ""))

@@ -1,0 +1,575 @@
+// berth's full PyTorch CUDA allocator: a C++ `CUDAAllocator` whose every method forwards to
+// berth's policies through the C functions of `berth_torch._native` (allocator_abi.rs and
+// abi.rs in the crate). Built by `berth_torch` at first use against the installed PyTorch with
+// torch.utils.cpp_extension (cached), and installed with PyTorch's own
+// `changeCurrentAllocator`, the route PyTorch's backends take
+// (https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.h).
+//
+// Note [The full allocator]
+// PyTorch's `CUDAPluggableAllocator` forwards alloc and free and a few hooks; every other
+// method of the allocator interface throws "does not yet support", so `torch.cuda.memory_stats`,
+// `_snapshot`, `MemPool` and `torch.compile(mode="reduce-overhead")` break under it. This class
+// derives from it (its bookkeeping of pointer -> size, device and stream, its DataPtr and
+// raw_alloc paths stay PyTorch's) and answers the rest from berth:
+// - statistics, snapshots and history from berth's allocator of each device, in PyTorch's
+//   structures, so PyTorch's Python functions and memory_viz work unchanged;
+// - private pools (CUDA graphs, MemPool) through berth's pools; a policy without them raises
+//   with berth's reason;
+// - out-of-memory as `c10::OutOfMemoryError` (Python: `torch.OutOfMemoryError`), after the
+//   attached out-of-memory observers ran, as PyTorch's own allocator does;
+// - CUDA IPC for memory from cuMemAlloc (policy "pytorch") in PyTorch's own handle format, so a
+//   process with PyTorch's allocator can open what berth shares and the reverse; memory mapped
+//   through virtual memory ("expandable", "paged") raises instead of being shared.
+// The C functions are found with dlsym in the already loaded `_native` library (its path is
+// passed by Python), so this file links only against PyTorch.
+
+#include <torch/extension.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::Stat;
+using MempoolId = c10::cuda::MempoolId_t;
+
+// ---- the C functions of berth_torch._native ----------------------------------------------
+
+struct SnapshotSegment {
+  int32_t device;
+  uint64_t address, total_size, requested_size, allocated_size, active_size, stream;
+  bool is_large, is_expandable;
+  uint64_t pool_id0, pool_id1;
+  size_t blocks;
+};
+struct SnapshotBlock {
+  uint64_t address, size, requested_size;
+  bool allocated, active;
+};
+struct SnapshotTrace {
+  const char* action;
+  int32_t device;
+  uint64_t addr, size, stream;
+  int64_t time_us;
+};
+struct SnapshotVisitor {
+  void* ctx;
+  void (*segment)(void*, const SnapshotSegment*);
+  void (*block)(void*, const SnapshotBlock*);
+  void (*trace)(void*, const SnapshotTrace*);
+};
+
+struct Abi {
+  void* (*try_alloc)(size_t, int, void*);
+  void (*free)(void*, size_t, int, void*);
+  void (*record_stream)(void*, void*);
+  void (*reset)();
+  void (*set_memory_fraction)(double, int);
+  size_t (*last_error)(char*, size_t);
+  int (*last_error_is_oom)();
+  size_t (*take_deferred_error)(char*, size_t);
+  int (*visit_stats)(int, void (*)(void*, const char*, int64_t), void*);
+  int (*reset_peak_stats)(int);
+  int (*reset_accumulated_stats)(int);
+  int (*visit_snapshot)(const SnapshotVisitor*);
+  int (*record_history)(int, int64_t);
+  int64_t (*largest_cached_block)(int);
+  uint64_t (*base_allocation)(void*, uint64_t*);
+  int (*create_or_incref_pool)(int, uint64_t, uint64_t);
+  int (*begin_allocate_to_pool)(int, uint64_t, uint64_t, bool (*)(void*, uint64_t), void*,
+                                void (*)(void*));
+  int (*end_allocate_to_pool)(int, uint64_t, uint64_t);
+  int (*release_pool)(int, uint64_t, uint64_t);
+  int (*pool_use_count)(int, uint64_t, uint64_t);
+  int (*check_pool_live_allocations)(int, uint64_t, uint64_t, const uint64_t*, size_t);
+  int (*empty_pool_cache)(int, uint64_t, uint64_t);
+};
+Abi abi;
+
+template <typename F>
+void bind(void* lib, F& f, const char* name) {
+  f = reinterpret_cast<F>(dlsym(lib, name));
+  TORCH_CHECK(f != nullptr, "berth: ", name, " is missing from berth_torch._native (",
+              dlerror(), "); reinstall berth_torch so the Python and native parts match");
+}
+
+void load_abi(const std::string& path) {
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) lib = dlopen(path.c_str(), RTLD_NOW);
+  TORCH_CHECK(lib != nullptr, "berth: cannot open ", path, ": ", dlerror());
+  bind(lib, abi.try_alloc, "berth_torch_try_alloc");
+  bind(lib, abi.free, "berth_torch_free");
+  bind(lib, abi.record_stream, "berth_torch_record_stream");
+  bind(lib, abi.reset, "berth_torch_reset");
+  bind(lib, abi.set_memory_fraction, "berth_torch_set_memory_fraction");
+  bind(lib, abi.last_error, "berth_torch_last_error");
+  bind(lib, abi.last_error_is_oom, "berth_torch_last_error_is_oom");
+  bind(lib, abi.take_deferred_error, "berth_torch_take_deferred_error");
+  bind(lib, abi.visit_stats, "berth_torch_visit_stats");
+  bind(lib, abi.reset_peak_stats, "berth_torch_reset_peak_stats");
+  bind(lib, abi.reset_accumulated_stats, "berth_torch_reset_accumulated_stats");
+  bind(lib, abi.visit_snapshot, "berth_torch_visit_snapshot");
+  bind(lib, abi.record_history, "berth_torch_record_history");
+  bind(lib, abi.largest_cached_block, "berth_torch_largest_cached_block");
+  bind(lib, abi.base_allocation, "berth_torch_base_allocation");
+  bind(lib, abi.create_or_incref_pool, "berth_torch_create_or_incref_pool");
+  bind(lib, abi.begin_allocate_to_pool, "berth_torch_begin_allocate_to_pool");
+  bind(lib, abi.end_allocate_to_pool, "berth_torch_end_allocate_to_pool");
+  bind(lib, abi.release_pool, "berth_torch_release_pool");
+  bind(lib, abi.pool_use_count, "berth_torch_pool_use_count");
+  bind(lib, abi.check_pool_live_allocations, "berth_torch_check_pool_live_allocations");
+  bind(lib, abi.empty_pool_cache, "berth_torch_empty_pool_cache");
+}
+
+std::string last_error() {
+  char buf[2048];
+  size_t n = abi.last_error(buf, sizeof buf);
+  return n == 0 ? std::string("berth: unknown error") : std::string(buf);
+}
+
+// Raises the error of a berth call that returned -1.
+void check(int rc) {
+  TORCH_CHECK(rc >= 0, last_error());
+}
+
+// ---- statistics ------------------------------------------------------------------------------
+
+void collect_stat(void* ctx, const char* key, int64_t value) {
+  (*static_cast<std::unordered_map<std::string, int64_t>*>(ctx))[key] = value;
+}
+
+void fill_stat(const std::unordered_map<std::string, int64_t>& m, const std::string& name,
+               Stat& s) {
+  auto get = [&](const char* part) {
+    auto it = m.find(name + "." + part);
+    return it == m.end() ? int64_t{0} : it->second;
+  };
+  s.current = get("current");
+  s.peak = get("peak");
+  s.allocated = get("allocated");
+  s.freed = get("freed");
+}
+
+DeviceStats device_stats(int device) {
+  std::unordered_map<std::string, int64_t> m;
+  check(abi.visit_stats(device, collect_stat, &m));
+  DeviceStats s;
+  const char* pools[] = {"all", "small_pool", "large_pool"};
+  auto array = [&](const char* name, c10::CachingDeviceAllocator::StatArray& a) {
+    for (size_t i = 0; i < 3; i++) fill_stat(m, std::string(name) + "." + pools[i], a[i]);
+  };
+  array("allocation", s.allocation);
+  array("segment", s.segment);
+  array("active", s.active);
+  array("inactive_split", s.inactive_split);
+  array("allocated_bytes", s.allocated_bytes);
+  array("reserved_bytes", s.reserved_bytes);
+  array("active_bytes", s.active_bytes);
+  array("inactive_split_bytes", s.inactive_split_bytes);
+  array("requested_bytes", s.requested_bytes);
+  auto scalar = [&](const char* k) {
+    auto it = m.find(k);
+    return it == m.end() ? int64_t{0} : it->second;
+  };
+  s.num_alloc_retries = scalar("num_alloc_retries");
+  s.num_ooms = scalar("num_ooms");
+  s.num_sync_all_streams = scalar("num_sync_all_streams");
+  s.num_device_alloc = scalar("num_device_alloc");
+  s.num_device_free = scalar("num_device_free");
+  s.max_split_size = scalar("max_split_size");
+  fill_stat(m, "oversize_allocations", s.oversize_allocations);
+  fill_stat(m, "oversize_segments", s.oversize_segments);
+  return s;
+}
+
+// ---- snapshots -------------------------------------------------------------------------------
+
+struct SnapshotBuilder {
+  cca::SnapshotInfo info;
+  MempoolId only;  // {0, 0}: every pool
+  bool keep_segment = false;
+};
+
+void on_segment(void* ctx, const SnapshotSegment* s) {
+  auto* b = static_cast<SnapshotBuilder*>(ctx);
+  MempoolId pool{s->pool_id0, s->pool_id1};
+  b->keep_segment = (b->only == MempoolId{0, 0}) || b->only == pool;
+  if (!b->keep_segment) return;
+  c10::CachingDeviceAllocator::SegmentInfo seg;
+  seg.device = static_cast<c10::DeviceIndex>(s->device);
+  seg.address = s->address;
+  seg.total_size = s->total_size;
+  seg.requested_size = s->requested_size;
+  seg.allocated_size = s->allocated_size;
+  seg.active_size = s->active_size;
+  seg.stream = reinterpret_cast<void*>(s->stream);
+  seg.is_large = s->is_large;
+  seg.is_expandable = s->is_expandable;
+  seg.owner_private_pool_id = pool;
+  b->info.segments.push_back(std::move(seg));
+}
+
+void on_block(void* ctx, const SnapshotBlock* blk) {
+  auto* b = static_cast<SnapshotBuilder*>(ctx);
+  if (!b->keep_segment) return;
+  c10::CachingDeviceAllocator::BlockInfo info;
+  info.size = blk->size;
+  info.requested_size = blk->requested_size;
+  info.allocated = blk->allocated;
+  info.active = blk->active;
+  b->info.segments.back().blocks.push_back(std::move(info));
+}
+
+cca::TraceEntry::Action action_of(const char* a) {
+  static const std::map<std::string, cca::TraceEntry::Action> actions = {
+      {"alloc", cca::TraceEntry::ALLOC},
+      {"free_requested", cca::TraceEntry::FREE_REQUESTED},
+      {"free_completed", cca::TraceEntry::FREE_COMPLETED},
+      {"segment_alloc", cca::TraceEntry::SEGMENT_ALLOC},
+      {"segment_free", cca::TraceEntry::SEGMENT_FREE},
+      {"segment_map", cca::TraceEntry::SEGMENT_MAP},
+      {"segment_unmap", cca::TraceEntry::SEGMENT_UNMAP},
+      {"snapshot", cca::TraceEntry::SNAPSHOT},
+      {"oom", cca::TraceEntry::OOM},
+  };
+  auto it = actions.find(a);
+  return it == actions.end() ? cca::TraceEntry::SNAPSHOT : it->second;
+}
+
+void on_trace(void* ctx, const SnapshotTrace* t) {
+  auto* b = static_cast<SnapshotBuilder*>(ctx);
+  auto& traces = b->info.device_traces;
+  if (t->device < 0) return;
+  if (traces.size() <= static_cast<size_t>(t->device)) traces.resize(t->device + 1);
+  cca::TraceEntry e(action_of(t->action), static_cast<c10::DeviceIndex>(t->device), t->addr,
+                    t->size, reinterpret_cast<void*>(t->stream), MempoolId{0, 0}, 0);
+  // The snapshot's Python conversion reads microseconds from `t_`.
+  e.time_.t_ = t->time_us;
+  traces[t->device].push_back(std::move(e));
+}
+
+// ---- private pools -------------------------------------------------------------------------
+
+using StreamFilterFn = std::function<bool(cudaStream_t)>;
+
+bool call_filter(void* ctx, uint64_t stream) {
+  return (*static_cast<StreamFilterFn*>(ctx))(reinterpret_cast<cudaStream_t>(stream));
+}
+
+void drop_filter(void* ctx) {
+  delete static_cast<StreamFilterFn*>(ctx);
+}
+
+// What getCheckpointState hands CUDA-graph trees: the pool and its live allocations then.
+struct BerthPoolState : cca::AllocatorState {
+  MempoolId pool;
+  std::vector<uint64_t> live;
+};
+
+// ---- IPC -------------------------------------------------------------------------------------
+
+// PyTorch's handle format: [version][type 'c'][cudaIpcMemHandle_t]; the version byte went from
+// 2 to 3 in PyTorch 2.13 with the 'c' payload unchanged.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
+constexpr char kHandleVersion = 3;
+#else
+constexpr char kHandleVersion = 2;
+#endif
+constexpr char kCudaMalloc = 'c';
+
+// ---- the allocator ---------------------------------------------------------------------------
+
+class BerthAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator {
+ public:
+  explicit BerthAllocator(std::string policy)
+      : CUDAPluggableAllocator(
+            [this](size_t size, int device, cudaStream_t stream) {
+              return this->alloc(size, device, stream);
+            },
+            [](void* ptr, size_t size, int device, cudaStream_t stream) {
+              abi.free(ptr, size, device, stream);
+            }),
+        policy_(std::move(policy)) {}
+
+  std::string name() override { return "berth:" + policy_; }
+
+  double getMemoryFraction(c10::DeviceIndex device) override {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = fractions_.find(device);
+    return it == fractions_.end() ? 1.0 : it->second;
+  }
+
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+    TORCH_CHECK(fraction >= 0 && fraction <= 1, "invalid fraction ", fraction,
+                ": the memory fraction must be between 0 and 1");
+    abi.set_memory_fraction(fraction, device);
+    raise_deferred();
+    std::lock_guard<std::mutex> g(mu_);
+    fractions_[device] = fraction;
+  }
+
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override {
+    return {};
+  }
+
+  void emptyCache(MempoolId pool = {0, 0}) override {
+    if (pool == MempoolId{0, 0}) {
+      abi.reset();
+      raise_deferred();
+    } else {
+      check(abi.empty_pool_cache(c10::cuda::current_device(), pool.first, pool.second));
+    }
+  }
+
+  void cacheInfo(c10::DeviceIndex device, size_t* largest) override {
+    int64_t n = abi.largest_cached_block(device);
+    *largest = n > 0 ? static_cast<size_t>(n) : 0;
+  }
+
+  void* getBaseAllocation(void* ptr, size_t* size) override {
+    uint64_t sz = 0;
+    uint64_t base = abi.base_allocation(ptr, &sz);
+    TORCH_CHECK(base != 0, "berth: ", ptr, " is not memory of berth's allocator");
+    if (size) *size = sz;
+    return reinterpret_cast<void*>(base);
+  }
+
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    if (!ptr.get()) return;
+    abi.record_stream(ptr.get(), stream.stream());
+    raise_deferred();
+  }
+
+  DeviceStats getDeviceStats(c10::DeviceIndex device) override { return device_stats(device); }
+
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    check(abi.reset_accumulated_stats(device));
+  }
+
+  void resetPeakStats(c10::DeviceIndex device) override { check(abi.reset_peak_stats(device)); }
+
+  cca::SnapshotInfo snapshot(MempoolId pool, bool include_traces = true) override {
+    SnapshotBuilder b;
+    b.only = pool;
+    SnapshotVisitor v{&b, on_segment, on_block, include_traces ? on_trace : nullptr};
+    check(abi.visit_snapshot(&v));
+    size_t devices = static_cast<size_t>(c10::cuda::device_count());
+    if (b.info.device_traces.size() < devices) b.info.device_traces.resize(devices);
+    b.info.config_metadata.expandable_segments = policy_ != "pytorch";
+    b.info.config_metadata.last_allocator_settings = "berth:" + policy_;
+    return b.info;
+  }
+
+  void recordHistory(bool enabled, cca::CreateContextFn, size_t max_entries, cca::RecordContext,
+                     bool, const std::vector<std::string>&) override {
+    int64_t n = enabled ? static_cast<int64_t>(std::min<size_t>(max_entries, INT64_MAX)) : -1;
+    check(abi.record_history(c10::cuda::current_device(), n));
+    std::lock_guard<std::mutex> g(mu_);
+    history_ = enabled;
+  }
+
+  bool isHistoryEnabled() override {
+    std::lock_guard<std::mutex> g(mu_);
+    return history_;
+  }
+
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
+    std::lock_guard<std::mutex> g(mu_);
+    oom_observers_.push_back(std::move(observer));
+  }
+
+  void attachAllocatorTraceTracker(cca::AllocatorTraceTracker) override {
+    // berth's history is read through snapshot(); live trace callbacks are not delivered.
+  }
+
+  void beginAllocateToPool(c10::DeviceIndex device, MempoolId pool,
+                           std::function<bool(cudaStream_t)> filter) override {
+    auto* f = new StreamFilterFn(std::move(filter));
+    check(abi.begin_allocate_to_pool(device, pool.first, pool.second, call_filter, f,
+                                     drop_filter));
+  }
+
+  void endAllocateToPool(c10::DeviceIndex device, MempoolId pool) override {
+    check(abi.end_allocate_to_pool(device, pool.first, pool.second));
+  }
+
+  void releasePool(c10::DeviceIndex device, MempoolId pool) override {
+    check(abi.release_pool(device, pool.first, pool.second));
+  }
+
+  int getPoolUseCount(c10::DeviceIndex device, MempoolId pool) override {
+    int n = abi.pool_use_count(device, pool.first, pool.second);
+    check(n);
+    return n;
+  }
+
+  void createOrIncrefPool(c10::DeviceIndex device, MempoolId pool,
+                          std::shared_ptr<cca::CUDAAllocator> allocator = nullptr) override {
+    TORCH_CHECK(allocator == nullptr || allocator.get() == this,
+                "berth: a torch.cuda.MemPool with its own allocator is not supported under "
+                "berth's allocator; create the MemPool without an allocator argument");
+    check(abi.create_or_incref_pool(device, pool.first, pool.second));
+  }
+
+  void setUseOnOOM(c10::DeviceIndex, MempoolId, bool use_on_oom) override {
+    TORCH_CHECK(!use_on_oom,
+                "berth: MemPool(use_on_oom=True) is not supported under berth's allocator; "
+                "leave use_on_oom False");
+  }
+
+  void setNoSplit(c10::DeviceIndex, MempoolId) override {
+    TORCH_CHECK(false,
+                "berth: MemPool(no_split=True) is not supported under berth's allocator; "
+                "leave no_split False");
+  }
+
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId pool,
+                                const std::unordered_set<void*>& expected) override {
+    std::vector<uint64_t> ptrs;
+    ptrs.reserve(expected.size());
+    for (void* p : expected) ptrs.push_back(reinterpret_cast<uint64_t>(p));
+    int r = abi.check_pool_live_allocations(device, pool.first, pool.second, ptrs.data(),
+                                            ptrs.size());
+    check(r);
+    return r == 1;
+  }
+
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                          MempoolId pool) override {
+    auto state = std::make_shared<BerthPoolState>();
+    state->pool = pool;
+    for (const auto& seg : snapshot(pool, false).segments) {
+      uint64_t addr = seg.address;
+      for (const auto& b : seg.blocks) {
+        if (b.allocated) state->live.push_back(addr);
+        addr += b.size;
+      }
+    }
+    (void)device;
+    return state;
+  }
+
+  cca::CheckpointDelta setCheckpointPoolState(
+      c10::DeviceIndex, std::shared_ptr<cca::AllocatorState>) override {
+    TORCH_CHECK(false,
+                "berth: restoring a checkpointed CUDA-graph pool (torch.compile's "
+                "reduce-overhead mode switching between recorded graph paths) is not "
+                "supported by berth's allocator yet; use berth_torch.use_allocator only "
+                "without reduce-overhead, or PyTorch's default allocator for this program");
+  }
+
+  cca::ShareableHandle shareIpcHandle(void* ptr) override {
+    TORCH_CHECK(policy_ == "pytorch",
+                "berth: CUDA tensors of policy '", policy_,
+                "' (memory mapped through CUDA virtual memory) cannot be shared with another "
+                "process yet; use berth_torch.use_allocator('pytorch') in programs that send "
+                "CUDA tensors through torch.multiprocessing");
+    size_t size = 0;
+    void* base = getBaseAllocation(ptr, &size);
+    cudaIpcMemHandle_t h;
+    C10_CUDA_CHECK(cudaIpcGetMemHandle(&h, base));
+    std::string handle;
+    handle.push_back(kHandleVersion);
+    handle.push_back(kCudaMalloc);
+    handle.append(reinterpret_cast<const char*>(&h), CUDA_IPC_HANDLE_SIZE);
+    return cca::ShareableHandle{static_cast<char*>(ptr) - static_cast<char*>(base), handle};
+  }
+
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    TORCH_CHECK(handle.size() == 2 + CUDA_IPC_HANDLE_SIZE && handle[0] <= kHandleVersion &&
+                    handle[1] == kCudaMalloc,
+                "berth: this CUDA IPC handle is not one berth can open (only memory from "
+                "cudaMalloc-style segments, PyTorch's default allocator or berth's 'pytorch' "
+                "policy, can be shared)");
+    std::lock_guard<std::mutex> g(ipc_mu_);
+    auto it = ipc_.find(handle);
+    if (it != ipc_.end()) {
+      if (auto p = it->second.lock()) return p;
+    }
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.data() + 2, CUDA_IPC_HANDLE_SIZE);
+    void* dev = nullptr;
+    C10_CUDA_CHECK(cudaIpcOpenMemHandle(&dev, h, cudaIpcMemLazyEnablePeerAccess));
+    int device = c10::cuda::current_device();
+    std::shared_ptr<void> p(dev, [this, handle, device](void* q) {
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+      C10_CUDA_CHECK_WARN(cudaIpcCloseMemHandle(q));
+      std::lock_guard<std::mutex> g2(ipc_mu_);
+      ipc_.erase(handle);
+    });
+    ipc_[handle] = p;
+    return p;
+  }
+
+ private:
+  void* alloc(size_t size, int device, cudaStream_t stream) {
+    void* p = abi.try_alloc(size, device, stream);
+    if (p != nullptr || size == 0) return p;
+    std::string msg = last_error();
+    if (abi.last_error_is_oom()) {
+      std::vector<cca::OutOfMemoryObserver> observers;
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        observers = oom_observers_;
+      }
+      if (!observers.empty()) {
+        size_t free_b = 0, total_b = 0;
+        {
+          c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+          C10_CUDA_CHECK_WARN(cudaMemGetInfo(&free_b, &total_b));
+        }
+        auto allocated = device_stats(device).allocated_bytes[0].current;
+        for (auto& o : observers) o(device, allocated, total_b, free_b);
+      }
+      TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
+    }
+    TORCH_CHECK(false, msg);
+  }
+
+  void raise_deferred() {
+    char buf[2048];
+    size_t n = abi.take_deferred_error(buf, sizeof buf);
+    TORCH_CHECK(n == 0, std::string(buf));
+  }
+
+  std::string policy_;
+  std::mutex mu_;
+  std::unordered_map<c10::DeviceIndex, double> fractions_;
+  std::vector<cca::OutOfMemoryObserver> oom_observers_;
+  bool history_ = false;
+  std::mutex ipc_mu_;
+  std::unordered_map<std::string, std::weak_ptr<void>> ipc_;
+};
+
+std::shared_ptr<BerthAllocator> installed;
+
+// Makes berth's allocator PyTorch's CUDA allocator. `native_path` is berth_torch._native's file.
+void install(const std::string& native_path, const std::string& policy) {
+  if (installed) return;
+  load_abi(native_path);
+  auto a = std::make_shared<BerthAllocator>(policy);
+  torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(a);
+  installed = a;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "berth's full PyTorch CUDA allocator (see berth_torch.use_allocator)";
+  m.def("install", &install, "Makes berth's allocator PyTorch's CUDA allocator",
+        pybind11::arg("native_path"), pybind11::arg("policy"));
+  m.def("name", []() { return installed ? installed->name() : std::string(); });
+}

@@ -6,7 +6,10 @@
 //! over `berth-cuda`'s backends, with the policy chosen at install: `pytorch` (PyTorch's caching
 //! allocator, byte for byte), `expandable` (with expandable segments) or `paged` (berth's own).
 //! Built with the `python` feature (what maturin does) the same library is the extension
-//! module `berth_torch._native` of the Python package `berth_torch`:
+//! module `berth_torch._native` of the Python package `berth_torch`, whose C++ allocator
+//! (`Note [The full allocator]`) PyTorch gets in place of its own, calling these functions for
+//! every method of PyTorch's allocator interface (the pluggable hooks are the fallback where
+//! the C++ part cannot be built):
 //!
 //! ```python
 //! import berth_torch
@@ -16,10 +19,11 @@
 //! ```
 //!
 //! Files:
-//! - `policy.rs` — the policy names and their allocator configurations;
 //! - `install.rs` — the installed policy and one allocator per device (`Note [One allocator
 //!   per process]`);
 //! - `abi.rs` — the exported C functions (the hooks, install, errors, the test switch);
+//! - `allocator_abi.rs` — the C functions of the full allocator beyond the hooks (statistics,
+//!   snapshots, history, private pools, cache queries);
 //! - `oom.cpp` — the alloc hook's failure path (`Note [Raising from the alloc hook]`);
 //! - `python.rs` — the Python extension module (feature `python`).
 //!
@@ -37,6 +41,8 @@
 //! # Design notes
 //! - `Note [One allocator per process]`: `src/install.rs`
 //! - `Note [Raising from the alloc hook]`: `src/oom.cpp`
+//! - `Note [The full allocator]`: `python/berth_torch/csrc/allocator.cpp` (the C++
+//!   `CUDAAllocator` PyTorch gets; built at first use by the Python package)
 
 pub mod abi;
 pub mod allocator_abi;

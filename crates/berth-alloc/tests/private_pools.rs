@@ -207,6 +207,38 @@ fn no_flush_while_a_pool_is_being_allocated_to() {
 }
 
 #[test]
+fn no_event_is_recorded_or_queried_while_a_pool_is_being_allocated_to() {
+    let alloc = with("", 1 << 34);
+    let side = StreamId(9);
+    alloc.begin_allocate_to_pool(GRAPH, only(CAPTURE)).unwrap();
+    let x = alloc.allocate(MIB as usize, CAPTURE).unwrap();
+    x.record_stream(side).unwrap();
+    drop(x);
+    // An event call on a capturing stream would break the capture: none yet.
+    assert_eq!(alloc.backend().pending_events(side), 0);
+    let y = alloc.allocate(MIB as usize, CAPTURE).unwrap();
+    assert_eq!(alloc.backend().pending_events(side), 0);
+    alloc.end_allocate_to_pool(GRAPH).unwrap();
+    // The first request after the capture records the deferred event; the block stays
+    // unusable until the side stream passes it.
+    let z = alloc.allocate(MIB as usize, S0).unwrap();
+    assert_eq!(alloc.backend().pending_events(side), 1);
+    let pool_blocks = |a: &CachingAllocator<SimBackend>| -> Vec<BlockState> {
+        a.snapshot()
+            .segments
+            .iter()
+            .filter(|s| s.segment_pool_id == GRAPH)
+            .flat_map(|s| s.blocks.iter().map(|b| b.state))
+            .collect()
+    };
+    assert!(pool_blocks(&alloc).contains(&BlockState::ActivePendingFree));
+    alloc.backend().complete_events_on(side);
+    drop(alloc.allocate(512, S0).unwrap()); // processes events
+    assert!(!pool_blocks(&alloc).contains(&BlockState::ActivePendingFree));
+    drop((y, z));
+}
+
+#[test]
 fn pool_slots_are_reused_after_a_pool_is_forgotten() {
     let alloc = with("", 1 << 34);
     for round in 1..=3u64 {

@@ -60,6 +60,10 @@ pub(crate) struct State<E> {
     pub allowed: Option<u64>,
     /// Pending cross-stream frees, per stream, oldest first.
     pub events: BTreeMap<StreamId, VecDeque<(E, u32)>>,
+    /// Blocks freed with cross-stream uses while a pool was being allocated to: their events
+    /// are recorded once none is (`Note [Private pools]`; PyTorch's
+    /// `needs_events_deferred_until_no_capture`).
+    pub events_deferred: Vec<u32>,
     pub segments: BTreeMap<u64, SegmentMeta>,
     pub expandable: Vec<Option<ExpandableSegment>>,
     pub history: Option<TraceRing>,
@@ -87,6 +91,7 @@ impl<E> State<E> {
             inflight: 0,
             allowed: None,
             events: BTreeMap::new(),
+            events_deferred: Vec::new(),
             segments: BTreeMap::new(),
             expandable: Vec::new(),
             history: None,
@@ -515,7 +520,10 @@ impl<E> State<E> {
         if size >= self.max_split {
             self.stats.oversize_allocations.decrease(1);
         }
-        if uses {
+        if uses && self.private.capturing() {
+            self.events_deferred.push(i);
+            Ok(())
+        } else if uses {
             self.insert_events(backend, i)
         } else {
             self.free_block(i);

@@ -40,11 +40,20 @@ impl<E> State<E> {
     }
 
     /// `process_events`: per stream, completes queued frees in order up to the first event not
-    /// yet reached.
+    /// yet reached. While a pool is being allocated to (a CUDA graph capture) nothing is queried
+    /// or recorded, since an event call on a capturing stream breaks the capture; the frees
+    /// deferred meanwhile get their events at the first call after it (PyTorch's
+    /// `insert_events_deferred_until_no_capture`).
     pub fn process_events<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
     ) -> Result<(), AllocError> {
+        if self.private.capturing() {
+            return Ok(());
+        }
+        while let Some(i) = self.events_deferred.pop() {
+            self.insert_events(backend, i)?;
+        }
         if self.events.is_empty() {
             return Ok(());
         }

@@ -15,6 +15,8 @@
 //   structures, so PyTorch's Python functions and memory_viz work unchanged;
 // - private pools (CUDA graphs, MemPool) through berth's pools; a policy without them raises
 //   with berth's reason;
+// - during a CUDA graph capture, berth's calls run in relaxed capture mode (new segments are
+//   legal) and berth records or queries no event (`Note [Private pools]` in berth-alloc);
 // - out-of-memory as `c10::OutOfMemoryError` (Python: `torch.OutOfMemoryError`), after the
 //   attached out-of-memory observers ran, as PyTorch's own allocator does;
 // - CUDA IPC for memory from cuMemAlloc (policy "pytorch") in PyTorch's own handle format, so a
@@ -27,6 +29,7 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -300,6 +303,7 @@ class BerthAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggable
               return this->alloc(size, device, stream);
             },
             [](void* ptr, size_t size, int device, cudaStream_t stream) {
+              c10::cuda::CUDAStreamCaptureModeGuard relaxed{cudaStreamCaptureModeRelaxed};
               abi.free(ptr, size, device, stream);
             }),
         policy_(std::move(policy)) {}
@@ -516,7 +520,13 @@ class BerthAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggable
 
  private:
   void* alloc(size_t size, int device, cudaStream_t stream) {
-    void* p = abi.try_alloc(size, device, stream);
+    void* p = nullptr;
+    {
+      // A new segment during a CUDA graph capture: the driver's allocation calls are legal
+      // only in relaxed capture mode, as in PyTorch's own allocator.
+      c10::cuda::CUDAStreamCaptureModeGuard relaxed{cudaStreamCaptureModeRelaxed};
+      p = abi.try_alloc(size, device, stream);
+    }
     if (p != nullptr || size == 0) return p;
     std::string msg = last_error();
     if (abi.last_error_is_oom()) {

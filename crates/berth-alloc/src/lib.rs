@@ -65,6 +65,7 @@ pub mod error;
 mod factory;
 pub mod host;
 mod ids;
+pub mod inert_settings;
 pub mod paged;
 pub mod pickle;
 mod plumbing;

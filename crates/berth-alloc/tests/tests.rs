@@ -10,6 +10,7 @@ mod faithful;
 mod fuzz_found;
 mod host;
 mod host_invariants;
+mod inert_settings;
 mod invariants;
 #[cfg(loom)]
 mod loom;

@@ -78,7 +78,12 @@ pub(crate) fn backend_err(stream: StreamId) -> impl FnOnce(BackendError) -> Allo
 
 impl<E> State<E> {
     pub fn new(cfg: AllocatorConfig) -> Self {
-        let max_split = cfg.max_split_size.unwrap_or(u64::MAX);
+        crate::inert_settings::warn_inert_settings(&cfg);
+        // Inside expandable segments the oversize rule does not apply (`inert_settings.rs`).
+        let max_split = match cfg.max_split_size {
+            Some(m) if !cfg.expandable_segments => m,
+            _ => u64::MAX,
+        };
         State {
             stats: MemoryStats::new(cfg.max_split_size),
             cfg,

@@ -98,9 +98,17 @@ def use_allocator(policy="paged", options=""):
             "started in this process (a tensor was put on the GPU, or a torch.cuda call "
             "initialised it). Call berth_torch.use_allocator(...) right after `import torch`, "
             "before any CUDA work, or start a new process.")
+    full = _build_full_allocator() if os.environ.get("BERTH_TORCH_PLUGGABLE") != "1" else None
+    if full is not None and not full.can_install():
+        # Checked before berth installs anything, so a refused swap leaves no policy behind.
+        raise RuntimeError(
+            "berth_torch.use_allocator(): PyTorch's CUDA allocator is already in use in this "
+            "process, so PyTorch will not swap it. torch.cuda.current_device(), "
+            "torch.cuda.get_device_capability(), pin_memory() and any CUDA tensor start it, even "
+            "while torch.cuda.is_initialized() is still False. Call use_allocator right after "
+            "`import torch` (or set BERTH_TORCH_ALLOCATOR and import berth_torch first).")
     _native.install(policy, options)
     _native.set_oom_exception(torch.OutOfMemoryError)
-    full = _build_full_allocator() if os.environ.get("BERTH_TORCH_PLUGGABLE") != "1" else None
     try:
         if full is not None:
             full.install(_native.__file__, policy)

@@ -566,6 +566,14 @@ class BerthAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggable
 
 std::shared_ptr<BerthAllocator> installed;
 
+// Whether PyTorch would take another allocator now: its current one has not been initialised
+// (changeCurrentAllocator refuses once it has, which torch.cuda.current_device(),
+// get_device_capability(), pin_memory() and any CUDA tensor do, even while
+// torch.cuda.is_initialized() is still false: pytorch/pytorch#140687).
+bool can_install() {
+  return installed != nullptr || !cca::allocator.load()->initialized();
+}
+
 // Makes berth's allocator PyTorch's CUDA allocator. `native_path` is berth_torch._native's file.
 void install(const std::string& native_path, const std::string& policy) {
   if (installed) return;
@@ -582,4 +590,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install, "Makes berth's allocator PyTorch's CUDA allocator",
         pybind11::arg("native_path"), pybind11::arg("policy"));
   m.def("name", []() { return installed ? installed->name() : std::string(); });
+  m.def("can_install", &can_install,
+        "Whether PyTorch's current CUDA allocator is still uninitialised (a swap would work)");
 }

@@ -492,6 +492,49 @@ fn pin_memory_rules() {
         .contains("cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors can be pinned"));
 }
 
+/// `pin_memory()` of a view pins only the bytes the view spans, keeping its strides and values
+/// (PyTorch's `_pin_memory` allocates `computeStorageNbytes(sizes, strides)`); an expanded
+/// tensor pins its one row.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
+fn pin_memory_of_a_view_pins_only_its_bytes() {
+    if !gpu("pin_memory_of_a_view") {
+        return;
+    }
+    let x = Tensor::arange(0.0, 100.0, 1.0, DType::F32, Device::Cpu).unwrap();
+    let slice = x.narrow(0, 30, 10).unwrap();
+    let p = slice.pin_memory().unwrap();
+    assert!(p.is_pinned());
+    assert_eq!(
+        p.storage().nbytes(),
+        40,
+        "10 floats, not the 400 bytes of the base"
+    );
+    assert_eq!(p.storage_offset(), 0);
+    assert_eq!(p.to_vec::<f32>().unwrap(), slice.to_vec::<f32>().unwrap());
+    // A stride-2 view of 20 floats: 10 elements spanning 19 floats, 76 bytes.
+    let m = Tensor::arange(0.0, 20.0, 1.0, DType::F32, Device::Cpu)
+        .unwrap()
+        .reshape(&[10, 2])
+        .unwrap()
+        .select(1, 0)
+        .unwrap();
+    assert_eq!(m.strides(), &[2]);
+    let q = m.pin_memory().unwrap();
+    assert_eq!(q.storage().nbytes(), 76);
+    assert_eq!(q.strides(), &[2]);
+    assert_eq!(
+        q.to_vec::<f32>().unwrap(),
+        (0..10).map(|i| (2 * i) as f32).collect::<Vec<_>>()
+    );
+    // Expanded (stride 0): pins the one row, no error.
+    let row = Tensor::arange(0.0, 4.0, 1.0, DType::F32, Device::Cpu).unwrap();
+    let e = row.unsqueeze(0).unwrap().expand(&[3, 4]).unwrap();
+    let pe = e.pin_memory().unwrap();
+    assert_eq!(pe.storage().nbytes(), 16);
+    assert_eq!(pe.to_vec::<f32>().unwrap(), e.to_vec::<f32>().unwrap());
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
 fn round_trips_are_exact_in_every_direction() {

@@ -43,7 +43,8 @@ impl Tensor {
     }
 
     /// A copy of this host tensor in page-locked memory (`Tensor.pin_memory()`), with the same
-    /// shape, strides and offset. An already pinned tensor is returned as is, sharing its
+    /// shape and strides at offset 0, holding only the bytes the view spans (a 10-float slice
+    /// of a 100-float tensor pins 40 bytes; an expanded tensor pins its one row). An already pinned tensor is returned as is, sharing its
     /// storage (<https://github.com/pytorch/pytorch/pull/23484>). The first call initialises the
     /// pinned allocator (and the current device's context), so `is_pinned()` is `true` at once
     /// (<https://github.com/pytorch/pytorch/issues/149032>).
@@ -72,19 +73,28 @@ impl Tensor {
         if self.is_pinned() {
             return Ok(self.alias());
         }
+        // Only the bytes the view spans are pinned, at offset 0 with the same strides
+        // (PyTorch's `_pin_memory`: a storage of `computeStorageNbytes(sizes, strides)`):
+        // a 10-float slice of a 100-float tensor pins 40 bytes, not 400.
+        let layout = self.layout();
+        let isz = self.dtype().size_in_bytes();
+        let span = (layout.required_elements().saturating_sub(layout.offset())) * isz;
+        // An empty view may sit at an offset past its storage: it spans nothing.
+        let start = if span == 0 { 0 } else { layout.offset() * isz };
         let src = self.storage();
         let from = src.read_host("pin_memory")?;
+        let bytes = &from.bytes()[start..start + span];
         // A block the cache must create is filled as it is made (Note [Filled first pins]).
-        let (dst, filled) = with_fill_source(from.bytes(), || alloc_pinned_storage(src.nbytes()));
+        let (dst, filled) = with_fill_source(bytes, || alloc_pinned_storage(span));
         let dst = dst?;
         if !filled {
             let mut to = dst.write_host("pin_memory")?;
-            parallel_copy(&mut to.bytes_mut()[..src.nbytes()], from.bytes());
+            parallel_copy(&mut to.bytes_mut()[..span], bytes);
         }
         drop(from);
         Ok(Tensor::from_storage(
             Arc::new(dst),
-            self.layout().clone(),
+            crate::Layout::from_parts(layout.shape().to_vec(), layout.strides().to_vec(), 0),
             self.dtype(),
         ))
     }

@@ -264,3 +264,49 @@ fn out_of_range_device_index_gpu() {
     let ok = Tensor::zeros(&[2], DType::F32, Device::Cuda(0)).unwrap();
     assert_eq!(ok.device(), Device::Cuda(0));
 }
+
+/// An empty view whose offset lies past its storage (narrowing to zero elements at the end of
+/// each dimension) reduces and gathers as PyTorch does: `sum` 0, `mean` NaN, an empty
+/// `index_select`, never an index out of range (newcomer pass 2026-12-03, defect 1).
+#[test]
+fn empty_views_past_their_storage_reduce_and_gather_without_panicking() {
+    let a = Tensor::arange(0.0, 24.0, 1.0, DType::F32, Device::Cpu)
+        .unwrap()
+        .reshape(&[2, 3, 4])
+        .unwrap();
+    let c = a.narrow(0, 2, 0).unwrap().narrow(1, 3, 0).unwrap();
+    let d = c.narrow(2, 4, 0).unwrap();
+    assert!(d.storage_offset() > 24, "the view starts past the storage");
+    assert_eq!(d.sum().unwrap().item::<f32>().unwrap(), 0.0);
+    assert!(d.mean().unwrap().item::<f32>().unwrap().is_nan());
+    let idx = Tensor::zeros(&[0], DType::I64, Device::Cpu).unwrap();
+    assert_eq!(d.index_select(0, &idx).unwrap().shape(), &[0, 0, 0]);
+    assert_eq!(c.sum_dim(2, false).unwrap().shape(), &[0, 0]);
+    assert_eq!(d.contiguous().unwrap().numel(), 0);
+    assert_eq!(Tensor::cat(&[&d, &d], 0).unwrap().shape(), &[0, 0, 0]);
+}
+
+/// An empty tensor built from parts at an offset far past its storage (`usize::MAX`) answers
+/// every operation as an empty tensor (newcomer pass 2026-12-03, defect 1).
+#[test]
+fn an_empty_tensor_at_any_offset_is_just_empty() {
+    let st = std::sync::Arc::new(berth::Storage::try_host_zeroed(16).unwrap());
+    for off in [5, usize::MAX] {
+        let t = Tensor::from_parts(
+            st.clone(),
+            berth::Layout::from_parts(vec![0], vec![1], off),
+            DType::F32,
+        )
+        .unwrap();
+        assert_eq!(t.contiguous().unwrap().numel(), 0);
+        assert!(t.to_vec::<f32>().unwrap().is_empty());
+        assert_eq!(t.sum().unwrap().item::<f32>().unwrap(), 0.0);
+        assert_eq!(t.to_dtype(DType::F16).unwrap().numel(), 0);
+        assert_eq!(t.add(&t).unwrap().numel(), 0);
+        assert_eq!(t.clone().unwrap().numel(), 0);
+        t.fill_(1.0).unwrap();
+        t.copy_(&Tensor::zeros(&[0], DType::F32, Device::Cpu).unwrap())
+            .unwrap();
+        assert!(format!("{t}").contains("[]"), "{t}");
+    }
+}

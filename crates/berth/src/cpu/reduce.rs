@@ -165,6 +165,13 @@ fn reduce_typed<T: Num>(
     let rank = l.rank();
     let kept: Vec<usize> = (0..rank).filter(|d| !dims.contains(d)).collect();
     let count: usize = dims.iter().map(|&d| l.shape()[d]).product();
+    if l.numel() == 0 {
+        // Nothing to read (an empty view may even start past its storage): every output
+        // reduces nothing, as PyTorch's `sum` of an empty tensor is 0 and its `mean` NaN.
+        out.iter_mut()
+            .for_each(|o| *o = finish(op, init(op), count));
+        return Ok(());
+    }
     if kept.is_empty() && l.is_contiguous() {
         // Full reduction of a dense tensor: parallel over chunks of the slice.
         let xs = &src[l.offset()..l.offset() + count];

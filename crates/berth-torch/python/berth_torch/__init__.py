@@ -66,7 +66,8 @@ def _build_full_allocator():
             "CUDAPluggableAllocator instead, under which torch.cuda.memory_stats(), "
             "torch.cuda.memory._snapshot(), torch.cuda.MemPool and "
             "torch.compile(mode='reduce-overhead') raise. berth_torch's own functions still "
-            "answer. Install g++ and the CUDA toolkit headers (CUDA_HOME) to get them.",
+            "answer. Install g++, ninja (pip install ninja) and the CUDA toolkit headers "
+            "(CUDA_HOME) to get them.",
             RuntimeWarning, stacklevel=3)
         return None
 
@@ -83,12 +84,16 @@ def use_allocator(policy="paged", options=""):
     ``RuntimeError`` when CUDA already started or another allocator is installed.
     """
     global _ALLOCATOR, _FULL
-    import torch
-
     if not isinstance(policy, str) or policy not in POLICY_NAMES:
         raise ValueError(
             f"unknown berth allocator policy {policy!r}: use one of "
             + ", ".join(repr(p) for p in POLICY_NAMES))
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(
+            "berth_torch.use_allocator() puts berth's allocator under PyTorch, and PyTorch is "
+            f"not importable here ({e}); install it first (pip install torch)") from e
     if _ALLOCATOR is not None:
         _native.install(policy, options)  # same policy: a no-op; another: RuntimeError
         return

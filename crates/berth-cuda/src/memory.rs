@@ -314,8 +314,21 @@ pub fn simulated_backend(device: usize) -> Option<Arc<SimBackend>> {
 }
 
 fn stats(device: impl CudaDeviceArg) -> Result<Option<MemoryStats>, CudaError> {
-    let device = index(device)?;
-    Ok(existing_allocator(device).map(|a| a.stats()))
+    Ok(queried_allocator(device)?.map(|a| a.stats()))
+}
+
+/// `device`'s allocator for a query that builds nothing: `None` before its first allocation,
+/// and `None` when CUDA is unavailable (no driver, no device, berth built without `cuda`), as
+/// PyTorch's statistics answer 0 / empty without CUDA (`torch.cuda.memory_stats()` returns `{}`
+/// while CUDA is not initialised). A bad or out-of-range index is still an error.
+fn queried_allocator(
+    device: impl CudaDeviceArg,
+) -> Result<Option<&'static CudaAllocator>, CudaError> {
+    match index(device) {
+        Ok(i) => Ok(existing_allocator(i)),
+        Err(CudaError::Unavailable { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// The policy name of `device`'s allocator (`"paged"`, `"pytorch"` or `"expandable"`): the
@@ -332,12 +345,13 @@ pub fn allocator_policy(device: impl CudaDeviceArg) -> Result<String, CudaError>
 }
 
 /// Bytes held by live allocations on `device` (`torch.cuda.memory_allocated(device)`); 0
-/// before the device's first allocation (nothing is initialised to answer).
+/// before the device's first allocation (nothing is initialised to answer) and 0 without CUDA,
+/// as PyTorch.
 ///
 /// # Errors
 /// [`CudaError::InvalidDevice`] ("device index 5 is out of range [0, 1)", not PyTorch's
-/// internal assert of <https://github.com/pytorch/pytorch/issues/24463>),
-/// [`CudaError::Unavailable`], or the argument's error ([`CudaDeviceArg`]).
+/// internal assert of <https://github.com/pytorch/pytorch/issues/24463>), or the argument's
+/// error ([`CudaDeviceArg`]).
 pub fn memory_allocated(device: impl CudaDeviceArg) -> Result<u64, CudaError> {
     Ok(stats(device)?.map_or(0, |s| s.memory_allocated()))
 }
@@ -371,7 +385,7 @@ pub fn max_memory_reserved(device: impl CudaDeviceArg) -> Result<u64, CudaError>
 /// # Errors
 /// As [`memory_allocated`].
 pub fn reset_peak_memory_stats(device: impl CudaDeviceArg) -> Result<(), CudaError> {
-    if let Some(a) = existing_allocator(index(device)?) {
+    if let Some(a) = queried_allocator(device)? {
         a.reset_peak_memory_stats();
     }
     Ok(())
@@ -382,7 +396,7 @@ pub fn reset_peak_memory_stats(device: impl CudaDeviceArg) -> Result<(), CudaErr
 /// # Errors
 /// As [`memory_allocated`].
 pub fn reset_accumulated_memory_stats(device: impl CudaDeviceArg) -> Result<(), CudaError> {
-    if let Some(a) = existing_allocator(index(device)?) {
+    if let Some(a) = queried_allocator(device)? {
         a.reset_accumulated_memory_stats();
     }
     Ok(())
@@ -394,7 +408,7 @@ pub fn reset_accumulated_memory_stats(device: impl CudaDeviceArg) -> Result<(), 
 /// # Errors
 /// As [`memory_allocated`].
 pub fn memory_stats(device: impl CudaDeviceArg) -> Result<BTreeMap<String, i64>, CudaError> {
-    Ok(existing_allocator(index(device)?)
+    Ok(queried_allocator(device)?
         .map(|a| a.memory_stats())
         .unwrap_or_default())
 }
@@ -423,7 +437,7 @@ pub fn memory_summary(device: impl CudaDeviceArg, abbreviated: bool) -> Result<S
 /// # Errors
 /// As [`memory_allocated`].
 pub fn memory_snapshot(device: impl CudaDeviceArg) -> Result<MemorySnapshot, CudaError> {
-    Ok(existing_allocator(index(device)?)
+    Ok(queried_allocator(device)?
         .map(|a| a.snapshot())
         .unwrap_or_default())
 }

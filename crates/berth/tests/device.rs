@@ -162,3 +162,27 @@ fn device_new_builds_what_parsing_builds() {
         assert_eq!((back, back.to_string().parse::<Device>().unwrap()), (d, d));
     }
 }
+
+/// Without CUDA the memory statistics answer as PyTorch's do (`torch.cuda.memory_allocated()`
+/// is 0 and `memory_stats()` `{}` while CUDA is not initialised), as `empty_cache()` already
+/// did, instead of an error; with CUDA an out-of-range index is still an error (newcomer
+/// defect 14).
+#[test]
+fn memory_statistics_without_cuda_are_zero_and_empty() {
+    use berth::cuda;
+    if cuda::is_available() {
+        let n = cuda::device_count();
+        assert!(
+            cuda::memory_allocated(n + 3).is_err(),
+            "out of range with a GPU"
+        );
+        return;
+    }
+    assert_eq!(cuda::memory_allocated(0).unwrap(), 0);
+    assert_eq!(cuda::max_memory_reserved(0).unwrap(), 0);
+    assert!(cuda::memory_stats(0).unwrap().is_empty());
+    assert!(cuda::memory_snapshot(0).unwrap().segments.is_empty());
+    cuda::reset_peak_memory_stats(0).unwrap();
+    cuda::reset_accumulated_memory_stats(0).unwrap();
+    cuda::empty_cache().unwrap();
+}

@@ -611,3 +611,32 @@ fn a_bad_berth_alloc_conf_is_a_usage_error() {
         "{err}"
     );
 }
+
+/// `--device auto` says which device it chose and, on the CPU, why CUDA was not used, on
+/// standard error, so a JSON report on standard output stays parseable (newcomer defect 23).
+#[test]
+fn auto_says_which_device_it_chose_and_why() {
+    let out = berth(&["train", "--epochs", "1", "--hidden", "8", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("device: "))
+        .unwrap_or_else(|| panic!("{err}"));
+    if berth::cuda::is_available() {
+        assert!(line.starts_with("device: cuda:0 (--device auto)"), "{line}");
+    } else {
+        assert!(
+            line.starts_with("device: cpu (--device auto; CUDA is not used: "),
+            "{line}"
+        );
+    }
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("stdout is the JSON report");
+    // An explicit device says nothing.
+    let out = berth(&["train", "--epochs", "1", "--hidden", "8", "--device", "cpu"]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("device: "));
+}

@@ -138,6 +138,20 @@ pub struct EvalArgs {
     pub json: bool,
 }
 
+/// Says on standard error which device `--device auto` chose and, for the CPU, why CUDA was
+/// not used (called once the arguments are checked, before the run starts).
+pub fn announce_device(spec: &str, device: Device) {
+    if spec != "auto" {
+        return;
+    }
+    match berth::cuda::unavailable_reason() {
+        Some(why) if !device.is_cuda() => {
+            eprintln!("device: {device} (--device auto; CUDA is not used: {why})")
+        }
+        _ => eprintln!("device: {device} (--device auto)"),
+    }
+}
+
 /// Resolves `--device`: `auto` → [`Device::best`]; anything else parsed with PyTorch's grammar
 /// and checked against the devices present. Errors are [`UsageError`]s naming the fix.
 pub fn resolve_device(spec: &str) -> anyhow::Result<Device> {
@@ -283,6 +297,7 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
     let dir = data::resolve_dir(args.data_dir.as_deref())?;
     let train = data::load(&dir, data::Split::Train)?;
     let test = data::load(&dir, data::Split::Test)?;
+    announce_device(&args.device, device);
     let report = train_on(&args, device, &train, &test)?;
     if let Some(path) = &args.save {
         // state_dict() returns CPU copies.
@@ -590,6 +605,7 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
     model.to_device(device)?;
     let dir = data::resolve_dir(args.data_dir.as_deref())?;
     let test = data::load(&dir, data::Split::Test)?;
+    announce_device(&args.device, device);
     let loader = data::eval_loader(&test, args.batch_size, device)?;
     let acc = evaluate(&model, &loader, device)?;
     if args.json {

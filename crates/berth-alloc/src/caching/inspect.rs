@@ -74,6 +74,14 @@ impl<E> State<E> {
     /// `_snapshot()`: segments (one per contiguous mapped range of an expandable segment) with
     /// their blocks, plus the history; records a `snapshot` trace entry.
     pub fn snapshot(&mut self) -> MemorySnapshot {
+        // The history is read first, then the snapshot is recorded as an event of it: a
+        // snapshot's trace ends before the snapshot, and the next one's shows it (PyTorch's
+        // order: `trace()` is collected before `snapshot()` records `SNAPSHOT`).
+        let device_traces = vec![self
+            .history
+            .as_ref()
+            .map(|h| h.to_vec())
+            .unwrap_or_default()];
         let active = self.stats.active_bytes.all().current.max(0) as u64;
         self.trace(TraceAction::Snapshot, 0, active, StreamId::DEFAULT);
         let sorted = self.sorted_blocks();
@@ -125,11 +133,7 @@ impl<E> State<E> {
         segments.sort_by_key(|s| s.address);
         MemorySnapshot {
             segments,
-            device_traces: vec![self
-                .history
-                .as_ref()
-                .map(|h| h.to_vec())
-                .unwrap_or_default()],
+            device_traces,
             allocator_settings: self.cfg.clone(),
         }
     }

@@ -80,8 +80,12 @@ pub struct AllocatorConfig {
     /// `max_non_split_rounding_mb` in bytes (default 20 MiB): an oversize block serves only
     /// requests within this many bytes of its size.
     pub max_non_split_rounding_size: u64,
-    /// `roundup_power2_divisions` per power-of-two interval from 1 MiB (index 0: < 2 MiB) to
-    /// 32 GiB and up (index 15); 0 = off.
+    /// `roundup_power2_divisions` per power-of-two interval: index `i` covers requests of
+    /// [2^i, 2^(i+1)) MiB, so the list key `K` (a power of two, in MiB) sets the interval
+    /// [K, 2K) MiB; index 0 also takes everything under 1 MiB, index 15 everything from 32 GiB.
+    /// PyTorch's documentation states the intervals one off. 0 = off. A list's first named key
+    /// also fills every interval below it; a `>` key fills the intervals after the last named
+    /// one (from index 1 when it comes first, leaving index 0), as PyTorch's parser does.
     pub roundup_power2_divisions: [u64; ROUNDUP_INTERVALS],
     /// `garbage_collection_threshold` (0 = off; else 0 < t < 1, active only with a memory
     /// fraction set).
@@ -586,8 +590,15 @@ impl AllocatorConfig {
                         return Err(invalid(KEY, val.text, DIVISIONS_EXPECTED));
                     }
                     if bound.text == ">" {
-                        let from = if first { 0 } else { last_index + 1 };
-                        for d in self.roundup_power2_divisions.iter_mut().skip(from) {
+                        // PyTorch fills from the bucket after the last named one, bucket 1
+                        // when none was named: a leading '>' leaves bucket 0 alone, and does
+                        // not count as the first value (c10/core/AllocatorConfig.cpp,
+                        // `parseRoundUpPower2Divisions`).
+                        for d in self
+                            .roundup_power2_divisions
+                            .iter_mut()
+                            .skip(last_index + 1)
+                        {
                             *d = v;
                         }
                     } else {
@@ -611,8 +622,8 @@ impl AllocatorConfig {
                         }
                         self.roundup_power2_divisions[index] = v;
                         last_index = index;
+                        first = false;
                     }
-                    first = false;
                 }
                 _ => {
                     return Err(ConfigError::Syntax {
@@ -769,6 +780,14 @@ mod tests {
             &[1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4]
         );
         assert!(c.roundup_power2_divisions[11..].iter().all(|&d| d == 8));
+        // A leading '>' fills from bucket 1, not 0, and is not the "first value" that fills
+        // the buckets below the first named key (PyTorch's parseRoundUpPower2Divisions).
+        let lead = AllocatorConfig::parse("roundup_power2_divisions:[>:4]").unwrap();
+        assert_eq!(lead.roundup_power2_divisions[0], 0);
+        assert!(lead.roundup_power2_divisions[1..].iter().all(|&d| d == 4));
+        let then = AllocatorConfig::parse("roundup_power2_divisions:[>:4,4:8]").unwrap();
+        assert_eq!(&then.roundup_power2_divisions[..4], &[8, 8, 8, 4]);
+        assert!(then.roundup_power2_divisions[3..].iter().all(|&d| d == 4));
         assert_eq!(
             AllocatorConfig::parse("roundup_power2_divisions:4")
                 .unwrap()

@@ -6,10 +6,22 @@
 //! is said goes to a `tracing` event at `warn` level (target `berth`) when the program installed
 //! a `tracing` subscriber, and to standard error (`berth: warning: …`) when it did not, so a
 //! warning is never lost for want of a subscriber. [`said`] lists everything said so far in the
-//! process: tests assert on it, and `berth_torch` hands it to Python's `warnings.warn`.
+//! process: tests assert on it, and `berth_torch` hands it to Python's `warnings.warn` (and
+//! turns standard error off with [`set_stderr`], so a Python user sees each warning once).
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
+
+/// Whether a warning said without a `tracing` subscriber goes to standard error.
+static TO_STDERR: AtomicBool = AtomicBool::new(true);
+
+/// Turns the standard-error copy of warnings on or off (on by default); a host that shows
+/// [`said`] its own way (Python's `warnings`) turns it off. Warnings are still kept for
+/// [`said`] and still go to a `tracing` subscriber.
+pub fn set_stderr(enabled: bool) {
+    TO_STDERR.store(enabled, Ordering::Relaxed);
+}
 
 /// One warning as it was said.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +55,7 @@ pub fn warn_once(key: &'static str, message: impl FnOnce() -> String) -> bool {
     let message = message();
     if tracing::dispatcher::has_been_set() {
         tracing::warn!(target: "berth", key, "{message}");
-    } else {
+    } else if TO_STDERR.load(Ordering::Relaxed) {
         eprintln!("berth: warning: {message}");
     }
     channel.said.push(Warning { key, message });

@@ -143,6 +143,9 @@ pub fn install(policy: &str, options: &str) -> Result<&'static Installed, HookEr
         });
     }
     memory::configure(config.clone()).map_err(HookError::Registry)?;
+    // Said now, while the installing caller (Python: `use_allocator`) can show them, rather
+    // than at the first allocation.
+    berth_alloc::inert_settings::warn_inert_settings(&config);
     Ok(INSTALLED.get_or_init(|| Installed { policy: p, config }))
 }
 

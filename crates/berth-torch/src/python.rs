@@ -171,6 +171,18 @@ fn take_deferred_error() -> Option<String> {
     abi::take_deferred_error()
 }
 
+/// Every warning berth said in this process, as `(key, message)`, oldest first; from now on
+/// warnings go only here (the package shows them with Python's `warnings.warn`), not to
+/// standard error.
+#[pyfunction]
+fn warnings_said() -> Vec<(&'static str, String)> {
+    berth_alloc::warnings::set_stderr(false);
+    berth_alloc::warnings::said()
+        .into_iter()
+        .map(|w| (w.key, w.message))
+        .collect()
+}
+
 /// Test switch: simulated devices of `capacity_bytes` for the next install.
 #[pyfunction]
 fn simulate(capacity_bytes: u64) -> PyResult<()> {
@@ -194,6 +206,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(empty_cache, m)?)?;
     m.add_function(wrap_pyfunction!(take_deferred_error, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(warnings_said, m)?)?;
     m.add(
         "POLICY_NAMES",
         berth_alloc::Policy::ALL

@@ -33,6 +33,8 @@ import warnings
 
 from . import _native
 
+_native.warnings_said()  # from here on berth's warnings reach the user through `warnings`
+
 __all__ = [
     "POLICY_NAMES", "use_allocator", "installed_policy", "memory_stats", "memory_allocated",
     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
@@ -43,6 +45,16 @@ __all__ = [
 
 POLICY_NAMES = tuple(_native.POLICY_NAMES)
 _ALLOCATOR = None  # the installed allocator (the C++ module, or a CUDAPluggableAllocator)
+_WARNED = set()  # keys of berth's warnings already shown with warnings.warn
+
+
+def _show_warnings():
+    """Shows each warning berth said (a setting PyTorch accepts but ignores, ...) once, with
+    Python's ``warnings.warn``."""
+    for key, message in _native.warnings_said():
+        if key not in _WARNED:
+            _WARNED.add(key)
+            warnings.warn(f"berth: {message}", RuntimeWarning, stacklevel=3)
 _FULL = None  # whether the installed allocator is the full one
 
 
@@ -113,6 +125,7 @@ def use_allocator(policy="paged", options=""):
             "while torch.cuda.is_initialized() is still False. Call use_allocator right after "
             "`import torch` (or set BERTH_TORCH_ALLOCATOR and import berth_torch first).")
     _native.install(policy, options)
+    _show_warnings()
     _native.set_oom_exception(torch.OutOfMemoryError)
     try:
         if full is not None:

@@ -176,3 +176,104 @@ fn linear_with_zero_features_works_as_in_torch() {
     assert_eq!(y0.shape(), &[5, 3]);
     assert_eq!(v(&y0), vec![0.0; 15]);
 }
+
+/// Loading into a model built on the meta device: without `assign` it is an error that says
+/// what to do (PyTorch reports success having loaded nothing:
+/// <https://github.com/pytorch/pytorch/issues/102212>); with `assign` the module takes the
+/// checkpoint's tensors, their device and dtype, and runs.
+#[test]
+fn loading_into_meta_parameters_errors_or_assigns() {
+    let src = Linear::new(3, 2, Device::Cpu).unwrap();
+    let state = src.state_dict().unwrap();
+    let mut meta = Linear::new(3, 2, Device::Meta).unwrap();
+    let e = meta.load_state_dict(&state).unwrap_err();
+    assert!(
+        matches!(&e, Error::LoadIntoMeta { key } if key == "weight"),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("assign") && e.to_string().contains("to_empty"),
+        "{e}"
+    );
+    assert!(
+        meta.parameters().iter().all(|p| p.device().is_meta()),
+        "nothing changed"
+    );
+    let keys = meta
+        .load_state_dict_with(
+            &state,
+            nn::LoadOptions {
+                strict: true,
+                assign: true,
+            },
+        )
+        .unwrap();
+    assert_eq!(keys, nn::IncompatibleKeys::default());
+    for (name, p) in meta.named_parameters() {
+        assert_eq!(p.device(), Device::Cpu, "{name}");
+        assert!(
+            p.shares_storage(&state[&name]),
+            "{name}: the checkpoint's own tensor"
+        );
+    }
+    let x = t(&[1.0, 2.0, 3.0], &[1, 3]);
+    assert_eq!(v(&meta.forward(&x).unwrap()), v(&src.forward(&x).unwrap()));
+}
+
+/// `strict: false` returns the keys that did not match and loads the rest; a size mismatch is
+/// still an error (PyTorch's `load_state_dict(strict=False)`).
+#[test]
+fn non_strict_loading_returns_missing_and_unexpected_keys() {
+    let src = Linear::new(3, 2, Device::Cpu).unwrap();
+    let mut state = src.state_dict().unwrap();
+    state.remove("bias");
+    state.insert("extra".into(), t(&[1.0], &[1]));
+    let mut dst = Linear::new(3, 2, Device::Cpu).unwrap();
+    let bias_before = v(&dst.named_parameters()[1].1.clone().unwrap());
+    let keys = dst
+        .load_state_dict_with(
+            &state,
+            nn::LoadOptions {
+                strict: false,
+                assign: false,
+            },
+        )
+        .unwrap();
+    assert_eq!(keys.missing_keys, ["bias"]);
+    assert_eq!(keys.unexpected_keys, ["extra"]);
+    let params = dst.named_parameters();
+    assert_eq!(params[0].0, "weight");
+    assert_eq!(
+        v(params[0].1),
+        v(&state["weight"]),
+        "the matching key loaded"
+    );
+    assert_eq!(
+        v(&params[1].1.clone().unwrap()),
+        bias_before,
+        "the missing one untouched"
+    );
+    drop(params);
+    state.insert("weight".into(), t(&[1.0; 4], &[2, 2]));
+    let e = dst
+        .load_state_dict_with(
+            &state,
+            nn::LoadOptions {
+                strict: false,
+                assign: false,
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::StateDictShape { .. }), "{e:?}");
+    // Strict, the same state is refused on its keys first.
+    assert!(matches!(
+        dst.load_state_dict(
+            &src.state_dict()
+                .unwrap()
+                .into_iter()
+                .filter(|(k, _)| k != "bias")
+                .collect()
+        ),
+        Err(Error::MissingKey { .. })
+    ));
+}

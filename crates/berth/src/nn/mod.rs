@@ -3,16 +3,18 @@
 //! [`load_state_dict_file`], [`load_state_dict_bytes`]).
 
 mod linear;
+mod load;
 mod safetensors_io;
 mod sequential;
 
 use std::collections::BTreeMap;
 
 pub use linear::Linear;
+pub use load::{IncompatibleKeys, LoadOptions};
 pub use safetensors_io::{load_state_dict_bytes, load_state_dict_file, save_state_dict};
 pub use sequential::{ReLU, Sequential};
 
-use crate::{Device, Error, Result, Tensor};
+use crate::{Device, Result, Tensor};
 
 /// Parameter name → tensor, sorted by name (PyTorch's `OrderedDict` from `state_dict()`).
 pub type StateDict = BTreeMap<String, Tensor>;
@@ -71,7 +73,7 @@ pub trait Module {
     /// shared (detached aliases), device parameters copied.
     ///
     /// # Errors
-    /// [`Error::MetaNoData`] for meta parameters; copy errors.
+    /// [`crate::Error::MetaNoData`] for meta parameters; copy errors.
     fn state_dict(&self) -> Result<StateDict> {
         self.named_parameters()
             .into_iter()
@@ -82,62 +84,35 @@ pub trait Module {
     /// Copy values from `state` into the parameters (strict, as PyTorch's default): every
     /// parameter must be present with the same shape and no extra key may exist. Values are
     /// converted to each parameter's dtype and device. Nothing is changed when a check fails:
-    /// the keys, the shapes, and what a copy would refuse (a meta value for a parameter with
-    /// memory, a parameter whose elements share memory) are checked for every parameter
-    /// before the first is written. Only a device failure during the copies themselves (out
-    /// of memory for a converted value, a failed transfer) can leave some parameters written.
+    /// the keys, the shapes, and what a copy would refuse (a parameter on the meta device, a
+    /// meta value for a parameter with memory, a parameter whose elements share memory) are
+    /// checked for every parameter before the first is written. Only a device failure during
+    /// the copies themselves (out of memory for a converted value, a failed transfer) can
+    /// leave some parameters written.
     ///
     /// # Errors
-    /// [`Error::MissingKey`], [`Error::UnexpectedKeys`], [`Error::StateDictShape`];
-    /// [`Error::MetaNoData`] for a meta value and a parameter with memory;
-    /// [`Error::InternalOverlap`]; device errors.
+    /// [`crate::Error::MissingKey`], [`crate::Error::UnexpectedKeys`], [`crate::Error::StateDictShape`];
+    /// [`crate::Error::LoadIntoMeta`] for a parameter on the meta device (load with
+    /// [`LoadOptions::assign`] instead); [`crate::Error::MetaNoData`] for a meta value and a parameter
+    /// with memory; [`crate::Error::InternalOverlap`]; device errors.
     fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
-        let params = self.named_parameters();
-        for (name, p) in &params {
-            let Some(s) = state.get(name) else {
-                return Err(Error::MissingKey {
-                    key: name.clone(),
-                    present: state.keys().cloned().collect(),
-                });
-            };
-            if s.shape() != p.shape() {
-                return Err(Error::StateDictShape {
-                    key: name.clone(),
-                    expected: p.shape().to_vec(),
-                    got: s.shape().to_vec(),
-                });
-            }
-        }
-        let unexpected: Vec<String> = state
-            .keys()
-            .filter(|k| !params.iter().any(|(n, _)| n == *k))
-            .cloned()
-            .collect();
-        if !unexpected.is_empty() {
-            return Err(Error::UnexpectedKeys { keys: unexpected });
-        }
-        // What the copies could refuse is checked for every parameter before the first write
-        // (values are converted one at a time below, so a device model never holds two
-        // copies of its parameters).
-        for (name, p) in &params {
-            if p.device().is_meta() {
-                continue;
-            }
-            if state[name].device().is_meta() {
-                return Err(Error::MetaNoData {
-                    op: "load_state_dict",
-                });
-            }
-            crate::ops::infer::no_internal_overlap("load_state_dict", p)?;
-        }
-        drop(params);
-        for (name, p) in self.named_parameters_mut() {
-            if p.device().is_meta() {
-                continue;
-            }
-            let src = state[&name].to(p.device(), p.dtype(), false, false)?;
-            p.copy_(&src)?;
-        }
-        Ok(())
+        self.load_state_dict_with(state, LoadOptions::default())
+            .map(|_| ())
+    }
+
+    /// [`Module::load_state_dict`] with PyTorch's `strict` and `assign` options
+    /// (`load_state_dict(state_dict, strict, assign)`): not strict, the keys that do not match
+    /// are returned (a size mismatch is still an error); with `assign`, each parameter becomes
+    /// the checkpoint's tensor (its device and dtype), which is how a model built on the meta
+    /// device is loaded.
+    ///
+    /// # Errors
+    /// As [`Module::load_state_dict`]; with `assign`, only the key and shape errors.
+    fn load_state_dict_with(
+        &mut self,
+        state: &StateDict,
+        options: LoadOptions,
+    ) -> Result<IncompatibleKeys> {
+        load::load(self, state, options)
     }
 }

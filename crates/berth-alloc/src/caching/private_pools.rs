@@ -8,7 +8,7 @@
 //! # Note [Private pools]
 //! A private pool is a pair of block pools (large and small) in the allocator's list of pools:
 //! the general pair is at indices 0 and 1, private pool `k` (from 1) at `2k` and `2k + 1`
-//! ([`pool_index`]). A block remembers its pool, so a free returns it to the pool it came
+//! (`pool_index`). A block remembers its pool, so a free returns it to the pool it came
 //! from and merges stay inside it; a segment belongs to the pool that asked for it, whole.
 //!
 //! While a pool is being allocated to (`begin_allocate_to_pool`, with a filter of streams),

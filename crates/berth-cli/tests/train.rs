@@ -84,6 +84,32 @@ fn one_epoch_on_cpu_reaches_75_percent_and_eval_reproduces_it() {
         acc,
         "eval of the saved state dict"
     );
+    // eval needs only the two test files: a folder holding just those is enough.
+    let only_test = dir.join("t10k-only");
+    std::fs::create_dir_all(&only_test).unwrap();
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist");
+    for f in ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"] {
+        std::fs::copy(data.join(f), only_test.join(f)).unwrap();
+    }
+    let ev2 = json_of(&berth_os(&[
+        "eval".as_ref(),
+        "--load".as_ref(),
+        save_s,
+        "--device".as_ref(),
+        "cpu".as_ref(),
+        "--data-dir".as_ref(),
+        only_test.as_os_str(),
+        "--json".as_ref(),
+    ]));
+    assert_eq!(ev2["test_accuracy"].as_f64().unwrap(), acc);
+    // train needs the training files too, and says which.
+    let out = berth_os(&[
+        "train".as_ref(),
+        "--data-dir".as_ref(),
+        only_test.as_os_str(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("train-images-idx3-ubyte.gz"), "{err}");
 }
 
 #[test]

@@ -65,25 +65,42 @@ pub fn load(dir: &Path, split: Split) -> anyhow::Result<FashionSplit> {
     Ok(Arc::new(data))
 }
 
-/// The data folder: `--data-dir`, else `$BERTH_DATA_DIR`, else `data/fashion-mnist` in the
-/// working directory or an ancestor, else the copy in this source tree, else Debian's
-/// `/usr/share/datasets/fashion-mnist`.
+/// The data folder holding the files of `splits`: `--data-dir`, else `$BERTH_DATA_DIR`, else
+/// `data/fashion-mnist` in the working directory or an ancestor, else the copy in this source
+/// tree, else Debian's `/usr/share/datasets/fashion-mnist`. A folder given explicitly needs only
+/// the files of `splits` (`berth eval` needs the two `t10k` files alone).
 ///
 /// # Errors
-/// A [`UsageError`] when none of them holds the files.
-pub fn resolve_dir(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+/// A [`UsageError`] when none of them holds the files, naming the ones needed.
+pub fn resolve_dir(explicit: Option<&Path>, splits: &[Split]) -> anyhow::Result<PathBuf> {
+    let stem = |s: &Split| match s {
+        Split::Train => "train",
+        Split::Test => "t10k",
+    };
     let has = |d: &Path| {
-        d.join("train-labels-idx1-ubyte.gz").exists() || d.join("train-labels-idx1-ubyte").exists()
+        splits.iter().all(|s| {
+            let labels = format!("{}-labels-idx1-ubyte", stem(s));
+            d.join(format!("{labels}.gz")).exists() || d.join(labels).exists()
+        })
     };
     if let Some(d) = explicit {
         if has(d) {
             return Ok(d.to_path_buf());
         }
+        let needed: Vec<String> = splits
+            .iter()
+            .flat_map(|s| {
+                [
+                    format!("{}-images-idx3-ubyte.gz", stem(s)),
+                    format!("{}-labels-idx1-ubyte.gz", stem(s)),
+                ]
+            })
+            .collect();
         return Err(UsageError(format!(
-            "--data-dir {}: no Fashion-MNIST files there (expected train-images-idx3-ubyte.gz, \
-             train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz); \
-             point it at the repository's data/fashion-mnist",
-            d.display()
+            "--data-dir {}: no Fashion-MNIST files there (expected {}, gzipped or not); point \
+             it at the repository's data/fashion-mnist",
+            d.display(),
+            needed.join(", ")
         ))
         .into());
     }

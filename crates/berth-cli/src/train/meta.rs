@@ -61,7 +61,7 @@ pub fn predict_with(
     // A resident run keeps the whole training split on the device: its length decides the
     // bytes, so the split's files are read (its images are not needed).
     let resident_rows = if args.resident {
-        let dir = data::resolve_dir(args.data_dir.as_deref())?;
+        let dir = data::resolve_dir(args.data_dir.as_deref(), &[data::Split::Train])?;
         Some(berth_data::Dataset::len(&*data::load(
             &dir,
             data::Split::Train,

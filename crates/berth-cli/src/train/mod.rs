@@ -294,7 +294,10 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.memory_snapshot {
         check_output_path("--memory-snapshot", path, "snapshot.pickle")?;
     }
-    let dir = data::resolve_dir(args.data_dir.as_deref())?;
+    let dir = data::resolve_dir(
+        args.data_dir.as_deref(),
+        &[data::Split::Train, data::Split::Test],
+    )?;
     let train = data::load(&dir, data::Split::Train)?;
     let test = data::load(&dir, data::Split::Test)?;
     announce_device(&args.device, device);
@@ -603,7 +606,7 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         .load_state_dict(&state)
         .map_err(|e| UsageError(format!("--load {}: {e}", args.load.display())))?;
     model.to_device(device)?;
-    let dir = data::resolve_dir(args.data_dir.as_deref())?;
+    let dir = data::resolve_dir(args.data_dir.as_deref(), &[data::Split::Test])?;
     let test = data::load(&dir, data::Split::Test)?;
     announce_device(&args.device, device);
     let loader = data::eval_loader(&test, args.batch_size, device)?;

@@ -3,9 +3,9 @@
     import torch, berth_torch
     berth_torch.use_allocator("paged")      # before any CUDA allocation
     # ... an ordinary PyTorch program ...
-    berth_torch.memory_stats()              # torch.cuda.memory_stats()'s keys and meanings
-    berth_torch.memory_summary()            # PyTorch's table
-    torch.cuda.empty_cache()                # reaches berth through the reset hook
+    torch.cuda.memory_stats()               # PyTorch's own functions answer from berth
+    berth_torch.memory_summary()            # PyTorch's table, then the driver's side
+    torch.cuda.empty_cache()                # returns berth's free cached memory
     berth_torch.dump_snapshot("s.pickle")   # torch.cuda.memory._dump_snapshot's format
 
 Policies: "pytorch" (PyTorch's caching allocator, byte for byte), "expandable" (with
@@ -45,6 +45,7 @@ __all__ = [
 
 POLICY_NAMES = tuple(_native.POLICY_NAMES)
 _ALLOCATOR = None  # the installed allocator (the C++ module, or a CUDAPluggableAllocator)
+_FULL = None  # whether the installed allocator is the full one
 _WARNED = set()  # keys of berth's warnings already shown with warnings.warn
 
 
@@ -55,7 +56,6 @@ def _show_warnings():
         if key not in _WARNED:
             _WARNED.add(key)
             warnings.warn(f"berth: {message}", RuntimeWarning, stacklevel=3)
-_FULL = None  # whether the installed allocator is the full one
 
 
 def _build_full_allocator():

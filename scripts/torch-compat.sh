@@ -5,7 +5,8 @@
 # check (CUDA graphs, torch.compile, MemPool, memory stats and snapshots, empty_cache, memory
 # fraction, pinned DataLoader, NCCL, CUDA IPC, threads and streams, training losses, OOM) under
 # PyTorch's default allocator and each berth policy, each in its own process. Writes
-# OUT/compat.jsonl, OUT/logs/ and the Markdown table OUT/compat.md (also printed).
+# OUT/compat.jsonl, OUT/logs/ and the Markdown table OUT/compat.md (also printed); then
+# refused_swap.py (a swap PyTorch refuses leaves nothing installed) into OUT/refused_swap.jsonl.
 #
 # Usage: bash scripts/torch-compat.sh [OUT]       (OUT default: /tmp/compat)
 # Env:   PYTHON (default python3); BERTH_TORCH_ALLOCATORS, COMPAT_CHECKS (comma/space
@@ -41,4 +42,10 @@ args=(--out "$OUT")
 [ -n "${COMPAT_CHECKS:-}" ] && args+=(--checks "$COMPAT_CHECKS")
 [ -n "${COMPAT_TIMEOUT:-}" ] && args+=(--timeout "$COMPAT_TIMEOUT")
 "$PY" crates/berth-torch/tests/compat/run_compat.py "${args[@]}" | tee "$OUT/compat.md"
-exit "${PIPESTATUS[0]}"
+rc=${PIPESTATUS[0]}
+# A refused swap leaves nothing installed (three triggers x full and pluggable paths).
+if [ -z "${COMPAT_CHECKS:-}" ] || [[ "${COMPAT_CHECKS}" == *refused_swap* ]]; then
+  "$PY" crates/berth-torch/tests/compat/refused_swap.py | tee "$OUT/refused_swap.jsonl"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
+exit "$rc"

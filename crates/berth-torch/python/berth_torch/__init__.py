@@ -153,8 +153,9 @@ def full_allocator():
 
 
 def installed_policy():
-    """The installed policy's name, or None."""
-    return _native.installed_policy()
+    """The name of the policy PyTorch allocates from, or None when berth is not PyTorch's
+    allocator (before :func:`use_allocator`, or after PyTorch refused the swap)."""
+    return _native.installed_policy() if _ALLOCATOR is not None else None
 
 
 def _device(device):

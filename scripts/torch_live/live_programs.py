@@ -621,5 +621,7 @@ out = dict(workload=a.workload, allocator=a.allocator, torch=torch.__version__, 
            peak_allocated=stats.get("allocated_bytes.all.peak"), num_device_alloc=stats.get("num_device_alloc"),
            driver_peak_used_bytes=None if base_used is None else peak_used - base_used,
            context_bytes=base_used, driver_used_per_step=run["driver_used_per_step"],
-           reserved_per_step=run["reserved_per_step"], program=program)
+           reserved_per_step=run["reserved_per_step"], program=program,
+           # True: berth's full CUDAAllocator; False: the CUDAPluggableAllocator fallback.
+           full_allocator=berth.full_allocator() if berth and hasattr(berth, "full_allocator") else None)
 print(json.dumps(out), flush=True)

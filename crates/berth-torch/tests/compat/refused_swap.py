@@ -39,7 +39,11 @@ except RuntimeError as e:
 result["installed_policy"] = berth_torch.installed_policy()
 t = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
 result["sum_ok"] = float(t.sum()) == float((1 << 20) * ((1 << 20) - 1) // 2)
-result["torch_allocated"] = torch.cuda.memory_allocated()
+try:
+    result["torch_allocated"] = torch.cuda.memory_allocated()
+except RuntimeError as e:  # PyTorch's pluggable wrapper has no statistics (berth_torch's do)
+    result["torch_allocated"] = None
+    result["berth_allocated"] = berth_torch.memory_allocated()
 print(json.dumps(result))
 '''
 

@@ -326,7 +326,8 @@ fn lacks_private_pools(policy: &str) -> AllocError {
         feature:
             "private pools (CUDA graphs, torch.cuda.MemPool, torch.compile's reduce-overhead mode)",
         policy: policy.to_owned(),
-        instead: "use policy \"pytorch\" or \"expandable\", which have them",
+        instead: "use one of berth's policies (\"pytorch\", \"expandable\", \"paged\"), which \
+                  have them",
     }
 }
 

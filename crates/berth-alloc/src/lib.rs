@@ -42,6 +42,7 @@
 //! - `Note [Compiled replay]`: `src/replay.rs`
 //! - `Note [Streaming trace reader]`: `src/trace/mod.rs`
 //! - `Note [Private pools]`: `src/caching/private_pools.rs`
+//! - `Note [Private pools in paged]`: `src/paged/pools.rs`
 //!
 //! # Quick start
 //! ```

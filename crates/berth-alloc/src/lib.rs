@@ -43,6 +43,7 @@
 //! - `Note [Streaming trace reader]`: `src/trace/mod.rs`
 //! - `Note [Private pools]`: `src/caching/private_pools.rs`
 //! - `Note [Private pools in paged]`: `src/paged/pools.rs`
+//! - `Note [Sleep and wake]`: `src/paged/sleep.rs`
 //!
 //! # Quick start
 //! ```
@@ -78,6 +79,7 @@ pub mod snapshot;
 pub mod stats;
 pub mod summary;
 mod sync;
+pub mod tags;
 #[cfg(feature = "testing")]
 pub mod testing;
 #[cfg(feature = "trace")]
@@ -93,7 +95,7 @@ pub use error::{AllocError, BackendError, ConfigError, OomHint, PolicyError};
 pub use factory::device_allocator;
 pub use host::{HostAllocation, HostAllocator, HostBackend, HostCachingAllocator};
 pub use ids::{MempoolId, StreamFilter};
-pub use paged::{PagedBestFit, PagedTuning};
+pub use paged::{PagedBestFit, PagedTuning, SleepReport, SleepStats, WakeReport};
 pub use policy::Policy;
 pub use snapshot::{BlockInfo, BlockState, MemorySnapshot, SegmentInfo, TraceAction, TraceEntry};
 pub use stats::{MemoryStats, Stat, StatKind};

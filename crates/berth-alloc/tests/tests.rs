@@ -21,5 +21,6 @@ mod policy;
 mod private_pools;
 mod private_pools_paged;
 mod recorded;
+mod sleep_wake;
 mod stress;
 mod trace_stream;

@@ -179,10 +179,18 @@ impl<E> State<E> {
         backend: &B,
         pair: u16,
     ) -> Result<(), AllocError> {
-        if self.private.get_mut(pair).is_none_or(|p| p.use_count != 0) {
+        if self.private.get_mut(pair).is_none_or(|p| p.use_count != 0) || self.pool_has_blocks(pair)
+        {
+            // In use, or holding blocks (of a sleeping tag, whose pages are unmapped).
             return Ok(());
         }
         let arenas = self.pool_arenas(pair);
+        if arenas
+            .iter()
+            .any(|&i| self.tags.is_asleep(self.arenas[i].tag))
+        {
+            return Ok(()); // its units are to be mapped back at wake
+        }
         let mapped = arenas.iter().any(|&i| {
             self.arenas[i]
                 .reservations
@@ -204,8 +212,9 @@ impl<E> State<E> {
                     failed.get_or_insert(backend_err(stream)(e));
                 }
             }
-            self.arena_of.remove(&(stream, pair));
-            self.arenas[i] = Arena::new(StreamId::DEFAULT, RETIRED);
+            let tag = self.arenas[i].tag;
+            self.arena_of.remove(&(stream, pair, tag));
+            self.arenas[i] = Arena::new(StreamId::DEFAULT, RETIRED, 0);
             self.retired.push(i);
         }
         self.private.forget(pair);

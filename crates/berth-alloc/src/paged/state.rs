@@ -3,6 +3,7 @@
 
 use super::arena::Arena;
 use super::pages::{page_down, page_up, PageMap};
+use super::tag_table::TagTable;
 use super::units::{cut, Units};
 use super::PagedTuning;
 use crate::addr_map::AddrMap;
@@ -31,7 +32,7 @@ pub(super) struct Live {
     /// Index of the arena (stream and pool) it came from.
     pub(super) arena: usize,
     /// Other streams it was used on (`record_stream`).
-    uses: Vec<StreamId>,
+    pub(super) uses: Vec<StreamId>,
 }
 
 /// A freed block waiting for events on the streams it was used on.
@@ -48,7 +49,7 @@ pub(super) struct Pending<E> {
 pub(crate) struct State<E> {
     pub(super) pages: PageMap,
     /// The mapping units: what each `map` call mapped (`Note [Mapping units]`).
-    units: Units,
+    pub(super) units: Units,
     /// Longest mapping unit in bytes (a multiple of the page size), unless a run would take
     /// more than `max_run_units` units (0: no such bound) (`Note [Mapping units]`).
     max_unit: u64,
@@ -65,9 +66,9 @@ pub(crate) struct State<E> {
     /// `tests/recorded.rs` are with this rule).
     live_peak_at_reclaim: u64,
     pub(super) arenas: Vec<Arena>,
-    /// The index in `arenas` of each (stream, pool pair)'s arena: found in O(1), however many
-    /// streams (a linear scan made 40,000 streams quadratic).
-    pub(super) arena_of: std::collections::HashMap<(StreamId, u16), usize>,
+    /// The index in `arenas` of each (stream, pool pair, tag)'s arena: found in O(1), however
+    /// many streams (a linear scan made 40,000 streams quadratic).
+    pub(super) arena_of: std::collections::HashMap<(StreamId, u16, u32), usize>,
     /// Slots of `arenas` whose pool was forgotten ([`super::arena::RETIRED`]), reused by new
     /// arenas.
     pub(super) retired: Vec<usize>,
@@ -79,6 +80,8 @@ pub(crate) struct State<E> {
     pub(super) deferred: Vec<(u64, Live)>,
     /// The private pools (`Note [Private pools in paged]`).
     pub(crate) private: PrivatePools,
+    /// The tags and which of them sleep (`Note [Sleep and wake]`).
+    pub(super) tags: TagTable,
     /// PyTorch-named statistics.
     pub(crate) stats: MemoryStats,
     /// The most bytes ever mapped at once (not reset by `reset_peak_memory_stats`).
@@ -136,6 +139,7 @@ impl<E> State<E> {
             pending: Vec::new(),
             deferred: Vec::new(),
             private: PrivatePools::default(),
+            tags: TagTable::default(),
             stats: MemoryStats::new(None),
             high_water: 0,
             live_peak: 0,
@@ -177,23 +181,25 @@ impl<E> State<E> {
         &mut self,
         backend: &B,
         stream: StreamId,
+        tag: u32,
     ) -> Result<usize, AllocError> {
         // The pool that serves `stream` now: the general one (0) unless a private pool is
         // being allocated to for it (`Note [Private pools in paged]`).
         let pair = self.private.pair_for(stream);
         // Most programs allocate on one stream: the last arena needs no hashing.
         if let Some(i) = self.arenas.len().checked_sub(1) {
-            if self.arenas[i].stream == stream && self.arenas[i].pair == pair {
+            let a = &self.arenas[i];
+            if a.stream == stream && a.pair == pair && a.tag == tag {
                 return Ok(i);
             }
         }
-        if let Some(&i) = self.arena_of.get(&(stream, pair)) {
+        if let Some(&i) = self.arena_of.get(&(stream, pair, tag)) {
             return Ok(i);
         }
         let base = vm(backend)
             .reserve(self.va_bytes as usize)
             .map_err(backend_err(stream))?;
-        let mut arena = Arena::new(stream, pair);
+        let mut arena = Arena::new(stream, pair, tag);
         arena.add_reservation(base.0, self.va_bytes);
         let i = match self.retired.pop() {
             Some(i) => {
@@ -205,7 +211,7 @@ impl<E> State<E> {
                 self.arenas.len() - 1
             }
         };
-        self.arena_of.insert((stream, pair), i);
+        self.arena_of.insert((stream, pair, tag), i);
         Ok(i)
     }
 
@@ -223,7 +229,9 @@ impl<E> State<E> {
             self.process_events(backend)?;
         }
         let size = bytes.div_ceil(MIN_BLOCK) * MIN_BLOCK;
-        let ai = self.arena_for(backend, stream)?;
+        // This thread's tag; an error when it is asleep (`Note [Sleep and wake]`).
+        let tag = self.tags.current()?;
+        let ai = self.arena_for(backend, stream, tag)?;
         let (addr, unmapped) = loop {
             if let Some(placed) = self.arenas[ai].place(size, &self.pages) {
                 break placed;
@@ -416,7 +424,7 @@ impl<E> State<E> {
     }
 
     /// Records the unit `[a, b)` that one `map` call just mapped.
-    fn note_mapped(&mut self, a: u64, b: u64, stream: StreamId) {
+    pub(super) fn note_mapped(&mut self, a: u64, b: u64, stream: StreamId) {
         let before = self.pages.interval_count();
         self.pages.insert(a, b);
         self.units.insert(a, b);
@@ -439,7 +447,8 @@ impl<E> State<E> {
         // SAFETY: 1. [a, b) is mapped: it is made of whole units, each recorded when its `map`
         // call succeeded. 2. No block is live on it and the owning stream was synchronized by
         // the caller (`reclaim`), or the units were mapped for a request that failed and never
-        // handed out.
+        // handed out, or every stream was synchronized and the tag is being put to sleep, or
+        // the units were mapped by a wake that failed (`Note [Sleep and wake]`).
         unsafe { vm(backend).unmap(DevicePtr(a), (b - a) as usize, stream) }
             .map_err(backend_err(stream))?;
         let before = self.pages.interval_count();

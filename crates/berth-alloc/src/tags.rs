@@ -5,6 +5,9 @@
 //! <https://github.com/vllm-project/vllm/blob/main/vllm/device_allocator/cumem.py>, and
 //! sglang's `torch_memory_saver.region(tag)`).
 //!
+//! The reports of sleep and wake ([`SleepReport`], [`WakeReport`], [`SleepStats`]) live here
+//! too, beside [`crate::DeviceAllocator`]'s methods that return them.
+//!
 //! The tag is per thread: every allocation a thread makes while a [`TagGuard`] is alive carries
 //! that guard's tag; with none alive it is untagged. Guards nest, and dropping one restores the
 //! tag that was current when it was made.
@@ -70,6 +73,38 @@ impl Drop for TagGuard {
         let prev = self.prev.take();
         CURRENT.with(|c| *c.borrow_mut() = prev);
     }
+}
+
+/// What a `sleep` did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SleepReport {
+    /// Device memory unmapped and given back, in bytes.
+    pub released_bytes: u64,
+    /// Live bytes copied to host memory (the offloaded tags' live blocks, 512-byte rounded).
+    pub offloaded_bytes: u64,
+}
+
+/// What a `wake` did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WakeReport {
+    /// Device memory mapped back, in bytes.
+    pub mapped_bytes: u64,
+    /// Bytes copied back from host memory into blocks still live.
+    pub restored_bytes: u64,
+}
+
+/// The sleeping figures of an allocator, apart from [`crate::MemoryStats`] (`Note [Sleep and
+/// wake]` in [`crate::paged`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SleepStats {
+    /// SIZE: device memory released by sleeping tags and not mapped back yet, in bytes.
+    pub sleeping_bytes: u64,
+    /// SIZE: live blocks of sleeping tags (512-byte rounded), in bytes.
+    pub sleeping_allocated_bytes: u64,
+    /// SIZE: host memory holding the sleeping tags' backups, in bytes.
+    pub offloaded_bytes: u64,
+    /// The sleeping tags, sorted.
+    pub sleeping_tags: Vec<String>,
 }
 
 /// This thread's current tag; `None` when untagged.

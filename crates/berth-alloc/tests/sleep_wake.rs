@@ -90,7 +90,7 @@ fn sleep_releases_a_tags_pages_and_wake_restores_them_at_the_same_addresses() {
     );
     assert_eq!(d.reserved(), 6 * MIB, "only the untagged pages stay");
     assert_eq!(d.sim.used_bytes(), 6 * MIB);
-    assert_eq!(d.paged.sleeping_bytes(), 52 * MIB);
+    assert_eq!(d.paged.sleep_stats().sleeping_bytes, 52 * MIB);
     assert_eq!(
         d.paged.sleep_stats(),
         SleepStats {
@@ -384,4 +384,21 @@ fn each_allocation_carries_the_tag_of_its_own_thread() {
     d.paged.wake(&["worker"]).unwrap();
     d.paged.raw_delete(worker).unwrap();
     d.check_accounting();
+}
+
+#[test]
+fn pytorchs_policies_say_they_cannot_sleep() {
+    let sim = Arc::new(SimBackend::new(1 << 30));
+    let caching = berth_alloc::caching::CachingAllocator::new(Arc::clone(&sim));
+    let e = caching.sleep(&["weights"], &[], None).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the pytorch policy does not support sleep and wake of tagged memory; use policy \
+         \"paged\", which maps memory in units it can release and map again"
+    );
+    assert!(matches!(
+        caching.wake(&["weights"]),
+        Err(AllocError::PolicyLacks { .. })
+    ));
+    assert_eq!(caching.sleep_stats(), SleepStats::default());
 }

@@ -217,13 +217,14 @@ use crate::allocator::OomObserver;
 use crate::allocator::{Allocation, AllocationOwner, DeviceAllocator};
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
 use crate::error::AllocError;
+use crate::host::BackupMemory;
 use crate::ids::{MempoolId, StreamFilter};
 use crate::plumbing::{self, OomObservers, StickyError};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 use crate::sync::{Arc, SpinGuard, SpinMutex};
+use crate::tags::{SleepReport, SleepStats, WakeReport};
 
-pub use sleep::{SleepReport, SleepStats, WakeReport};
 use state::State;
 
 /// Backend calls allowed per 20 MiB of peak mapped memory before unmapping stops (see
@@ -369,78 +370,6 @@ impl<B: MemoryBackend> PagedBestFit<B> {
     /// Backend calls this policy made that map or unmap device memory.
     pub fn device_calls(&self) -> u64 {
         self.shared.lock().device_calls()
-    }
-
-    /// Puts the tags `tags` to sleep: their device memory goes back to the device, their
-    /// virtual addresses stay; the live blocks of the tags in `offload` are first copied to host
-    /// memory from `host` and restored by [`PagedBestFit::wake`]; the other tags' contents are
-    /// lost (`Note [Sleep and wake]` in `sleep.rs`; vLLM's `CuMemAllocator.sleep`,
-    /// <https://github.com/vllm-project/vllm/blob/main/vllm/device_allocator/cumem.py>).
-    ///
-    /// # Errors
-    /// Nothing changes on: [`AllocError::InvalidTag`], [`AllocError::UnknownTag`],
-    /// [`AllocError::AlreadyAsleep`], [`AllocError::OffloadNotSlept`],
-    /// [`AllocError::NoBackupMemory`], [`AllocError::SleepDuringCapture`],
-    /// [`AllocError::OffloadFailed`] (host memory short) and [`AllocError::Backend`] from a
-    /// synchronization or a copy; [`AllocError::Backend`] from an unmap leaves the tag asleep
-    /// with what was released.
-    ///
-    /// # Examples
-    /// ```
-    /// use std::sync::Arc;
-    /// use berth_alloc::{backend::{sim::SimBackend, StreamId}, host::SimHostBackend, tags::TagGuard};
-    /// use berth_alloc::{DeviceAllocator, PagedBestFit};
-    /// let sim = Arc::new(SimBackend::new(1 << 30));
-    /// let paged = PagedBestFit::new(Arc::clone(&sim))?;
-    /// let weights = {
-    ///     let _tag = TagGuard::new("weights")?;
-    ///     paged.allocate(4 << 20, StreamId::DEFAULT)?
-    /// };
-    /// sim.write_bytes(weights.ptr(), b"w").unwrap();
-    /// let host = Arc::new(SimHostBackend::new(1 << 30));
-    /// let slept = paged.sleep(&["weights"], &["weights"], Some(host))?;
-    /// assert_eq!((slept.released_bytes, paged.stats().memory_reserved()), (4 << 20, 0));
-    /// paged.wake(&["weights"])?;
-    /// assert_eq!(sim.read_bytes(weights.ptr(), 1).unwrap(), b"w");
-    /// # Ok::<(), berth_alloc::AllocError>(())
-    /// ```
-    pub fn sleep(
-        &self,
-        tags: &[&str],
-        offload: &[&str],
-        host: Option<std::sync::Arc<dyn crate::host::BackupMemory>>,
-    ) -> Result<SleepReport, AllocError> {
-        self.shared
-            .lock()
-            .sleep(&self.shared.backend, tags, offload, host)
-    }
-
-    /// Wakes the sleeping tags `tags`: maps their memory back at the same addresses and copies
-    /// their backups back (`Note [Sleep and wake]`). A failure to free a backup's host memory
-    /// afterwards does not fail the wake; it is kept for [`DeviceAllocator::check_err`].
-    ///
-    /// # Errors
-    /// Nothing changes on: [`AllocError::InvalidTag`], [`AllocError::UnknownTag`],
-    /// [`AllocError::NotAsleep`], [`AllocError::SleepDuringCapture`];
-    /// [`AllocError::WakeFailed`] when the device memory cannot be had or a copy fails (every
-    /// tag stays asleep with its backups); [`AllocError::Backend`] when undoing that fails.
-    pub fn wake(&self, tags: &[&str]) -> Result<WakeReport, AllocError> {
-        let (report, errors) = self.shared.lock().wake(&self.shared.backend, tags)?;
-        for e in errors {
-            self.shared.sticky.record(e);
-        }
-        Ok(report)
-    }
-
-    /// Device memory released by sleeping tags and not mapped back yet, in bytes
-    /// (`sleeping_bytes()` of `berth_torch`).
-    pub fn sleeping_bytes(&self) -> u64 {
-        self.shared.lock().sleep_stats().sleeping_bytes
-    }
-
-    /// The sleeping figures, apart from [`DeviceAllocator::stats`] (`Note [Sleep and wake]`).
-    pub fn sleep_stats(&self) -> SleepStats {
-        self.shared.lock().sleep_stats()
     }
 
     /// Makes every pending cross-stream free whose events have completed reusable now
@@ -601,5 +530,29 @@ impl<B: MemoryBackend> DeviceAllocator for PagedBestFit<B> {
         self.shared
             .lock()
             .empty_pool_cache(&self.shared.backend, id)
+    }
+
+    fn sleep(
+        &self,
+        tags: &[&str],
+        offload: &[&str],
+        host: Option<std::sync::Arc<dyn BackupMemory>>,
+    ) -> Result<SleepReport, AllocError> {
+        self.shared
+            .lock()
+            .sleep(&self.shared.backend, tags, offload, host)
+    }
+
+    fn wake(&self, tags: &[&str]) -> Result<WakeReport, AllocError> {
+        let (report, errors) = self.shared.lock().wake(&self.shared.backend, tags)?;
+        // A backup's host memory that could not be freed does not fail the wake.
+        for e in errors {
+            self.shared.sticky.record(e);
+        }
+        Ok(report)
+    }
+
+    fn sleep_stats(&self) -> SleepStats {
+        self.shared.lock().sleep_stats()
     }
 }

@@ -51,37 +51,7 @@ use super::tag_table::{Backup, HostBuf, Sleeping};
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
 use crate::error::AllocError;
 use crate::host::BackupMemory;
-
-/// What a `sleep` did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SleepReport {
-    /// Device memory unmapped and given back, in bytes.
-    pub released_bytes: u64,
-    /// Live bytes copied to host memory (the offloaded tags' live blocks, 512-byte rounded).
-    pub offloaded_bytes: u64,
-}
-
-/// What a `wake` did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WakeReport {
-    /// Device memory mapped back, in bytes.
-    pub mapped_bytes: u64,
-    /// Bytes copied back from host memory into blocks still live.
-    pub restored_bytes: u64,
-}
-
-/// The sleeping figures of a [`super::PagedBestFit`], apart from [`crate::MemoryStats`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SleepStats {
-    /// SIZE: device memory released by sleeping tags and not mapped back yet, in bytes.
-    pub sleeping_bytes: u64,
-    /// SIZE: live blocks of sleeping tags (512-byte rounded), in bytes.
-    pub sleeping_allocated_bytes: u64,
-    /// SIZE: host memory holding the sleeping tags' backups, in bytes.
-    pub offloaded_bytes: u64,
-    /// The sleeping tags, sorted.
-    pub sleeping_tags: Vec<String>,
-}
+use crate::tags::{SleepReport, SleepStats, WakeReport};
 
 impl<E> State<E> {
     /// The arena slots of tag `tag`.

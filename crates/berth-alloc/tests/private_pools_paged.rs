@@ -204,3 +204,142 @@ fn paged_pool_in_use_keeps_its_pages_through_reclaims_and_flushes() {
     assert!(segment_pools(alloc).is_empty());
     u.check_accounting();
 }
+
+/// Random allocations, frees, pool windows, releases, flushes, sleeps and wakes: a page only
+/// ever backs blocks of one (pool, tag); statistics, snapshot and device agree; every awake
+/// block lies in a segment of its own pool.
+#[test]
+fn paged_random_pool_and_tag_ops_keep_invariants() {
+    use berth_alloc::tags::TagGuard;
+    use berth_alloc::AllocError;
+
+    let u = Under::new("paged", 4 << 30);
+    let alloc = &*u.alloc;
+    let pools: [MempoolId; 2] = [GRAPH, MEMPOOL];
+    let tags = [None, Some("a"), Some("b")];
+    let mut rnd = berth_alloc::testing::xorshift(0x9e37_79b9_7f4a_7c15);
+    // (pool, stream) of the windows open, in the order they were opened.
+    let mut open: Vec<(MempoolId, StreamId)> = Vec::new();
+    let mut uses = [0u32; 2];
+    let mut asleep = [false; 3];
+    // (ptr, rounded bytes, pool, tag index)
+    let mut live: Vec<(DevicePtr, u64, MempoolId, usize)> = Vec::new();
+    let mut owner: HashMap<u64, (MempoolId, usize)> = HashMap::new();
+    // (allocations in a private pool, refused in a sleeping tag, sleeps)
+    let mut seen = (0, 0, 0);
+    for step in 0..6000u32 {
+        let r = rnd() % 100;
+        let stream = StreamId(rnd() % 3);
+        if r < 45 {
+            let t = (rnd() % 3) as usize;
+            let size = 1 + rnd() % if r % 9 == 0 { 48 << 20 } else { 1 << 20 };
+            let _g = tags[t].map(|name| TagGuard::new(name).unwrap());
+            let got = alloc.raw_alloc(size as usize, stream);
+            if asleep[t] {
+                assert!(matches!(got, Err(AllocError::TagAsleep { .. })), "{got:?}");
+                seen.1 += 1;
+                continue;
+            }
+            let p = got.unwrap();
+            let pool = open
+                .iter()
+                .find(|&&(_, s)| s == stream)
+                .map_or((0, 0), |&(id, _)| id);
+            let bytes = size.div_ceil(512) * 512;
+            seen.0 += (pool != (0, 0)) as u32;
+            for page in pages(p.0, bytes) {
+                let o = *owner.entry(page).or_insert((pool, t));
+                assert_eq!(o, (pool, t), "step {step}: page {page:#x}");
+            }
+            live.push((p, bytes, pool, t));
+        } else if r < 80 && !live.is_empty() {
+            let (p, ..) = live.swap_remove((rnd() % live.len() as u64) as usize);
+            alloc.raw_delete(p).unwrap();
+        } else if r < 86 {
+            let k = (rnd() % 2) as usize;
+            match open.iter().position(|&(id, _)| id == pools[k]) {
+                Some(i) => {
+                    open.remove(i);
+                    alloc.end_allocate_to_pool(pools[k]).unwrap();
+                }
+                None => {
+                    alloc
+                        .begin_allocate_to_pool(pools[k], only(stream))
+                        .unwrap();
+                    open.push((pools[k], stream));
+                    uses[k] += 1;
+                }
+            }
+        } else if r < 90 {
+            let k = (rnd() % 2) as usize;
+            if uses[k] > 0 && !open.iter().any(|&(id, _)| id == pools[k]) {
+                alloc.release_pool(pools[k]).unwrap();
+                uses[k] -= 1;
+            }
+        } else if r < 93 {
+            alloc.empty_cache().unwrap();
+        } else if open.is_empty() {
+            let t = 1 + (rnd() % 2) as usize;
+            let name = tags[t].unwrap();
+            if asleep[t] {
+                alloc.wake(&[name]).unwrap();
+                asleep[t] = false;
+            } else if live.iter().any(|l| l.3 == t) {
+                alloc.sleep(&[name], &[], None).unwrap();
+                asleep[t] = true;
+                seen.2 += 1;
+            }
+        }
+        if step % 150 == 0 {
+            u.sim.complete_all();
+            let stats = alloc.stats();
+            assert_eq!(
+                stats.memory_allocated(),
+                live.iter().map(|l| l.1).sum::<u64>(),
+                "step {step}"
+            );
+            assert_eq!(stats.memory_reserved(), u.sim.used_bytes(), "step {step}");
+            let snap = alloc.snapshot();
+            assert_eq!(
+                snap.total_reserved(),
+                stats.memory_reserved(),
+                "step {step}"
+            );
+            for &(p, _, pool, t) in live.iter().filter(|l| !asleep[l.3]) {
+                let seg = snap
+                    .segments
+                    .iter()
+                    .find(|s| s.address <= p.0 && p.0 < s.address + s.total_size)
+                    .unwrap_or_else(|| panic!("step {step}: {p} of tag {t} in no segment"));
+                assert_eq!(seg.segment_pool_id, pool, "step {step}");
+            }
+            let sleeping: u64 = live.iter().filter(|l| asleep[l.3]).map(|l| l.1).sum();
+            assert_eq!(
+                alloc.sleep_stats().sleeping_allocated_bytes,
+                sleeping,
+                "step {step}"
+            );
+        }
+    }
+    assert!(seen.0 > 300 && seen.1 > 30 && seen.2 > 30, "{seen:?}");
+    for (i, t) in tags.iter().enumerate() {
+        if asleep[i] {
+            alloc.wake(&[t.unwrap()]).unwrap();
+        }
+    }
+    for (id, _) in open {
+        alloc.end_allocate_to_pool(id).unwrap();
+    }
+    for (p, ..) in live {
+        alloc.raw_delete(p).unwrap();
+    }
+    for (k, &n) in uses.iter().enumerate() {
+        for _ in 0..n {
+            alloc.release_pool(pools[k]).unwrap();
+        }
+    }
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.stats().memory_reserved(), 0);
+    assert_eq!(u.sim.used_bytes(), 0);
+    assert!(segment_pools(alloc).is_empty());
+}

@@ -232,7 +232,12 @@ fn paged_random_pool_and_tag_ops_keep_invariants() {
         let stream = StreamId(rnd() % 3);
         if r < 45 {
             let t = (rnd() % 3) as usize;
-            let size = 1 + rnd() % if r % 9 == 0 { 48 << 20 } else { 1 << 20 };
+            let size = 1 + rnd()
+                % if r.is_multiple_of(9) {
+                    48 << 20
+                } else {
+                    1 << 20
+                };
             let _g = tags[t].map(|name| TagGuard::new(name).unwrap());
             let got = alloc.raw_alloc(size as usize, stream);
             if asleep[t] {

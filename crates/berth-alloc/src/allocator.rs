@@ -8,9 +8,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::error::AllocError;
+use crate::host::BackupMemory;
 use crate::ids::{DevicePtr, MempoolId, StreamFilter, StreamId};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
+use crate::tags::{SleepReport, SleepStats, WakeReport};
 
 /// A callback run on every out-of-memory error, with the allocator's lock released (so it may
 /// call [`DeviceAllocator::snapshot`], as PyTorch users do to dump a snapshot on OOM;
@@ -318,6 +320,83 @@ pub trait DeviceAllocator: Send + Sync {
         let _ = id;
         Err(lacks_private_pools(self.policy_name()))
     }
+
+    /// Puts the tags `tags` to sleep: their device memory goes back to the device, their
+    /// virtual addresses stay (pointers, tensors and CUDA graphs taken before keep them); the
+    /// live blocks of the tags in `offload` are first copied to host memory from `host` and
+    /// restored by [`DeviceAllocator::wake`], the other tags' contents are lost. Allocations
+    /// carry the tag of their thread ([`crate::tags::TagGuard`]). `Note [Sleep and wake]` in
+    /// [`crate::paged`]; after vLLM's `CuMemAllocator.sleep`
+    /// (<https://github.com/vllm-project/vllm/blob/main/vllm/device_allocator/cumem.py>).
+    ///
+    /// # Errors
+    /// Nothing changes on: [`AllocError::InvalidTag`], [`AllocError::UnknownTag`],
+    /// [`AllocError::AlreadyAsleep`], [`AllocError::OffloadNotSlept`],
+    /// [`AllocError::NoBackupMemory`], [`AllocError::SleepDuringCapture`],
+    /// [`AllocError::OffloadFailed`] (host memory short), [`AllocError::Backend`] from a
+    /// synchronization or a copy, and [`AllocError::PolicyLacks`] from a policy without sleep
+    /// (only `paged` has it). [`AllocError::Backend`] from an unmap leaves the tag asleep with
+    /// what was released.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::Arc;
+    /// use berth_alloc::{backend::{sim::SimBackend, StreamId}, host::SimHostBackend, tags::TagGuard};
+    /// use berth_alloc::{DeviceAllocator, PagedBestFit};
+    /// let sim = Arc::new(SimBackend::new(1 << 30));
+    /// let paged = PagedBestFit::new(Arc::clone(&sim))?;
+    /// let weights = {
+    ///     let _tag = TagGuard::new("weights")?;
+    ///     paged.allocate(4 << 20, StreamId::DEFAULT)?
+    /// };
+    /// sim.write_bytes(weights.ptr(), b"w").unwrap();
+    /// let host = Arc::new(SimHostBackend::new(1 << 30));
+    /// let slept = paged.sleep(&["weights"], &["weights"], Some(host))?;
+    /// assert_eq!((slept.released_bytes, paged.stats().memory_reserved()), (4 << 20, 0));
+    /// paged.wake(&["weights"])?;
+    /// assert_eq!(sim.read_bytes(weights.ptr(), 1).unwrap(), b"w");
+    /// # Ok::<(), berth_alloc::AllocError>(())
+    /// ```
+    fn sleep(
+        &self,
+        tags: &[&str],
+        offload: &[&str],
+        host: Option<Arc<dyn BackupMemory>>,
+    ) -> Result<SleepReport, AllocError> {
+        let _ = (tags, offload, host);
+        Err(lacks_sleep(self.policy_name()))
+    }
+
+    /// Wakes the sleeping tags `tags`: maps their memory back at the same addresses and copies
+    /// their backups back (`Note [Sleep and wake]` in [`crate::paged`]). A failure to free a
+    /// backup's host memory afterwards does not fail the wake; it is kept for
+    /// [`DeviceAllocator::check_err`].
+    ///
+    /// # Errors
+    /// Nothing changes on: [`AllocError::InvalidTag`], [`AllocError::UnknownTag`],
+    /// [`AllocError::NotAsleep`], [`AllocError::SleepDuringCapture`],
+    /// [`AllocError::PolicyLacks`]; [`AllocError::WakeFailed`] when the device memory cannot
+    /// be had or a copy fails (every tag stays asleep with its backups);
+    /// [`AllocError::Backend`] when undoing that fails.
+    fn wake(&self, tags: &[&str]) -> Result<WakeReport, AllocError> {
+        let _ = tags;
+        Err(lacks_sleep(self.policy_name()))
+    }
+
+    /// The sleeping figures, apart from [`DeviceAllocator::stats`]: all zero for a policy
+    /// without sleep.
+    fn sleep_stats(&self) -> SleepStats {
+        SleepStats::default()
+    }
+}
+
+/// The error of a sleep or wake call to a policy that has none.
+fn lacks_sleep(policy: &str) -> AllocError {
+    AllocError::PolicyLacks {
+        feature: "sleep and wake of tagged memory",
+        policy: policy.to_owned(),
+        instead: "use policy \"paged\", which maps memory in units it can release and map again",
+    }
 }
 
 /// The error of a private-pool call to a policy that has none.
@@ -326,7 +405,8 @@ fn lacks_private_pools(policy: &str) -> AllocError {
         feature:
             "private pools (CUDA graphs, torch.cuda.MemPool, torch.compile's reduce-overhead mode)",
         policy: policy.to_owned(),
-        instead: "use policy \"pytorch\" or \"expandable\", which have them",
+        instead: "use one of berth's policies (\"pytorch\", \"expandable\", \"paged\"), which \
+                  have them",
     }
 }
 

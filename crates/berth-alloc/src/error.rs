@@ -180,6 +180,83 @@ pub enum AllocError {
     /// More private pools than one device can index (32766) are alive.
     #[error("too many private pools alive on this device (at most 32766); release pools no longer used (release_pool) and empty the cache")]
     TooManyPools,
+    /// A tag name that cannot be used: tags are non-empty names (`crate::tags`).
+    #[error(
+        "invalid tag {given:?}: a tag is a non-empty name such as \"weights\" or \"kv_cache\""
+    )]
+    InvalidTag {
+        /// The name given.
+        given: String,
+    },
+    /// An allocation in a tag that is asleep (`Note [Sleep and wake]` in `crate::paged`).
+    #[error("cannot allocate in tag {tag:?}: it is asleep; wake it first (wake([{tag:?}]))")]
+    TagAsleep {
+        /// The sleeping tag.
+        tag: String,
+    },
+    /// `sleep` of a tag no allocation ever carried.
+    #[error("no allocation was ever made in tag {tag:?}; known tags: {known:?}")]
+    UnknownTag {
+        /// The name given.
+        tag: String,
+        /// The tags this allocator knows.
+        known: Vec<String>,
+    },
+    /// `sleep` of a tag that is already asleep.
+    #[error("tag {tag:?} is already asleep; wake it before sleeping it again")]
+    AlreadyAsleep {
+        /// The tag.
+        tag: String,
+    },
+    /// `wake` of a tag that is awake.
+    #[error("tag {tag:?} is awake; only a sleeping tag can be woken")]
+    NotAsleep {
+        /// The tag.
+        tag: String,
+    },
+    /// `sleep` was asked to offload a tag it does not put to sleep.
+    #[error("cannot offload tag {tag:?}: it is not among the tags put to sleep; list it in both")]
+    OffloadNotSlept {
+        /// The tag.
+        tag: String,
+    },
+    /// `sleep` was asked to offload without host memory to back up into.
+    #[error("sleep was asked to offload {tags:?} but given no host memory for the backups; pass one (a pinned host backend)")]
+    NoBackupMemory {
+        /// The tags to offload.
+        tags: Vec<String>,
+    },
+    /// `sleep` or `wake` while a private pool is being allocated to (a CUDA graph capture):
+    /// unmapping, synchronizing and copying are illegal then.
+    #[error("cannot {op} while a private pool is being allocated to (CUDA graph capture); end the capture first")]
+    SleepDuringCapture {
+        /// `"sleep"` or `"wake"`.
+        op: &'static str,
+    },
+    /// The host memory for a sleeping tag's backups could not be had: nothing was released,
+    /// the tags are still awake.
+    #[error("cannot offload tag {tag:?}: {bytes} bytes of host memory for its backups are not available ({source}); nothing was released")]
+    OffloadFailed {
+        /// The tag whose backups did not fit.
+        tag: String,
+        /// Host bytes all the offloaded tags needed.
+        bytes: u64,
+        /// The host backend's error.
+        #[source]
+        source: BackendError,
+    },
+    /// Waking a tag could not get its device memory back: the tags stay asleep with their
+    /// backups kept; free memory and wake again.
+    #[error("cannot wake tag {tag:?}: {bytes} bytes of device memory are not available ({source}); it stays asleep with its backups kept")]
+    WakeFailed {
+        /// The tag whose memory could not be mapped.
+        tag: String,
+        /// Device bytes the woken tags needed.
+        bytes: u64,
+        /// The backend's error.
+        #[source]
+        source: BackendError,
+    },
     /// A backend call failed for a reason other than running out of memory.
     #[error("backend failure on {stream}: {source}")]
     Backend {

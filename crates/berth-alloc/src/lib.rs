@@ -42,6 +42,8 @@
 //! - `Note [Compiled replay]`: `src/replay.rs`
 //! - `Note [Streaming trace reader]`: `src/trace/mod.rs`
 //! - `Note [Private pools]`: `src/caching/private_pools.rs`
+//! - `Note [Private pools in paged]`: `src/paged/pools.rs`
+//! - `Note [Sleep and wake]`: `src/paged/sleep.rs`
 //!
 //! # Quick start
 //! ```
@@ -77,6 +79,7 @@ pub mod snapshot;
 pub mod stats;
 pub mod summary;
 mod sync;
+pub mod tags;
 #[cfg(feature = "testing")]
 pub mod testing;
 #[cfg(feature = "trace")]
@@ -96,3 +99,4 @@ pub use paged::{PagedBestFit, PagedTuning};
 pub use policy::Policy;
 pub use snapshot::{BlockInfo, BlockState, MemorySnapshot, SegmentInfo, TraceAction, TraceEntry};
 pub use stats::{MemoryStats, Stat, StatKind};
+pub use tags::{SleepReport, SleepStats, WakeReport};

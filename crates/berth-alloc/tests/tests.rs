@@ -19,6 +19,8 @@ mod pickle;
 mod pickle_bad_input;
 mod policy;
 mod private_pools;
+mod private_pools_paged;
 mod recorded;
+mod sleep_wake;
 mod stress;
 mod trace_stream;

@@ -483,6 +483,37 @@ impl VirtualMemoryBackend for CudaBackend {
         // SAFETY: the trait's contract: a reservation from `reserve` with nothing mapped.
         unsafe { ffi::address_free(self.device, base.0, bytes) }.map_err(BackendError::from)
     }
+
+    /// One `cuMemcpyDtoHAsync` on the legacy default stream, then `cuCtxSynchronize`
+    /// (<https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html>):
+    /// the backup copy of `paged`'s sleep (`Note [Sleep and wake]` in berth-alloc).
+    unsafe fn copy_to_host(
+        &self,
+        src: DevicePtr,
+        dst: std::ptr::NonNull<u8>,
+        bytes: usize,
+    ) -> Result<(), BackendError> {
+        // SAFETY: the trait's contract: `dst` is valid for writes of `bytes` bytes and no
+        // queued work writes `src..src + bytes`; `dst` is not read before the context is
+        // synchronized below.
+        unsafe { ffi::memcpy_dtoh_async(self.device, dst.as_ptr(), src.0, bytes, 0) }?;
+        Ok(ffi::ctx_synchronize(self.device)?)
+    }
+
+    /// One `cuMemcpyHtoDAsync` on the legacy default stream, then `cuCtxSynchronize`
+    /// (<https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html>):
+    /// the restore of `paged`'s wake.
+    unsafe fn copy_from_host(
+        &self,
+        dst: DevicePtr,
+        src: std::ptr::NonNull<u8>,
+        bytes: usize,
+    ) -> Result<(), BackendError> {
+        // SAFETY: the trait's contract: `src` is valid for reads of `bytes` bytes until the
+        // context is synchronized below, and no queued work uses `dst..dst + bytes`.
+        unsafe { ffi::memcpy_htod_async(self.device, dst.0, src.as_ptr(), bytes, 0) }?;
+        Ok(ffi::ctx_synchronize(self.device)?)
+    }
 }
 
 #[cfg(test)]

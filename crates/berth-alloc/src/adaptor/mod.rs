@@ -50,6 +50,28 @@ macro_rules! forward_vm_to_inner {
             // SAFETY: forwarded unchanged; the caller upholds `release`'s contract.
             unsafe { vm.release(base, bytes) }
         }
+
+        unsafe fn copy_to_host(
+            &self,
+            src: DevicePtr,
+            dst: std::ptr::NonNull<u8>,
+            bytes: usize,
+        ) -> Result<(), BackendError> {
+            let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
+            // SAFETY: forwarded unchanged; the caller upholds `copy_to_host`'s contract.
+            unsafe { vm.copy_to_host(src, dst, bytes) }
+        }
+
+        unsafe fn copy_from_host(
+            &self,
+            dst: DevicePtr,
+            src: std::ptr::NonNull<u8>,
+            bytes: usize,
+        ) -> Result<(), BackendError> {
+            let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
+            // SAFETY: forwarded unchanged; the caller upholds `copy_from_host`'s contract.
+            unsafe { vm.copy_from_host(dst, src, bytes) }
+        }
     };
 }
 

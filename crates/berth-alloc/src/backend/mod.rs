@@ -10,6 +10,7 @@
 //! `berth replay`), the adaptors of [`crate::adaptor`] and, outside this crate, the CUDA backend.
 
 pub mod sim;
+mod sim_bytes;
 
 use crate::error::BackendError;
 pub use crate::ids::{DevicePtr, DeviceStream, MemInfo, StreamId};
@@ -218,4 +219,49 @@ pub trait VirtualMemoryBackend: Send + Sync {
     /// # Errors
     /// [`BackendError::Other`] for an unknown reservation.
     unsafe fn release(&self, base: DevicePtr, bytes: usize) -> Result<(), BackendError>;
+    /// Copies `bytes` bytes of device memory at `src` to host memory at `dst` and waits for the
+    /// copy to finish (`cuMemcpyDtoH`): how `paged` backs up a sleeping tag
+    /// (`Note [Sleep and wake]` in `crate::paged`). Default: not supported.
+    ///
+    /// # Safety
+    /// 1. `dst` is valid for writes of `bytes` bytes.
+    /// 2. No queued work still writes `[src, src + bytes)` (the caller synchronized).
+    ///
+    /// # Errors
+    /// [`BackendError::Other`] when the backend cannot copy or the range is not mapped;
+    /// [`BackendError::Driver`] when the driver fails.
+    unsafe fn copy_to_host(
+        &self,
+        src: DevicePtr,
+        dst: std::ptr::NonNull<u8>,
+        bytes: usize,
+    ) -> Result<(), BackendError> {
+        let _ = (src, dst, bytes);
+        Err(BackendError::Other {
+            op: "copy_to_host",
+            message: "this backend cannot copy device memory to the host".into(),
+        })
+    }
+    /// Copies `bytes` bytes of host memory at `src` to device memory at `dst` and waits for the
+    /// copy to finish (`cuMemcpyHtoD`): how `paged` restores a woken tag. Default: not
+    /// supported.
+    ///
+    /// # Safety
+    /// 1. `src` is valid for reads of `bytes` bytes.
+    /// 2. No queued work uses `[dst, dst + bytes)`.
+    ///
+    /// # Errors
+    /// As [`VirtualMemoryBackend::copy_to_host`].
+    unsafe fn copy_from_host(
+        &self,
+        dst: DevicePtr,
+        src: std::ptr::NonNull<u8>,
+        bytes: usize,
+    ) -> Result<(), BackendError> {
+        let _ = (dst, src, bytes);
+        Err(BackendError::Other {
+            op: "copy_from_host",
+            message: "this backend cannot copy host memory to the device".into(),
+        })
+    }
 }

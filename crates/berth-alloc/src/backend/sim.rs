@@ -12,6 +12,9 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
+use std::ptr::NonNull;
+
+use super::sim_bytes::SimBytes;
 use super::{DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend};
 use crate::error::BackendError;
 use crate::sync::{Mutex, MutexGuard};
@@ -55,6 +58,8 @@ pub struct SimCounts {
     pub unmap: u64,
     /// `release` calls.
     pub release: u64,
+    /// `copy_to_host` and `copy_from_host` calls.
+    pub copies: u64,
 }
 
 impl SimCounts {
@@ -95,6 +100,8 @@ struct SimState {
     reservations: BTreeMap<u64, u64>,
     /// Live mappings, one per successful `map` call: start address → bytes.
     mappings: BTreeMap<u64, u64>,
+    /// What was written into mapped memory.
+    bytes: SimBytes,
     used: u64,
     clocks: HashMap<StreamId, StreamClock>,
     fail_malloc_at: Option<u64>,
@@ -412,6 +419,58 @@ impl MemoryBackend for SimBackend {
 }
 
 impl SimBackend {
+    /// Refuses a range that is not entirely mapped.
+    fn check_mapped(
+        st: &SimState,
+        addr: u64,
+        bytes: u64,
+        op: &'static str,
+    ) -> Result<(), BackendError> {
+        let mut at = addr;
+        let end = addr.saturating_add(bytes);
+        if let Some((&a, &n)) = st.mappings.range(..=addr).next_back() {
+            at = if a + n > addr { a + n } else { addr };
+        }
+        for (&a, &n) in st.mappings.range(addr.saturating_add(1)..end) {
+            if a > at {
+                break;
+            }
+            at = at.max(a + n);
+        }
+        if at < end {
+            return Err(BackendError::Other {
+                op,
+                message: format!("range {addr:#x}+{bytes} is not entirely mapped"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes `data` into mapped device memory at `ptr` (what a kernel would do), so a test
+    /// can check that the memory survives a copy.
+    ///
+    /// # Errors
+    /// [`BackendError::Other`] when the range is not entirely mapped.
+    pub fn write_bytes(&self, ptr: DevicePtr, data: &[u8]) -> Result<(), BackendError> {
+        let mut st = self.lock();
+        Self::check_mapped(&st, ptr.0, data.len() as u64, "write_bytes")?;
+        st.bytes.write(ptr.0, data);
+        Ok(())
+    }
+
+    /// Reads `len` bytes of mapped device memory at `ptr` (zero where nothing was written
+    /// since it was mapped).
+    ///
+    /// # Errors
+    /// [`BackendError::Other`] when the range is not entirely mapped.
+    pub fn read_bytes(&self, ptr: DevicePtr, len: usize) -> Result<Vec<u8>, BackendError> {
+        let st = self.lock();
+        Self::check_mapped(&st, ptr.0, len as u64, "read_bytes")?;
+        let mut out = vec![0u8; len];
+        st.bytes.read(ptr.0, &mut out);
+        Ok(out)
+    }
+
     fn check_range(
         &self,
         st: &SimState,
@@ -532,7 +591,38 @@ impl VirtualMemoryBackend for SimBackend {
         for a in starts {
             st.mappings.remove(&a);
         }
+        st.bytes.forget(addr, bytes);
         st.used -= bytes;
+        Ok(())
+    }
+
+    unsafe fn copy_to_host(
+        &self,
+        src: DevicePtr,
+        dst: NonNull<u8>,
+        bytes: usize,
+    ) -> Result<(), BackendError> {
+        let mut st = self.lock();
+        st.counts.copies += 1;
+        Self::check_mapped(&st, src.0, bytes as u64, "copy_to_host")?;
+        // SAFETY: the caller promised `dst` is valid for writes of `bytes` bytes.
+        let out = unsafe { std::slice::from_raw_parts_mut(dst.as_ptr(), bytes) };
+        st.bytes.read(src.0, out);
+        Ok(())
+    }
+
+    unsafe fn copy_from_host(
+        &self,
+        dst: DevicePtr,
+        src: NonNull<u8>,
+        bytes: usize,
+    ) -> Result<(), BackendError> {
+        let mut st = self.lock();
+        st.counts.copies += 1;
+        Self::check_mapped(&st, dst.0, bytes as u64, "copy_from_host")?;
+        // SAFETY: the caller promised `src` is valid for reads of `bytes` bytes.
+        let data = unsafe { std::slice::from_raw_parts(src.as_ptr(), bytes) };
+        st.bytes.write(dst.0, data);
         Ok(())
     }
 

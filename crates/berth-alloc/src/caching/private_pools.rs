@@ -41,7 +41,9 @@ pub(crate) struct PrivatePool {
     pub id: MempoolId,
     /// Graphs, `MemPool`s and allocation windows using it.
     pub use_count: u32,
-    /// Segments (and expandable segments) it holds (PyTorch's `cudaMalloc_count`).
+    /// Segments (and expandable segments) it holds (PyTorch's `cudaMalloc_count`). The
+    /// `paged` policy leaves it 0 and asks its page map instead (`Note [Private pools in
+    /// paged]` in `crate::paged`).
     pub segments: u32,
 }
 

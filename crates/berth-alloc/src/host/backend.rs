@@ -173,6 +173,38 @@ pub struct SimHostFence {
     pub event: SimFence,
 }
 
+/// Host memory for the backups of a sleeping tag (`Note [Sleep and wake]` in
+/// [`crate::paged`]): page-locked on CUDA, so the copies run at link speed. Every
+/// [`HostBackend`] is one; object-safe, so a sleeping tag can keep the memory source of its
+/// backups.
+pub trait BackupMemory: Send + Sync {
+    /// Allocates `bytes` bytes of host memory.
+    ///
+    /// # Errors
+    /// [`BackendError::OutOfMemory`] when the memory is not available.
+    fn alloc_backup(&self, bytes: usize) -> Result<NonNull<u8>, BackendError>;
+    /// Frees memory from [`BackupMemory::alloc_backup`].
+    ///
+    /// # Safety
+    /// 1. `ptr` came from `alloc_backup` on this source with this `bytes` and is not freed yet.
+    /// 2. No copy still uses it.
+    ///
+    /// # Errors
+    /// As [`HostBackend::free_pinned`].
+    unsafe fn free_backup(&self, ptr: NonNull<u8>, bytes: usize) -> Result<(), BackendError>;
+}
+
+impl<H: HostBackend> BackupMemory for H {
+    fn alloc_backup(&self, bytes: usize) -> Result<NonNull<u8>, BackendError> {
+        self.alloc_pinned(bytes)
+    }
+
+    unsafe fn free_backup(&self, ptr: NonNull<u8>, bytes: usize) -> Result<(), BackendError> {
+        // SAFETY: the caller's contract is `free_pinned`'s.
+        unsafe { self.free_pinned(ptr, bytes) }
+    }
+}
+
 impl std::fmt::Debug for SimHostBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimHostBackend")

@@ -33,7 +33,7 @@ mod stats;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
-pub use backend::{HostBackend, SimHostBackend, SimHostCounts, SimHostFence};
+pub use backend::{BackupMemory, HostBackend, SimHostBackend, SimHostCounts, SimHostFence};
 pub use caching::HostCachingAllocator;
 pub use stats::{DurationStat, HostStats};
 

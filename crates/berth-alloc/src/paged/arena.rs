@@ -26,13 +26,24 @@ const SCAN: usize = 16;
 /// looked at when there are many (`Note [Constant-time arena]`).
 const EXACT_SCAN: usize = 4;
 
-/// The free virtual-address extents of one stream, coalesced, whether mapped or not. Every byte
+/// The `pair` of an arena slot whose pool was forgotten: no pool pair is this large
+/// (`crate::caching::private_pools` allows fewer than `u16::MAX / 2`).
+pub(crate) const RETIRED: u16 = u16::MAX;
+
+/// The free virtual-address extents of one stream in one pool and tag, coalesced, whether mapped or not. Every byte
 /// of the stream's reservations is either in exactly one free extent or in a live block.
 /// See `Note [Constant-time arena]`.
 #[derive(Debug)]
 pub(crate) struct Arena {
     /// The stream whose blocks live here.
     pub(crate) stream: StreamId,
+    /// The pool pair it belongs to: 0 for the general pool, `k` for private pool `k`
+    /// (`Note [Private pools in paged]` in [`super::pools`]); [`RETIRED`] for a slot whose
+    /// pool was forgotten, kept for reuse.
+    pub(crate) pair: u16,
+    /// The tag of the allocations it serves: 0 for untagged, else an index of the policy's
+    /// tag table (`Note [Sleep and wake]` in [`super::sleep`]).
+    pub(crate) tag: u32,
     /// Reserved address ranges `(base, bytes)`.
     pub(crate) reservations: Vec<(u64, u64)>,
     /// The free extents by size class.
@@ -44,10 +55,12 @@ pub(crate) struct Arena {
 }
 
 impl Arena {
-    /// An arena for `stream` with no address space yet.
-    pub(crate) fn new(stream: StreamId) -> Self {
+    /// An arena for `stream` in pool pair `pair` and tag `tag`, with no address space yet.
+    pub(crate) fn new(stream: StreamId, pair: u16, tag: u32) -> Self {
         Arena {
             stream,
+            pair,
+            tag,
             reservations: Vec::new(),
             bins: SizeBins::default(),
             by_start: AddrMap::default(),
@@ -231,7 +244,7 @@ mod tests {
 
     #[test]
     fn arena_coalesces_both_sides() {
-        let mut a = Arena::new(StreamId(0));
+        let mut a = Arena::new(StreamId(0), 0, 0);
         a.add_reservation(0, 10 * P);
         let pages = PageMap::new(P);
         let x = a.place(P, &pages).unwrap().0;
@@ -247,7 +260,7 @@ mod tests {
 
     #[test]
     fn place_prefers_mapped_extent() {
-        let mut a = Arena::new(StreamId(0));
+        let mut a = Arena::new(StreamId(0), 0, 0);
         a.add_reservation(0, 100 * P);
         let mut pages = PageMap::new(P);
         // Two free holes of 3 pages: [10P, 13P) unmapped, [20P, 23P) mapped.
@@ -266,7 +279,7 @@ mod tests {
     /// mapped free gigabyte.
     #[test]
     fn place_uses_mapped_memory_inside_an_extent() {
-        let mut a = Arena::new(StreamId(0));
+        let mut a = Arena::new(StreamId(0), 0, 0);
         a.add_reservation(0, 100 * P);
         let mut pages = PageMap::new(P);
         pages.insert(40 * P, 50 * P);
@@ -295,7 +308,7 @@ mod tests {
 
     #[test]
     fn arena_matches_a_brute_force_model_with_many_extents() {
-        let mut a = Arena::new(StreamId(0));
+        let mut a = Arena::new(StreamId(0), 0, 0);
         let base = 1u64 << 30;
         a.add_reservation(base, 1 << 30);
         let mut free = vec![(base, base + (1 << 30))];

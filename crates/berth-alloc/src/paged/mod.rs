@@ -194,6 +194,9 @@
 //! `insert_events` / `process_events`). Pages are unmapped only after an event recorded on the
 //! owning stream has been synchronized, so no queued kernel can touch an unmapped page.
 //!
+//! Private pools (CUDA graphs, `torch.cuda.MemPool`) get arenas of their own:
+//! `Note [Private pools in paged]` in `pools.rs`.
+//!
 //! # Note [Lock discipline]
 //! One mutex guards the state. Unlike PyTorch's segment `cudaMalloc`, `map`/`unmap` run under
 //! it (as PyTorch's expandable segments do): placement and mapping must agree on the page map.
@@ -201,19 +204,26 @@
 mod arena;
 mod bins;
 mod pages;
+mod pools;
+mod sleep;
+mod snapshot;
 mod state;
+mod tag_table;
 mod units;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use crate::allocator::OomObserver;
 use crate::allocator::{Allocation, AllocationOwner, DeviceAllocator};
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
 use crate::error::AllocError;
+use crate::host::BackupMemory;
+use crate::ids::{MempoolId, StreamFilter};
 use crate::plumbing::{self, OomObservers, StickyError};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 use crate::sync::{Arc, SpinGuard, SpinMutex};
+use crate::tags::{SleepReport, SleepStats, WakeReport};
 
 use state::State;
 
@@ -482,5 +492,67 @@ impl<B: MemoryBackend> DeviceAllocator for PagedBestFit<B> {
 
     fn memory_stats(&self) -> BTreeMap<String, i64> {
         self.stats().to_map()
+    }
+
+    fn create_or_incref_pool(&self, id: MempoolId) -> Result<(), AllocError> {
+        self.shared.lock().create_or_incref_pool(id)
+    }
+
+    fn begin_allocate_to_pool(
+        &self,
+        id: MempoolId,
+        filter: StreamFilter,
+    ) -> Result<(), AllocError> {
+        self.shared.lock().begin_allocate_to_pool(id, filter)
+    }
+
+    fn end_allocate_to_pool(&self, id: MempoolId) -> Result<(), AllocError> {
+        self.shared.lock().end_allocate_to_pool(id)
+    }
+
+    fn release_pool(&self, id: MempoolId) -> Result<(), AllocError> {
+        self.shared.lock().release_pool(&self.shared.backend, id)
+    }
+
+    fn pool_use_count(&self, id: MempoolId) -> u32 {
+        self.shared.lock().pool_use_count(id)
+    }
+
+    fn check_pool_live_allocations(
+        &self,
+        id: MempoolId,
+        expected: &HashSet<DevicePtr>,
+    ) -> Result<bool, AllocError> {
+        self.shared.lock().check_pool_live_allocations(id, expected)
+    }
+
+    fn empty_pool_cache(&self, id: MempoolId) -> Result<(), AllocError> {
+        self.shared
+            .lock()
+            .empty_pool_cache(&self.shared.backend, id)
+    }
+
+    fn sleep(
+        &self,
+        tags: &[&str],
+        offload: &[&str],
+        host: Option<std::sync::Arc<dyn BackupMemory>>,
+    ) -> Result<SleepReport, AllocError> {
+        self.shared
+            .lock()
+            .sleep(&self.shared.backend, tags, offload, host)
+    }
+
+    fn wake(&self, tags: &[&str]) -> Result<WakeReport, AllocError> {
+        let (report, errors) = self.shared.lock().wake(&self.shared.backend, tags)?;
+        // A backup's host memory that could not be freed does not fail the wake.
+        for e in errors {
+            self.shared.sticky.record(e);
+        }
+        Ok(report)
+    }
+
+    fn sleep_stats(&self) -> SleepStats {
+        self.shared.lock().sleep_stats()
     }
 }

@@ -3,16 +3,14 @@
 
 use super::arena::Arena;
 use super::pages::{page_down, page_up, PageMap};
+use super::tag_table::TagTable;
 use super::units::{cut, Units};
 use super::PagedTuning;
 use crate::addr_map::AddrMap;
 use crate::backend::{DevicePtr, MemoryBackend, StreamId, VirtualMemoryBackend};
-use crate::config::AllocatorConfig;
+use crate::caching::private_pools::PrivatePools;
 use crate::error::{AllocError, BackendError};
-use crate::snapshot::{
-    BlockInfo, BlockState, MemorySnapshot, SegmentInfo, SegmentType, TraceAction, TraceEntry,
-    TraceRing,
-};
+use crate::snapshot::{TraceAction, TraceEntry, TraceRing};
 use crate::stats::MemoryStats;
 
 /// PyTorch's `kMinBlockSize`: every block is a multiple of 512 bytes.
@@ -26,32 +24,32 @@ const DEFAULT_VA: u64 = 1 << 40;
 
 /// A live block.
 #[derive(Default)]
-struct Live {
+pub(super) struct Live {
     /// Rounded size in bytes.
-    size: u64,
+    pub(super) size: u64,
     /// The size the caller asked for, in bytes.
-    requested: u64,
-    /// Index of the arena (stream) it came from.
-    arena: usize,
+    pub(super) requested: u64,
+    /// Index of the arena (stream and pool) it came from.
+    pub(super) arena: usize,
     /// Other streams it was used on (`record_stream`).
-    uses: Vec<StreamId>,
+    pub(super) uses: Vec<StreamId>,
 }
 
 /// A freed block waiting for events on the streams it was used on.
-struct Pending<E> {
+pub(super) struct Pending<E> {
     events: Vec<E>,
-    addr: u64,
-    size: u64,
+    pub(super) addr: u64,
+    pub(super) size: u64,
     /// The size the caller asked for, in bytes (for snapshots).
-    requested: u64,
-    arena: usize,
+    pub(super) requested: u64,
+    pub(super) arena: usize,
 }
 
 /// Everything behind the policy's mutex.
 pub(crate) struct State<E> {
-    pages: PageMap,
+    pub(super) pages: PageMap,
     /// The mapping units: what each `map` call mapped (`Note [Mapping units]`).
-    units: Units,
+    pub(super) units: Units,
     /// Longest mapping unit in bytes (a multiple of the page size), unless a run would take
     /// more than `max_run_units` units (0: no such bound) (`Note [Mapping units]`).
     max_unit: u64,
@@ -67,12 +65,23 @@ pub(crate) struct State<E> {
     /// did, so the very first unmap counts as a repeat too (the figures pinned in
     /// `tests/recorded.rs` are with this rule).
     live_peak_at_reclaim: u64,
-    arenas: Vec<Arena>,
-    /// The index in `arenas` of each stream's arena: found in O(1), however many streams (a
-    /// linear scan made 40,000 streams quadratic).
-    arena_of: std::collections::HashMap<StreamId, usize>,
-    live: AddrMap<Live>,
-    pending: Vec<Pending<E>>,
+    pub(super) arenas: Vec<Arena>,
+    /// The index in `arenas` of each (stream, pool pair, tag)'s arena: found in O(1), however
+    /// many streams (a linear scan made 40,000 streams quadratic).
+    pub(super) arena_of: std::collections::HashMap<(StreamId, u16, u32), usize>,
+    /// Slots of `arenas` whose pool was forgotten ([`super::arena::RETIRED`]), reused by new
+    /// arenas.
+    pub(super) retired: Vec<usize>,
+    pub(super) live: AddrMap<Live>,
+    pub(super) pending: Vec<Pending<E>>,
+    /// Blocks freed with cross-stream uses while a pool was being allocated to: their events
+    /// are recorded once none is (`Note [Private pools in paged]`; PyTorch's
+    /// `needs_events_deferred_until_no_capture`). `(address, block)`.
+    pub(super) deferred: Vec<(u64, Live)>,
+    /// The private pools (`Note [Private pools in paged]`).
+    pub(crate) private: PrivatePools,
+    /// The tags and which of them sleep (`Note [Sleep and wake]`).
+    pub(super) tags: TagTable,
     /// PyTorch-named statistics.
     pub(crate) stats: MemoryStats,
     /// The most bytes ever mapped at once (not reset by `reset_peak_memory_stats`).
@@ -87,17 +96,17 @@ pub(crate) struct State<E> {
     pub(crate) cap: Option<u64>,
     /// The device's memory in bytes as the backend reported it at creation (0 = unknown).
     total: u64,
-    history: Option<TraceRing>,
+    pub(super) history: Option<TraceRing>,
     clock: i64,
     /// The device index in OOM messages, summaries and snapshots.
     pub(crate) device: i32,
 }
 
-fn backend_err(stream: StreamId) -> impl FnOnce(BackendError) -> AllocError {
+pub(super) fn backend_err(stream: StreamId) -> impl FnOnce(BackendError) -> AllocError {
     move |source| AllocError::Backend { stream, source }
 }
 
-fn vm<B: MemoryBackend>(backend: &B) -> &dyn VirtualMemoryBackend {
+pub(super) fn vm<B: MemoryBackend>(backend: &B) -> &dyn VirtualMemoryBackend {
     backend
         .as_virtual()
         .expect("PagedBestFit::new checked the virtual-memory capability")
@@ -125,8 +134,12 @@ impl<E> State<E> {
             live_peak_at_reclaim: u64::MAX,
             arenas: Vec::new(),
             arena_of: std::collections::HashMap::new(),
+            retired: Vec::new(),
             live: AddrMap::default(),
             pending: Vec::new(),
+            deferred: Vec::new(),
+            private: PrivatePools::default(),
+            tags: TagTable::default(),
             stats: MemoryStats::new(None),
             high_water: 0,
             live_peak: 0,
@@ -168,24 +181,38 @@ impl<E> State<E> {
         &mut self,
         backend: &B,
         stream: StreamId,
+        tag: u32,
     ) -> Result<usize, AllocError> {
+        // The pool that serves `stream` now: the general one (0) unless a private pool is
+        // being allocated to for it (`Note [Private pools in paged]`).
+        let pair = self.private.pair_for(stream);
         // Most programs allocate on one stream: the last arena needs no hashing.
         if let Some(i) = self.arenas.len().checked_sub(1) {
-            if self.arenas[i].stream == stream {
+            let a = &self.arenas[i];
+            if a.stream == stream && a.pair == pair && a.tag == tag {
                 return Ok(i);
             }
         }
-        if let Some(&i) = self.arena_of.get(&stream) {
+        if let Some(&i) = self.arena_of.get(&(stream, pair, tag)) {
             return Ok(i);
         }
         let base = vm(backend)
             .reserve(self.va_bytes as usize)
             .map_err(backend_err(stream))?;
-        let mut arena = Arena::new(stream);
+        let mut arena = Arena::new(stream, pair, tag);
         arena.add_reservation(base.0, self.va_bytes);
-        self.arenas.push(arena);
-        self.arena_of.insert(stream, self.arenas.len() - 1);
-        Ok(self.arenas.len() - 1)
+        let i = match self.retired.pop() {
+            Some(i) => {
+                self.arenas[i] = arena;
+                i
+            }
+            None => {
+                self.arenas.push(arena);
+                self.arenas.len() - 1
+            }
+        };
+        self.arena_of.insert((stream, pair, tag), i);
+        Ok(i)
     }
 
     /// Allocates `bytes` (> 0) on `stream`.
@@ -198,11 +225,13 @@ impl<E> State<E> {
         if bytes >= MAX_REQUEST {
             return Err(AllocError::TooLarge { requested: bytes });
         }
-        if !self.pending.is_empty() {
+        if !self.pending.is_empty() || !self.deferred.is_empty() {
             self.process_events(backend)?;
         }
         let size = bytes.div_ceil(MIN_BLOCK) * MIN_BLOCK;
-        let ai = self.arena_for(backend, stream)?;
+        // This thread's tag; an error when it is asleep (`Note [Sleep and wake]`).
+        let tag = self.tags.current()?;
+        let ai = self.arena_for(backend, stream, tag)?;
         let (addr, unmapped) = loop {
             if let Some(placed) = self.arenas[ai].place(size, &self.pages) {
                 break placed;
@@ -330,6 +359,16 @@ impl<E> State<E> {
         if self.total > 0 && need > self.total {
             return Err(self.oom(backend, need, requested, None));
         }
+        // During a capture a failed request cannot give back the units it mapped (nothing is
+        // unmapped then: `Note [Private pools in paged]`), so it maps nothing the device
+        // cannot hold in full.
+        if self.private.capturing() {
+            if let Ok(info) = backend.mem_info() {
+                if need > info.free_bytes {
+                    return Err(self.oom(backend, need, requested, self.cap));
+                }
+            }
+        }
         // Cut lazily: the list of units is never held, whatever the size of the runs.
         let (max_unit, count) = (self.max_unit, self.max_run_units);
         let units = runs
@@ -338,8 +377,11 @@ impl<E> State<E> {
         let mut done: Vec<(u64, u64)> = Vec::new();
         for (a, b) in units {
             let mut result = vm(backend).map(DevicePtr(a), (b - a) as usize, stream);
-            if matches!(result, Err(BackendError::OutOfMemory { .. })) {
-                // Retry once with every free page returned (PyTorch's release-and-retry step).
+            // Retry once with every free page returned (PyTorch's release-and-retry step), but
+            // never while a pool is being allocated to: nothing may be unmapped then (PyTorch's
+            // `captures_underway` check; `Note [Private pools in paged]`).
+            if matches!(result, Err(BackendError::OutOfMemory { .. })) && !self.private.capturing()
+            {
                 self.stats.num_alloc_retries += 1;
                 self.reclaim(backend, u64::MAX, (lo, hi))?;
                 result = vm(backend).map(DevicePtr(a), (b - a) as usize, stream);
@@ -350,9 +392,13 @@ impl<E> State<E> {
                     done.push((a, b));
                 }
                 Err(e) => {
-                    // Undo this request's own mappings: nothing was handed out on them.
-                    for (x, y) in done {
-                        self.unmap_run(backend, x, y, stream)?;
+                    // Undo this request's own mappings: nothing was handed out on them. While a
+                    // pool is being allocated to they stay mapped (free, in the pool's arena):
+                    // nothing is unmapped during a capture.
+                    if !self.private.capturing() {
+                        for (x, y) in done {
+                            self.unmap_run(backend, x, y, stream)?;
+                        }
                     }
                     return Err(match e {
                         BackendError::OutOfMemory { .. } => {
@@ -378,7 +424,7 @@ impl<E> State<E> {
     }
 
     /// Records the unit `[a, b)` that one `map` call just mapped.
-    fn note_mapped(&mut self, a: u64, b: u64, stream: StreamId) {
+    pub(super) fn note_mapped(&mut self, a: u64, b: u64, stream: StreamId) {
         let before = self.pages.interval_count();
         self.pages.insert(a, b);
         self.units.insert(a, b);
@@ -391,7 +437,7 @@ impl<E> State<E> {
     }
 
     /// Unmaps `[a, b)`, a union of whole mapping units (`Note [Mapping units]`), in one call.
-    fn unmap_run<B: MemoryBackend<Fence = E>>(
+    pub(super) fn unmap_run<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
         a: u64,
@@ -401,7 +447,8 @@ impl<E> State<E> {
         // SAFETY: 1. [a, b) is mapped: it is made of whole units, each recorded when its `map`
         // call succeeded. 2. No block is live on it and the owning stream was synchronized by
         // the caller (`reclaim`), or the units were mapped for a request that failed and never
-        // handed out.
+        // handed out, or every stream was synchronized and the tag is being put to sleep, or
+        // the units were mapped by a wake that failed (`Note [Sleep and wake]`).
         unsafe { vm(backend).unmap(DevicePtr(a), (b - a) as usize, stream) }
             .map_err(backend_err(stream))?;
         let before = self.pages.interval_count();
@@ -418,16 +465,41 @@ impl<E> State<E> {
     /// Unmaps entirely free mapping units (`Note [Mapping units]`), biggest runs of adjacent
     /// ones first, until `need` bytes are unmapped (or all of them), never touching a unit that
     /// overlaps `[exclude.0, exclude.1)`. Each stream whose units go is synchronized first (see
-    /// the note on `record_stream` and deferred free in [`super`]).
-    fn reclaim<B: MemoryBackend<Fence = E>>(
+    /// the note on `record_stream` and deferred free in [`super`]). Only the general pool's
+    /// units and those of freeable private pools go, and nothing at all while a pool is being
+    /// allocated to (`Note [Private pools in paged]`).
+    pub(super) fn reclaim<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
         need: u64,
         exclude: (u64, u64),
     ) -> Result<u64, AllocError> {
+        if self.private.capturing() {
+            return Ok(0);
+        }
+        let freeable = self.private.freeable();
+        let arenas: Vec<usize> = (0..self.arenas.len())
+            .filter(|&i| {
+                let pair = self.arenas[i].pair;
+                pair == 0 || freeable.contains(&pair)
+            })
+            .collect();
+        self.reclaim_in(backend, need, exclude, &arenas)
+    }
+
+    /// [`State::reclaim`] over the arenas `arenas` only, whatever their pool (the caller
+    /// checked that they may be unmapped).
+    pub(super) fn reclaim_in<B: MemoryBackend<Fence = E>>(
+        &mut self,
+        backend: &B,
+        need: u64,
+        exclude: (u64, u64),
+        arenas: &[usize],
+    ) -> Result<u64, AllocError> {
         let page = self.pages.page;
         let mut cands: Vec<(u64, u64, u64, usize)> = Vec::new();
-        for (i, arena) in self.arenas.iter().enumerate() {
+        for &i in arenas {
+            let arena = &self.arenas[i];
             for (s, e) in arena.free_extents() {
                 let (lo, hi) = (page_up(s, page), page_down(e, page));
                 if lo >= hi {
@@ -520,36 +592,49 @@ impl<E> State<E> {
         s.requested_bytes.decrease(small, block.requested as i64);
         let stream = self.arenas[block.arena].stream;
         self.trace(TraceAction::FreeRequested, ptr.0, block.size, stream);
+        if !block.uses.is_empty() && self.private.capturing() {
+            // No event may be recorded while a pool is being allocated to (an event call on a
+            // capturing stream breaks the capture): `process_events` records them afterwards.
+            self.deferred.push((ptr.0, block));
+            return Ok(());
+        }
         if !block.uses.is_empty() {
-            let mut events = Vec::with_capacity(block.uses.len());
-            for &s in &block.uses {
-                match backend.record_fence(s) {
-                    Ok(ev) => events.push(ev),
-                    Err(e) => {
-                        // Without an event the block cannot be reused safely: keep it pending
-                        // behind the events recorded so far and report the failure.
-                        self.pending.push(Pending {
-                            events,
-                            addr: ptr.0,
-                            size: block.size,
-                            requested: block.requested,
-                            arena: block.arena,
-                        });
-                        return Err(backend_err(s)(e));
-                    }
-                }
-            }
-            self.pending.push(Pending {
-                events,
-                addr: ptr.0,
-                size: block.size,
-                requested: block.requested,
-                arena: block.arena,
-            });
+            self.insert_events(backend, ptr.0, block)?;
             return Ok(());
         }
         self.complete_free(ptr.0, block.size, block.arena);
         Ok(())
+    }
+
+    /// Records one event per stream `block` (freed, at `addr`) was used on and queues it
+    /// until all of them complete (PyTorch's `insert_events`).
+    fn insert_events<B: MemoryBackend<Fence = E>>(
+        &mut self,
+        backend: &B,
+        addr: u64,
+        block: Live,
+    ) -> Result<(), AllocError> {
+        let mut events = Vec::with_capacity(block.uses.len());
+        let mut failed = None;
+        for &s in &block.uses {
+            match backend.record_fence(s) {
+                Ok(ev) => events.push(ev),
+                Err(e) => {
+                    // Without an event the block cannot be reused safely: keep it pending
+                    // behind the events recorded so far and report the failure.
+                    failed = Some(backend_err(s)(e));
+                    break;
+                }
+            }
+        }
+        self.pending.push(Pending {
+            events,
+            addr,
+            size: block.size,
+            requested: block.requested,
+            arena: block.arena,
+        });
+        failed.map_or(Ok(()), Err)
     }
 
     fn complete_free(&mut self, addr: u64, size: u64, arena: usize) {
@@ -576,11 +661,20 @@ impl<E> State<E> {
         Ok(())
     }
 
-    /// Completes every pending free whose events have all completed.
+    /// Completes every pending free whose events have all completed. While a pool is being
+    /// allocated to, does nothing (no event is recorded or queried during a capture); after,
+    /// first records the events of the frees deferred meanwhile (PyTorch's
+    /// `insert_events_deferred_until_no_capture`).
     pub(crate) fn process_events<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
     ) -> Result<(), AllocError> {
+        if self.private.capturing() {
+            return Ok(());
+        }
+        while let Some((addr, block)) = self.deferred.pop() {
+            self.insert_events(backend, addr, block)?;
+        }
         let mut i = 0;
         while i < self.pending.len() {
             let p = &self.pending[i];
@@ -602,11 +696,34 @@ impl<E> State<E> {
         Ok(())
     }
 
-    /// Waits for every pending free, then unmaps every entirely free page.
+    /// Waits for every pending free, then unmaps every entirely free page of the general pool
+    /// and of the freeable private pools, forgetting those left empty. While a pool is being
+    /// allocated to, does nothing: no memory may be unmapped and no stream synchronized during
+    /// a capture (`Note [Private pools in paged]`).
     pub(crate) fn empty_cache<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
     ) -> Result<(), AllocError> {
+        if self.private.capturing() {
+            return Ok(());
+        }
+        self.sync_pending(backend)?;
+        self.reclaim(backend, u64::MAX, (0, 0))?;
+        for pair in self.private.freeable() {
+            self.forget_if_empty(backend, pair)?;
+        }
+        Ok(())
+    }
+
+    /// Records the events of deferred frees, then waits for every pending free and completes
+    /// it (not while a pool is being allocated to: the caller checks).
+    pub(super) fn sync_pending<B: MemoryBackend<Fence = E>>(
+        &mut self,
+        backend: &B,
+    ) -> Result<(), AllocError> {
+        while let Some((addr, block)) = self.deferred.pop() {
+            self.insert_events(backend, addr, block)?;
+        }
         for p in std::mem::take(&mut self.pending) {
             let stream = self.arenas[p.arena].stream;
             for ev in &p.events {
@@ -614,91 +731,6 @@ impl<E> State<E> {
             }
             self.complete_free(p.addr, p.size, p.arena);
         }
-        self.reclaim(backend, u64::MAX, (0, 0))?;
         Ok(())
-    }
-
-    /// Mapped ranges as segments, with their live blocks and the free gaps between them.
-    pub(crate) fn snapshot(&self) -> MemorySnapshot {
-        // Live blocks, and freed blocks still waiting for other streams (PyTorch's
-        // `active_pending_free`): (address, size, requested, state).
-        let mut blocks: Vec<(u64, u64, u64, BlockState)> = self
-            .live
-            .iter()
-            .map(|(&a, l)| (a, l.size, l.requested, BlockState::ActiveAllocated))
-            .chain(
-                self.pending
-                    .iter()
-                    .map(|p| (p.addr, p.size, p.requested, BlockState::ActivePendingFree)),
-            )
-            .collect();
-        blocks.sort_unstable_by_key(|b| b.0);
-        let mut segments = Vec::new();
-        let mut next = 0;
-        for (start, end) in self.pages.intervals() {
-            let arena = self.arenas.iter().find(|a| a.owns(start));
-            let stream = arena.map_or(StreamId::DEFAULT, |a| a.stream);
-            let mut seg = SegmentInfo {
-                device: self.device,
-                address: start,
-                total_size: end - start,
-                allocated_size: 0,
-                active_size: 0,
-                requested_size: 0,
-                stream,
-                segment_type: SegmentType::Large,
-                segment_pool_id: (0, 0),
-                is_expandable: true,
-                blocks: Vec::new(),
-            };
-            let mut at = start;
-            while next < blocks.len() && blocks[next].0 < end {
-                let (a, size, requested, state) = blocks[next];
-                if a >= start {
-                    if a > at {
-                        seg.blocks.push(BlockInfo {
-                            address: at,
-                            size: a - at,
-                            requested_size: 0,
-                            state: BlockState::Inactive,
-                        });
-                    }
-                    seg.blocks.push(BlockInfo {
-                        address: a,
-                        size,
-                        requested_size: requested,
-                        state,
-                    });
-                    // As PyTorch's snapshot (and the caching policy's): a pending free is
-                    // active, with its requested bytes, but not allocated.
-                    if state == BlockState::ActiveAllocated {
-                        seg.allocated_size += size;
-                    }
-                    seg.active_size += size;
-                    seg.requested_size += requested;
-                    at = a + size;
-                }
-                next += 1;
-            }
-            if at < end {
-                seg.blocks.push(BlockInfo {
-                    address: at,
-                    size: end - at,
-                    requested_size: 0,
-                    state: BlockState::Inactive,
-                });
-            }
-            segments.push(seg);
-        }
-        let trace = self
-            .history
-            .as_ref()
-            .map(TraceRing::to_vec)
-            .unwrap_or_default();
-        MemorySnapshot {
-            segments,
-            device_traces: vec![trace],
-            allocator_settings: AllocatorConfig::default(),
-        }
     }
 }

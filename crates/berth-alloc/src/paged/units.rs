@@ -79,6 +79,15 @@ impl Units {
         at == end
     }
 
+    /// The units lying entirely inside `[lo, hi)`, in address order.
+    pub(crate) fn within(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
+        self.units
+            .range(lo..hi)
+            .map(|(&a, &b)| (a, b))
+            .take_while(|&(_, b)| b <= hi)
+            .collect()
+    }
+
     /// The maximal runs of adjacent units lying entirely inside `[lo, hi)`, skipping every
     /// unit that overlaps `[exclude.0, exclude.1)`, in address order. Each run is a union of
     /// whole units, so one `unmap` call can take it.

@@ -45,6 +45,7 @@
 //!   allocators; berth's generators and cuBLAS handles);
 //! - `memory.rs` — one allocator per device for the whole process (`Note [One allocator
 //!   registry]`), the memory API;
+//! - `sleep.rs` — sleep and wake of tagged device memory (`paged`), through the registry;
 //! - `copy.rs` — byte copies: raw host↔device↔device, staged pageable pipelines,
 //!   [`PinnedBuffer`];
 //! - `sync_debug.rs` — sync points, host-wait counters;
@@ -89,6 +90,7 @@ pub mod memory;
 pub mod pin_probe;
 pub mod pinned;
 pub mod registry;
+pub mod sleep;
 mod stream;
 mod sync_debug;
 pub mod testing;

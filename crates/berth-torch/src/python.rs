@@ -183,6 +183,85 @@ fn warnings_said() -> Vec<(&'static str, String)> {
         .collect()
 }
 
+thread_local! {
+    /// This thread's `berth_torch.region(tag)` guards, innermost last.
+    static REGIONS: std::cell::RefCell<Vec<berth_cuda::sleep::TagGuard>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Enters `berth_torch.region(tag)`: this thread's allocations carry `tag` until the matching
+/// `pop_tag`. `ValueError` for an empty tag.
+#[pyfunction]
+fn push_tag(tag: &str) -> PyResult<()> {
+    let guard = berth_cuda::sleep::TagGuard::new(tag)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    REGIONS.with(|r| r.borrow_mut().push(guard));
+    Ok(())
+}
+
+/// Leaves this thread's innermost region. `RuntimeError` when none is open.
+#[pyfunction]
+fn pop_tag() -> PyResult<()> {
+    REGIONS
+        .with(|r| r.borrow_mut().pop())
+        .map(drop)
+        .ok_or_else(|| PyRuntimeError::new_err("berth_torch: no region is open on this thread"))
+}
+
+/// The tag this thread's allocations carry now, or None.
+#[pyfunction]
+fn current_tag() -> Option<String> {
+    berth_cuda::sleep::current_tag().map(|t| t.to_string())
+}
+
+/// Sleeps `tags` of `device`, offloading `offload`: `(released_bytes, offloaded_bytes)`.
+#[pyfunction]
+fn sleep(device: i32, tags: Vec<String>, offload: Vec<String>) -> PyResult<(u64, u64)> {
+    installed()?;
+    let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
+    let offload: Vec<&str> = offload.iter().map(String::as_str).collect();
+    berth_cuda::sleep::sleep(device, &tags, &offload)
+        .map(|r| (r.released_bytes, r.offloaded_bytes))
+        .map_err(sleep_to_py)
+}
+
+/// Wakes `tags` of `device`: `(mapped_bytes, restored_bytes)`.
+#[pyfunction]
+fn wake(device: i32, tags: Vec<String>) -> PyResult<(u64, u64)> {
+    installed()?;
+    let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
+    berth_cuda::sleep::wake(device, &tags)
+        .map(|r| (r.mapped_bytes, r.restored_bytes))
+        .map_err(sleep_to_py)
+}
+
+/// `device`'s sleeping figures: `(sleeping_bytes, sleeping_allocated_bytes, offloaded_bytes,
+/// sleeping_tags)`.
+#[pyfunction]
+fn sleep_stats(device: i32) -> PyResult<(u64, u64, u64, Vec<String>)> {
+    installed()?;
+    let s = berth_cuda::sleep::sleep_stats(device).map_err(cuda_to_py)?;
+    Ok((
+        s.sleeping_bytes,
+        s.sleeping_allocated_bytes,
+        s.offloaded_bytes,
+        s.sleeping_tags,
+    ))
+}
+
+/// A sleep or wake error as Python's: a bad tag name or list is a `ValueError`.
+fn sleep_to_py(e: berth_cuda::CudaError) -> PyErr {
+    use berth_alloc::AllocError as A;
+    match &e {
+        berth_cuda::CudaError::Alloc {
+            source:
+                A::InvalidTag { .. } | A::UnknownTag { .. } | A::OffloadNotSlept { .. },
+            ..
+        } => PyValueError::new_err(e.to_string()),
+        _ => cuda_to_py(e),
+    }
+}
+
 /// Test switch: simulated devices of `capacity_bytes` for the next install.
 #[pyfunction]
 fn simulate(capacity_bytes: u64) -> PyResult<()> {
@@ -207,6 +286,12 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(take_deferred_error, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(warnings_said, m)?)?;
+    m.add_function(wrap_pyfunction!(push_tag, m)?)?;
+    m.add_function(wrap_pyfunction!(pop_tag, m)?)?;
+    m.add_function(wrap_pyfunction!(current_tag, m)?)?;
+    m.add_function(wrap_pyfunction!(sleep, m)?)?;
+    m.add_function(wrap_pyfunction!(wake, m)?)?;
+    m.add_function(wrap_pyfunction!(sleep_stats, m)?)?;
     m.add(
         "POLICY_NAMES",
         berth_alloc::Policy::ALL

@@ -40,7 +40,7 @@ __all__ = [
     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "memory_summary", "empty_cache", "record_memory_history",
     "snapshot", "dump_snapshot", "set_per_process_memory_fraction", "check_errors",
-    "full_allocator",
+    "full_allocator", "region", "current_tag", "sleep", "wake", "sleep_stats", "sleeping_bytes",
 ]
 
 POLICY_NAMES = tuple(_native.POLICY_NAMES)
@@ -261,6 +261,9 @@ def check_errors():
     if msg is not None:
         raise RuntimeError(msg)
 
+
+# Sleep and wake of tagged memory (paged): berth_torch.region, sleep, wake, sleeping_bytes.
+from ._sleep_mode import current_tag, region, sleep, sleep_stats, sleeping_bytes, wake  # noqa: E402
 
 # BERTH_TORCH_ALLOCATOR=<policy>: install at import, so a program needs only the import.
 if os.environ.get("BERTH_TORCH_ALLOCATOR"):

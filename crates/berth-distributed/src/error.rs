@@ -105,6 +105,20 @@ pub enum DistError {
         /// The other rank's error.
         message: String,
     },
+    /// A tensor a collective cannot take (wrong device, layout, type or size).
+    #[error("{op}: {what}")]
+    InvalidTensor {
+        /// The collective.
+        op: &'static str,
+        /// What was wrong and what would be right.
+        what: String,
+    },
+    /// A CUDA or NCCL failure (`CudaError::NcclUnavailable` when NCCL cannot be loaded).
+    #[error(transparent)]
+    Cuda(#[from] berth::cuda::CudaError),
+    /// A tensor operation failed.
+    #[error(transparent)]
+    Tensor(#[from] berth::Error),
     /// A bucketing option is invalid.
     #[error("invalid bucket option {option}: {message}")]
     InvalidBucketOption {

@@ -9,12 +9,13 @@
 //!
 //! # Where this crate sits
 //! The top of the workspace: it depends on `berth` (devices, tensors, `nn`, the CUDA layer as
-//! `berth::cuda`), `berth-alloc` (with its `trace` feature, for `berth replay`) and `berth-data`
-//! (the `DataLoader` of `train` and `bench dataloader`); nothing depends on it.
+//! `berth::cuda`), `berth-alloc` (with its `trace` feature, for `berth replay`), `berth-data`
+//! (the `DataLoader` of `train` and `bench dataloader`) and `berth-distributed` (the NCCL
+//! process group of `bench all-reduce`); nothing depends on it.
 //!
 //! ```text
-//! berth-alloc  <-  berth-cuda  <-  berth  <-  berth-data  <-  berth-cli (this binary)
-//!                      ^
+//! berth-alloc  <-  berth-cuda  <-  berth  <-  berth-data         <-  berth-cli (this binary)
+//!                      ^                  <-  berth-distributed  <-
 //!                      +-- berth-torch (PyTorch's pluggable CUDA allocator)
 //! ```
 //!

@@ -38,7 +38,7 @@ pub mod rendezvous;
 pub mod store;
 
 #[cfg(feature = "cuda")]
-pub use berth_cuda::nccl::ReduceOp;
+pub use berth_cuda::nccl::{nccl_unavailable_reason, nccl_version, ReduceOp};
 pub use env::RendezvousEnv;
 pub use error::{DistError, Result};
 #[cfg(feature = "cuda")]

@@ -29,6 +29,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod info;
+mod launch;
 mod memviz;
 mod paths;
 mod replay;
@@ -56,6 +57,9 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Run a benchmark.
     Bench(bench::BenchArgs),
+    /// Start one process per GPU with torchrun's environment (`RANK`, `WORLD_SIZE`,
+    /// `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`): `berth launch --nproc-per-node 2 -- PROGRAM`.
+    Launch(launch::LaunchArgs),
     /// Write a memory snapshot (PyTorch's `_dump_snapshot` pickle or berth's) as one
     /// self-contained HTML page: the active-memory timeline and the segments.
     Memviz(memviz::MemvizArgs),
@@ -71,6 +75,7 @@ fn main() {
         Command::Eval(a) => train::run_eval(a),
         Command::Replay(a) => replay::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Launch(a) => launch::run(a),
         Command::Memviz(a) => memviz::run(a),
     };
     if let Err(err) = result {

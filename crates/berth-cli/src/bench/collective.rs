@@ -151,9 +151,8 @@ pub fn run_all_reduce(a: AllReduceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs `berth bench p2p`: a device-to-device copy on each GPU, then a copy to every other
-/// GPU through berth's `.to()` on a copy stream (a peer copy, `cuMemcpyPeerAsync`), for every
-/// ordered pair. berth does not enable or disable peer access itself, so the pair rows are
+/// Runs `berth bench p2p`: a device-to-device copy on each GPU, then a peer copy
+/// (`cuMemcpyPeerAsync`) for every ordered pair of GPUs. berth does not enable or disable peer access itself, so the pair rows are
 /// measured as the driver leaves it; the with/without comparison is not built.
 pub fn run_p2p(a: P2pArgs) -> anyhow::Result<()> {
     check_reps(a.reps)?;
@@ -189,16 +188,28 @@ pub fn run_p2p(a: P2pArgs) -> anyhow::Result<()> {
         cuda::synchronize(s)?;
         for d in (0..count).filter(|&d| d != s) {
             let stream = Stream::new(d, 0)?;
+            let dst = Tensor::zeros(&[bytes / 4], DType::F32, Device::Cuda(d as u16))?;
+            cuda::synchronize(d)?;
             let ms = time_events(&stream, a.reps, || {
-                let copy = cuda::transfer::to_device_on(&src, Device::Cuda(d as u16), &stream)?;
-                copy.record_stream(&stream)?;
+                // SAFETY: `src` (on `s`) and `dst` (on `d`) hold `bytes` bytes each, were
+                // written and synchronised above, and outlive the copy (time_events
+                // synchronises); nothing else writes them meanwhile.
+                unsafe {
+                    berth_cuda::copy::copy_peer_async(
+                        dst.data_ptr(),
+                        s,
+                        src.data_ptr(),
+                        bytes,
+                        &stream,
+                    )?
+                };
                 Ok(())
             })?;
             emit(
                 a.json,
                 "p2p",
                 format!(
-                    "src.to(cuda:{d}) from cuda:{s} on a copy stream, {} MiB (peer access as the driver leaves it)",
+                    "peer copy cuda:{s} -> cuda:{d}, {} MiB (cuMemcpyPeerAsync; peer access as the driver leaves it)",
                     a.mib
                 ),
                 gbps(bytes, ms),

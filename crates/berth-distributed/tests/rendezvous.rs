@@ -160,15 +160,22 @@ fn a_rank_that_never_arrives_is_named_after_the_timeout() {
         spawn(port, 3, 4, 3000),
     ]);
     assert!(start.elapsed() >= Duration::from_millis(3000));
-    assert!(out[0].starts_with("err RendezvousTimeout: "), "{}", out[0]);
+    // Whichever rank's timer runs out first says so; the others then fail with its error
+    // (or time out themselves): every rank names the missing rank.
+    assert!(
+        out.iter().any(|l| l.starts_with("err RendezvousTimeout: ")),
+        "{out:?}"
+    );
     for line in &out {
-        // The others time out too, or first read rank 0's error.
         assert!(
-            line.starts_with("err RendezvousTimeout: ") || line.starts_with("err PeerFailed: rendezvous failed on another rank: rank 0: rendezvous timed out"),
+            line.starts_with("err RendezvousTimeout: ")
+                || line.starts_with("err PeerFailed: rendezvous failed on another rank: rank "),
             "{line}"
         );
         assert!(
-            line.contains("3 of 4 ranks arrived; missing rank(s) [2]"),
+            line.contains(
+                "rendezvous timed out after 3s: 3 of 4 ranks arrived; missing rank(s) [2]"
+            ),
             "{line}"
         );
     }

@@ -31,7 +31,7 @@ TESTS=(); BENCHES=()
 # The main job's CPU step op by op (issue 15), for PARTS=loader: small, so staged always.
 CPU_STEP=$(cargo bench -p berth --bench cpu_step --no-run --message-format=json 2>/dev/null | executables | cut -f2)
 if [ "${BERTH_ONLY:-0}" != 1 ]; then
-mapfile -t TESTS < <(cargo test --release -p berth-cuda -p berth -p berth-data --no-run --message-format=json 2>/dev/null | executables)
+mapfile -t TESTS < <(cargo test --release -p berth-cuda -p berth -p berth-data -p berth-distributed --no-run --message-format=json 2>/dev/null | executables)
 mapfile -t BENCHES < <(cargo bench -p berth-alloc --bench replay --no-run --message-format=json 2>/dev/null | executables)
 fi
 

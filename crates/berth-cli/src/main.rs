@@ -9,12 +9,13 @@
 //!
 //! # Where this crate sits
 //! The top of the workspace: it depends on `berth` (devices, tensors, `nn`, the CUDA layer as
-//! `berth::cuda`), `berth-alloc` (with its `trace` feature, for `berth replay`) and `berth-data`
-//! (the `DataLoader` of `train` and `bench dataloader`); nothing depends on it.
+//! `berth::cuda`), `berth-alloc` (with its `trace` feature, for `berth replay`), `berth-data`
+//! (the `DataLoader` of `train` and `bench dataloader`) and `berth-distributed` (the NCCL
+//! process group of `bench all-reduce`); nothing depends on it.
 //!
 //! ```text
-//! berth-alloc  <-  berth-cuda  <-  berth  <-  berth-data  <-  berth-cli (this binary)
-//!                      ^
+//! berth-alloc  <-  berth-cuda  <-  berth  <-  berth-data         <-  berth-cli (this binary)
+//!                      ^                  <-  berth-distributed  <-
 //!                      +-- berth-torch (PyTorch's pluggable CUDA allocator)
 //! ```
 //!
@@ -28,6 +29,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod info;
+mod launch;
 mod memviz;
 mod paths;
 mod replay;
@@ -55,6 +57,9 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Run a benchmark.
     Bench(bench::BenchArgs),
+    /// Start one process per GPU with torchrun's environment (`RANK`, `WORLD_SIZE`,
+    /// `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`): `berth launch --nproc-per-node 2 -- PROGRAM`.
+    Launch(launch::LaunchArgs),
     /// Write a memory snapshot (PyTorch's `_dump_snapshot` pickle or berth's) as one
     /// self-contained HTML page: the active-memory timeline and the segments.
     Memviz(memviz::MemvizArgs),
@@ -70,6 +75,7 @@ fn main() {
         Command::Eval(a) => train::run_eval(a),
         Command::Replay(a) => replay::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Launch(a) => launch::run(a),
         Command::Memviz(a) => memviz::run(a),
     };
     if let Err(err) = result {

@@ -21,7 +21,7 @@ fn assert_usage_error(args: &[&str], message: &str) {
 
 #[test]
 fn zero_reps_are_refused_not_raised_to_one() {
-    for bench in ["transfers", "alloc", "overlap", "sync"] {
+    for bench in ["transfers", "alloc", "overlap", "sync", "all-reduce", "p2p"] {
         assert_usage_error(
             &["bench", bench, "--reps", "0"],
             "--reps 0: the number of repetitions must be at least 1 (e.g. --reps 10)",
@@ -287,4 +287,28 @@ fn info_reads_pytorchs_allocator_variables_after_berths() {
         ]),
         ("paged".into(), Some("BERTH_ALLOC_CONF".into()))
     );
+}
+
+/// `bench all-reduce` and `bench p2p` without a GPU: one line saying so (status 2); a size
+/// range upside down is refused before that.
+#[test]
+fn collective_benches_say_what_they_need() {
+    assert_usage_error(
+        &["bench", "all-reduce", "--min-bytes", "64", "--max-bytes", "8"],
+        "--min-bytes 64 is larger than --max-bytes 8; give a range such as --min-bytes 8 --max-bytes 1073741824",
+    );
+    if berth::cuda::is_available() {
+        return;
+    }
+    for bench in ["all-reduce", "p2p"] {
+        let out = berth(&["bench", bench]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bench}: {err}");
+        assert!(
+            err.starts_with("berth: error: CUDA is not available ("),
+            "{err}"
+        );
+        assert!(err.contains("GPU benchmarks need a CUDA device"), "{err}");
+        assert!(out.stdout.is_empty(), "{bench}: nothing measured");
+    }
 }

@@ -182,6 +182,24 @@ pub enum CudaError {
         device: String,
     },
 
+    /// No NCCL library could be loaded (Note [Loading NCCL] in `src/ffi/nccl.rs`).
+    #[error("NCCL is not available: {reason}")]
+    NcclUnavailable {
+        /// What was tried, and how to make NCCL available.
+        reason: String,
+    },
+
+    /// An NCCL call failed (`ncclResult_t` other than `ncclSuccess`).
+    #[error("NCCL call {op} failed: {message} (ncclResult_t {code})")]
+    Nccl {
+        /// The NCCL function, e.g. `"ncclAllReduce"`.
+        op: &'static str,
+        /// The `ncclResult_t` code.
+        code: i32,
+        /// `ncclGetErrorString`'s text.
+        message: String,
+    },
+
     /// An argument outside what the call accepts.
     #[error("{op}: invalid argument: {what}")]
     InvalidArgument {

@@ -53,6 +53,8 @@
 //!   the caller's correlation ids), for the profiler;
 //! - `kernel.rs` — NVRTC compilation, the per-device module cache, launches (`cuda` only);
 //! - `cublas.rs` — one cuBLAS handle per device, the strided batched gemm (`cuda` only);
+//! - `nccl.rs` — NCCL communicators and collectives on device memory, NCCL loaded at run
+//!   time (`cuda` only);
 //! - `error.rs`, `kernel_error.rs` — [`CudaError`], [`KernelError`] (the error of `kernel`
 //!   and `cublas`);
 //! - `testing.rs` — the GPU gate for tests, a fake device count.
@@ -65,6 +67,7 @@
 //! - `Note [Streams are never destroyed]`: `src/stream.rs`
 //! - `Note [Activity tracing]`: `src/activity.rs` (device time from CUPTI, and what it costs)
 //! - `Note [Event pool]`: `src/event_pool.rs` (driver events reused, as PyTorch's `EventPool`)
+//! - `Note [Loading NCCL]`: `src/ffi/nccl.rs` (`libnccl.so.2`, which cudarc's loader misses)
 //!
 //! [`CudaFence`] follows berth-alloc's `Note [Fences and events]` (in
 //! [`berth_alloc::backend`]).
@@ -86,6 +89,8 @@ pub mod hostmem;
 pub mod kernel;
 mod kernel_error;
 pub mod memory;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 #[doc(hidden)]
 pub mod pin_probe;
 pub mod pinned;

@@ -5,7 +5,8 @@
 //! 1. [`Dataset`] (map-style) and [`IterableDataset`]; [`Subset`], [`random_split`];
 //!    [`idx`] (the IDX reader) and the Fashion-MNIST dataset.
 //! 2. Samplers: [`SequentialSampler`], [`RandomSampler`], [`SubsetRandomSampler`],
-//!    [`WeightedRandomSampler`], and [`BatchSampler`] with `drop_last`.
+//!    [`WeightedRandomSampler`], and [`BatchSampler`] with `drop_last`; [`DistributedSampler`]
+//!    (one shard per rank, PyTorch's exact index lists, [`torch_randperm`]).
 //! 3. [`DataLoader`] (map-style) and [`IterableDataLoader`] (iterable-style: one stream per
 //!    worker, see [`IterableDataset`]) with PyTorch's option names, defaults and validation
 //!    messages; workers are threads ([`worker`], Note [Workers are threads]); [`worker_info`] and
@@ -35,6 +36,8 @@
 //! - Note [One batch traversal]: `src/batch.rs` ([`MapTensors`]).
 //! - Note [Where pinning is decided]: `src/pinning.rs`.
 //! - Note [Collate into pinned memory]: `src/pinning.rs`.
+//! - Note [Forgotten epoch]: `src/distributed_sampler.rs` ([`DistributedSampler`]).
+//! - Note [Torch's CPU permutation]: `src/torch_randperm.rs` ([`torch_randperm`]).
 //! - Note [Recycled collate buffers]: `src/host_pool.rs` (unpinned batches reuse buffers).
 
 #![deny(missing_docs)]
@@ -44,6 +47,7 @@ mod batch_sampler;
 mod collatable;
 mod collate;
 mod dataset;
+mod distributed_sampler;
 mod error;
 pub mod fashion_mnist;
 mod fetch;
@@ -61,6 +65,7 @@ pub mod rng;
 mod sampler;
 mod tensor_collate;
 mod tensor_dataset;
+mod torch_randperm;
 pub mod worker;
 
 pub use batch::MapTensors;
@@ -72,6 +77,7 @@ pub use berth as __berth;
 pub use collatable::{Collatable, CollateContext};
 pub use collate::{Collate, CollateFn, DefaultCollate};
 pub use dataset::{random_split, Dataset, IterableDataset, SplitLengths, Subset, VecDataset};
+pub use distributed_sampler::{DistributedSampler, SET_EPOCH_WARNING};
 pub use error::{DataError, OriginalError, Result};
 pub use fashion_mnist::{FashionMnist, Split};
 pub use iter::{STATUS_CHECK_INTERVAL, STREAM_PREFETCH_LIMIT};
@@ -86,4 +92,5 @@ pub use sampler::{
     RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler,
 };
 pub use tensor_dataset::TensorDataset;
+pub use torch_randperm::{torch_randperm, TORCH_RANDPERM_EXACT_BELOW};
 pub use worker::{worker_info, worker_rng, WorkerInfo};

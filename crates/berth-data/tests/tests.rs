@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod bugs;
+mod distributed_sampler;
 mod idx;
 mod iterable;
 mod loader;

@@ -59,7 +59,7 @@ struct Figure<'a> {
     unit: &'a str,
 }
 
-fn emit(json: bool, bench: &str, figure: impl Into<String>, value: f64, unit: &str) {
+pub(super) fn emit(json: bool, bench: &str, figure: impl Into<String>, value: f64, unit: &str) {
     let f = Figure {
         bench,
         figure: figure.into(),
@@ -79,7 +79,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Rejects `--reps 0` (a median of no repetitions), before any GPU work.
-fn check_reps(reps: usize) -> anyhow::Result<()> {
+pub(super) fn check_reps(reps: usize) -> anyhow::Result<()> {
     Ok(crate::check_at_least_one(
         "--reps",
         reps,
@@ -88,7 +88,7 @@ fn check_reps(reps: usize) -> anyhow::Result<()> {
     )?)
 }
 
-fn require_gpu() -> anyhow::Result<()> {
+pub(super) fn require_gpu() -> anyhow::Result<()> {
     if let Some(reason) = cuda::unavailable_reason() {
         // Exit status 2, as `train --device cuda` and `replay --device cuda:N` give.
         return Err(crate::UsageError(format!(
@@ -118,7 +118,7 @@ fn random_host(bytes: usize, seed: u64) -> anyhow::Result<Tensor> {
 
 /// Device ms of `f` on `stream`, measured with timing events, median over `reps` after one
 /// warm-up.
-fn time_events(
+pub(super) fn time_events(
     stream: &Stream,
     reps: usize,
     mut f: impl FnMut() -> anyhow::Result<()>,
@@ -138,7 +138,7 @@ fn time_events(
     Ok(median(ms))
 }
 
-fn gbps(bytes: usize, ms: f64) -> f64 {
+pub(super) fn gbps(bytes: usize, ms: f64) -> f64 {
     bytes as f64 / (ms * 1e-3) / 1e9
 }
 

@@ -2,6 +2,7 @@
 //!
 //! One file per benchmark; each owns its arguments.
 
+mod collective;
 mod dataloader;
 mod gpu;
 
@@ -24,6 +25,10 @@ enum Which {
     Overlap(gpu::OverlapArgs),
     /// Cost of synchronising reads (`item()` in a loop) and blocked host time of copies.
     Sync(gpu::SyncArgs),
+    /// NCCL all-reduce time, algbw and busbw over message sizes (nccl-tests' `all_reduce_perf`).
+    AllReduce(collective::AllReduceArgs),
+    /// Device-to-device copy bandwidth on each GPU, and peer copies between every pair.
+    P2p(collective::P2pArgs),
 }
 
 /// Runs `berth bench`.
@@ -34,5 +39,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Which::Alloc(a) => gpu::run_alloc(a),
         Which::Overlap(a) => gpu::run_overlap(a),
         Which::Sync(a) => gpu::run_sync(a),
+        Which::AllReduce(a) => collective::run_all_reduce(a),
+        Which::P2p(a) => collective::run_p2p(a),
     }
 }

@@ -35,7 +35,8 @@
 //! `cuda`), `nvrtc.rs` (NVRTC: compile CUDA C to PTX), `module.rs` (`cuModuleLoadData`,
 //! `cuModuleGetFunction`, `cuModuleUnload`, `cuLaunchKernel`), `cublas.rs` (cuBLAS handles and
 //! `cublasGemmStridedBatchedEx`), `os.rs` (anonymous host mappings: `mmap`, `munmap`,
-//! `madvise`). `nvrtc.rs`, `module.rs` and `cublas.rs` have no twins: their callers
+//! `madvise`), `nccl.rs` (NCCL, loaded by berth: Note [Loading NCCL]). `nvrtc.rs`, `module.rs`,
+//! `cublas.rs` and `nccl.rs` have no twins: their callers
 //! ([`kernel`](crate::kernel), [`cublas`](crate::cublas)) exist only with `cuda`.
 
 #[cfg(feature = "cuda")]
@@ -46,6 +47,8 @@ mod device;
 mod memory;
 #[cfg(feature = "cuda")]
 mod module;
+#[cfg(feature = "cuda")]
+pub(crate) mod nccl;
 #[cfg(feature = "cuda")]
 mod nvrtc;
 #[cfg(feature = "cuda")]

@@ -1,0 +1,436 @@
+//! NCCL communicators and collectives on device memory: one rank of a communicator per
+//! process and device, the unique id rank 0 makes, and `all_reduce`, `broadcast`,
+//! `all_gather`, `reduce_scatter` queued on a stream. NCCL is loaded at run time (Note
+//! [Loading NCCL] in `src/ffi/nccl.rs`); without it every entry point answers
+//! [`CudaError::NcclUnavailable`], never a panic.
+//!
+//! This is the layer below a process group: it queues each collective on the stream it is
+//! given and orders nothing itself. Which stream that is, how it is ordered with the compute
+//! stream and how buffers stay alive is the caller's (berth-distributed's process group).
+
+use cudarc::nccl::sys::{ncclDataType_t, ncclRedOp_t};
+
+use crate::ffi::nccl as raw;
+use crate::{CudaError, Stream};
+
+/// Element types NCCL reduces (`ncclDataType_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NcclDType {
+    /// `ncclFloat32`, 4 bytes.
+    F32,
+    /// `ncclFloat16`, 2 bytes.
+    F16,
+    /// `ncclBfloat16`, 2 bytes.
+    BF16,
+    /// `ncclFloat64`, 8 bytes.
+    F64,
+    /// `ncclInt32`, 4 bytes.
+    I32,
+    /// `ncclInt64`, 8 bytes.
+    I64,
+    /// `ncclUint8`, 1 byte.
+    U8,
+}
+
+impl NcclDType {
+    /// Bytes per element.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            NcclDType::F32 | NcclDType::I32 => 4,
+            NcclDType::F16 | NcclDType::BF16 => 2,
+            NcclDType::F64 | NcclDType::I64 => 8,
+            NcclDType::U8 => 1,
+        }
+    }
+
+    fn raw(self) -> ncclDataType_t {
+        match self {
+            NcclDType::F32 => ncclDataType_t::ncclFloat32,
+            NcclDType::F16 => ncclDataType_t::ncclFloat16,
+            NcclDType::BF16 => ncclDataType_t::ncclBfloat16,
+            NcclDType::F64 => ncclDataType_t::ncclFloat64,
+            NcclDType::I32 => ncclDataType_t::ncclInt32,
+            NcclDType::I64 => ncclDataType_t::ncclInt64,
+            NcclDType::U8 => ncclDataType_t::ncclUint8,
+        }
+    }
+}
+
+/// Reductions (`ncclRedOp_t`; PyTorch's `ReduceOp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// `ncclSum`.
+    Sum,
+    /// `ncclProd`.
+    Prod,
+    /// `ncclMax`.
+    Max,
+    /// `ncclMin`.
+    Min,
+    /// `ncclAvg` (NCCL 2.10 and later): the sum divided by the number of ranks.
+    Avg,
+}
+
+impl ReduceOp {
+    fn raw(self) -> ncclRedOp_t {
+        match self {
+            ReduceOp::Sum => ncclRedOp_t::ncclSum,
+            ReduceOp::Prod => ncclRedOp_t::ncclProd,
+            ReduceOp::Max => ncclRedOp_t::ncclMax,
+            ReduceOp::Min => ncclRedOp_t::ncclMin,
+            ReduceOp::Avg => ncclRedOp_t::ncclAvg,
+        }
+    }
+}
+
+/// NCCL's version as `(major, minor, patch)`, e.g. `(2, 27, 3)`.
+///
+/// # Errors
+/// [`CudaError::NcclUnavailable`] when no NCCL library loads; [`CudaError::Nccl`].
+pub fn nccl_version() -> Result<(u32, u32, u32), CudaError> {
+    let code = raw::get_version()?.max(0) as u32;
+    // NCCL_VERSION_CODE: major*10000 + minor*100 + patch since 2.9 (major*1000 + … before).
+    Ok(if code >= 20900 {
+        (code / 10000, code / 100 % 100, code % 100)
+    } else {
+        (code / 1000, code / 100 % 10, code % 100)
+    })
+}
+
+/// Why NCCL cannot be used here, or `None` when it loads (never panics).
+pub fn nccl_unavailable_reason() -> Option<String> {
+    raw::nccl_loaded().err().map(|e| e.to_string())
+}
+
+/// A new NCCL unique id (`ncclGetUniqueId`): made on rank 0 and handed to every rank (through
+/// the rendezvous store) before [`Communicator::init_rank`].
+///
+/// # Errors
+/// [`CudaError::NcclUnavailable`]; [`CudaError::Nccl`] (no network interface NCCL can use).
+pub fn unique_id() -> Result<[u8; 128], CudaError> {
+    raw::get_unique_id()
+}
+
+/// One rank of an NCCL communicator on one device; destroyed on drop.
+#[derive(Debug)]
+pub struct Communicator {
+    comm: u64,
+    device: usize,
+    rank: usize,
+    world_size: usize,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread. Concurrent calls on one
+// communicator are not allowed; every call that uses it is an `unsafe fn` whose precondition 3
+// forbids them (and `Drop` has `&mut self`).
+unsafe impl Send for Communicator {}
+// SAFETY: as above.
+unsafe impl Sync for Communicator {}
+
+impl Communicator {
+    /// Joins the communicator `id` as `rank` of `world_size` on `device`
+    /// (`ncclCommInitRank`): blocks until every rank has joined.
+    ///
+    /// # Errors
+    /// [`CudaError::InvalidArgument`] when `world_size` is 0 or `rank >= world_size`;
+    /// [`CudaError::Unavailable`] / [`CudaError::InvalidDevice`] for the device;
+    /// [`CudaError::NcclUnavailable`]; [`CudaError::Nccl`].
+    pub fn init_rank(
+        device: usize,
+        world_size: usize,
+        rank: usize,
+        id: &[u8; 128],
+    ) -> Result<Communicator, CudaError> {
+        if world_size == 0 || rank >= world_size || world_size > i32::MAX as usize {
+            return Err(CudaError::InvalidArgument {
+                op: "ncclCommInitRank",
+                what: format!(
+                    "rank {rank} of world size {world_size}: need 0 <= rank < world_size"
+                ),
+            });
+        }
+        crate::check_device(device)?;
+        raw::nccl_loaded()?;
+        crate::context::bind(device)?;
+        let comm = raw::comm_init_rank(world_size as i32, id, rank as i32)?;
+        Ok(Communicator {
+            comm,
+            device,
+            rank,
+            world_size,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// The device of this rank.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    fn call(
+        &self,
+        op: &'static str,
+        dtype: NcclDType,
+        stream: &Stream,
+    ) -> Result<raw::Call, CudaError> {
+        if stream.device() != self.device {
+            return Err(CudaError::DeviceMismatch {
+                op,
+                expected: self.device,
+                actual: stream.device(),
+            });
+        }
+        crate::context::bind(self.device)?;
+        Ok(raw::Call {
+            comm: self.comm,
+            stream: stream.as_raw(),
+            dtype: dtype.raw(),
+        })
+    }
+
+    /// Queues an all-reduce of `count` elements from `send` into `recv` (they may be equal:
+    /// in place) on `stream`.
+    ///
+    /// # Safety
+    /// 1. `send` and `recv` are device memory of this communicator's device holding `count`
+    ///    elements of `dtype`.
+    /// 2. Nothing else reads `recv` or writes either buffer until the collective has run on
+    ///    `stream`, and both stay allocated until then.
+    /// 3. No other thread calls a collective on this communicator at the same time, and every
+    ///    rank issues the same collectives in the same order (NCCL's rule).
+    ///
+    /// # Errors
+    /// [`CudaError::DeviceMismatch`] when `stream` is on another device; [`CudaError::Nccl`].
+    pub unsafe fn all_reduce(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: NcclDType,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
+        let call = self.call("all_reduce", dtype, stream)?;
+        // SAFETY: the comm is live (owned), the stream borrowed; preconditions 1 and 2.
+        unsafe { raw::all_reduce(&call, send, recv, count, op.raw()) }
+    }
+
+    /// Queues a broadcast of `count` elements from rank `root`'s `send` into every rank's
+    /// `recv` on `stream`.
+    ///
+    /// # Safety
+    /// As [`all_reduce`](Self::all_reduce).
+    ///
+    /// # Errors
+    /// [`CudaError::InvalidArgument`] when `root >= world_size`; as
+    /// [`all_reduce`](Self::all_reduce).
+    pub unsafe fn broadcast(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: NcclDType,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
+        if root >= self.world_size {
+            return Err(CudaError::InvalidArgument {
+                op: "broadcast",
+                what: format!(
+                    "root {root} is not a rank of a world of {}",
+                    self.world_size
+                ),
+            });
+        }
+        let call = self.call("broadcast", dtype, stream)?;
+        // SAFETY: as all_reduce.
+        unsafe { raw::broadcast(&call, send, recv, count, root as i32) }
+    }
+
+    /// Queues an all-gather: each rank's `send_count` elements, in rank order, into every
+    /// rank's `recv` (`send_count × world_size` elements).
+    ///
+    /// # Safety
+    /// As [`all_reduce`](Self::all_reduce), with `recv` holding `send_count × world_size`
+    /// elements.
+    ///
+    /// # Errors
+    /// As [`all_reduce`](Self::all_reduce).
+    pub unsafe fn all_gather(
+        &self,
+        send: u64,
+        recv: u64,
+        send_count: usize,
+        dtype: NcclDType,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
+        let call = self.call("all_gather", dtype, stream)?;
+        // SAFETY: as all_reduce.
+        unsafe { raw::all_gather(&call, send, recv, send_count) }
+    }
+
+    /// Queues a reduce-scatter: `recv_count × world_size` elements of `send` reduced over the
+    /// ranks, rank `r` keeping elements `r × recv_count ..` in `recv`.
+    ///
+    /// # Safety
+    /// As [`all_reduce`](Self::all_reduce), with `send` holding `recv_count × world_size`
+    /// elements.
+    ///
+    /// # Errors
+    /// As [`all_reduce`](Self::all_reduce).
+    pub unsafe fn reduce_scatter(
+        &self,
+        send: u64,
+        recv: u64,
+        recv_count: usize,
+        dtype: NcclDType,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
+        let call = self.call("reduce_scatter", dtype, stream)?;
+        // SAFETY: as all_reduce.
+        unsafe { raw::reduce_scatter(&call, send, recv, recv_count, op.raw()) }
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // SAFETY: the communicator is owned and used by nothing after this.
+        if let Err(e) = unsafe { raw::comm_destroy(self.comm) } {
+            berth_alloc::warnings::warn_once("nccl-comm-destroy", || {
+                format!(
+                    "ncclCommDestroy failed while dropping a communicator on cuda:{}: {e}",
+                    self.device
+                )
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_ranks_are_refused_before_any_call() {
+        let id = [0u8; 128];
+        for (world, rank) in [(0, 0), (2, 2)] {
+            let err = Communicator::init_rank(0, world, rank, &id).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    CudaError::InvalidArgument {
+                        op: "ncclCommInitRank",
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn without_nccl_the_answer_is_a_typed_error() {
+        // Whatever this machine has, asking never panics; without NCCL the reason names the
+        // libraries tried.
+        match nccl_unavailable_reason() {
+            Some(reason) => {
+                assert!(
+                    reason.contains("libnccl.so.2") || reason.contains("BERTH_NCCL_LIBRARY"),
+                    "{reason}"
+                );
+                assert!(matches!(
+                    nccl_version(),
+                    Err(CudaError::NcclUnavailable { .. })
+                ));
+                assert!(matches!(
+                    unique_id(),
+                    Err(CudaError::NcclUnavailable { .. })
+                ));
+            }
+            None => {
+                let (major, minor, patch) = nccl_version().unwrap();
+                println!("NCCL {major}.{minor}.{patch} loaded");
+                assert_eq!(major, 2);
+                // A unique id needs no GPU (NCCL's bootstrap address and a random magic).
+                let id = unique_id().unwrap();
+                assert_ne!(id, [0u8; 128]);
+            }
+        }
+    }
+
+    /// Every collective on a communicator of one rank on one GPU (what a one-GPU machine can
+    /// run): each leaves the data as it was, through NCCL's real code paths.
+    #[test]
+    #[ignore = "needs a CUDA GPU and NCCL: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without a GPU)"]
+    fn world_size_one_runs_every_collective() {
+        if !crate::testing::require_gpu("nccl world_size_one_runs_every_collective") {
+            return;
+        }
+        if let Some(reason) = nccl_unavailable_reason() {
+            println!("skipping world_size_one_runs_every_collective: {reason}");
+            return;
+        }
+        let stream = Stream::new(0, 0).unwrap();
+        let comm = Communicator::init_rank(0, 1, 0, &unique_id().unwrap()).unwrap();
+        let host: Vec<f32> = (0..1024).map(|i| i as f32 * 0.5).collect();
+        let zeros = vec![0f32; host.len()];
+        let bytes = host.len() * 4;
+        let a = crate::ffi::mem_alloc(0, bytes).unwrap();
+        let b = crate::ffi::mem_alloc(0, bytes).unwrap();
+        let read = |ptr: u64| {
+            let mut out = vec![0f32; host.len()];
+            // SAFETY: `ptr` holds `bytes` bytes of device memory; the stream is synchronised
+            // before `out` is read.
+            unsafe {
+                crate::copy::copy_dtoh_async(out.as_mut_ptr().cast(), ptr, bytes, &stream).unwrap();
+            }
+            stream.synchronize().unwrap();
+            out
+        };
+        // SAFETY: `a` and `b` hold 1024 f32 each and are used only on `stream`, synchronised
+        // before every read; `host` outlives the copy (synchronised below).
+        unsafe {
+            crate::copy::copy_htod_async(a, host.as_ptr().cast(), bytes, &stream).unwrap();
+            comm.all_reduce(a, a, host.len(), NcclDType::F32, ReduceOp::Sum, &stream)
+                .unwrap();
+            assert_eq!(read(a), host, "all_reduce(sum) of one rank, in place");
+            comm.all_reduce(a, b, host.len(), NcclDType::F32, ReduceOp::Avg, &stream)
+                .unwrap();
+            assert_eq!(read(b), host, "all_reduce(avg) out of place");
+            crate::copy::copy_htod_async(b, zeros.as_ptr().cast(), bytes, &stream).unwrap();
+            comm.broadcast(a, b, host.len(), NcclDType::F32, 0, &stream)
+                .unwrap();
+            assert_eq!(read(b), host, "broadcast from rank 0");
+            crate::copy::copy_htod_async(b, zeros.as_ptr().cast(), bytes, &stream).unwrap();
+            comm.all_gather(a, b, host.len(), NcclDType::F32, &stream)
+                .unwrap();
+            assert_eq!(read(b), host, "all_gather of one rank");
+            crate::copy::copy_htod_async(b, zeros.as_ptr().cast(), bytes, &stream).unwrap();
+            comm.reduce_scatter(a, b, host.len(), NcclDType::F32, ReduceOp::Max, &stream)
+                .unwrap();
+            assert_eq!(read(b), host, "reduce_scatter of one rank");
+            // A root outside the world is refused before anything is queued.
+            let other = comm.broadcast(a, b, host.len(), NcclDType::F32, 1, &stream);
+            assert!(matches!(
+                other,
+                Err(CudaError::InvalidArgument {
+                    op: "broadcast",
+                    ..
+                })
+            ));
+            stream.synchronize().unwrap();
+            crate::ffi::mem_free(0, a).unwrap();
+            crate::ffi::mem_free(0, b).unwrap();
+        }
+    }
+}

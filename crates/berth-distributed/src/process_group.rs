@@ -1,0 +1,308 @@
+//! `ProcessGroup`: one process per GPU, NCCL collectives on berth tensors, PyTorch's
+//! `ProcessGroupNCCL` shape (`init_process_group("nccl")`, `all_reduce`, `broadcast`,
+//! `all_gather_into_tensor`, `reduce_scatter_tensor`, `barrier`, each returning a [`Work`]).
+//!
+//! Note [Collective stream ordering]: every collective runs on the group's own communication
+//! stream, as in PyTorch's `ProcessGroupNCCL`, so it can overlap compute. Ordering is by
+//! events, never by host waits: (1) an event recorded on the caller's current stream of the
+//! device (the compute stream) is waited by the communication stream, so the collective reads
+//! what compute wrote; (2) the NCCL call is queued on the communication stream; (3) an event
+//! recorded there ends the collective; (4) [`Work::wait`] makes the compute stream wait that
+//! event (the host does not block), so later compute sees the result.
+//!
+//! Buffers stay alive across the two streams by *reference*, FSDP2's approach, not by
+//! `record_stream`: the [`Work`] holds the tensors until the compute stream has been made to
+//! wait for the collective's end (at `wait`, or at drop if never waited). After that, every
+//! later use of the memory, including its reuse by the caching allocator after a free on the
+//! compute stream, is stream-ordered after the collective. `record_stream` would also be
+//! correct, but it makes the allocator hold each block until an event recorded at free time
+//! is seen completed, which grows reserved memory under a steady stream of collectives
+//! (PyTorch's reason for FSDP2's switch,
+//! <https://dev-discuss.pytorch.org/t/fsdp-cudacachingallocator-an-outsider-newb-perspective/1486>),
+//! and it costs an event query per block. Holding a reference costs nothing but the
+//! `Work` itself.
+
+use std::time::Duration;
+
+use berth::cuda::{CudaError, Event, Stream};
+use berth::{DType, Device, Tensor};
+use berth_cuda::nccl::{unique_id, Communicator, NcclDType, ReduceOp};
+
+use crate::env::RendezvousEnv;
+use crate::error::{DistError, Result};
+use crate::rendezvous::Rendezvous;
+
+/// A group of one process per GPU with an NCCL communicator (`ProcessGroupNCCL`).
+#[derive(Debug)]
+pub struct ProcessGroup {
+    comm: Communicator,
+    comm_stream: Stream,
+    device: usize,
+    rdzv: Rendezvous,
+}
+
+impl ProcessGroup {
+    /// Joins the job in `env` (torchrun's variables, [`RendezvousEnv::from_env`]) on GPU
+    /// `LOCAL_RANK`: the rendezvous, rank 0's `ncclGetUniqueId` handed to every rank through
+    /// the store, `ncclCommInitRank` (PyTorch's `init_process_group("nccl")` with
+    /// `init_method="env://"`).
+    ///
+    /// # Errors
+    /// The rendezvous's errors ([`Rendezvous::join`]); [`DistError::Cuda`] when the device or
+    /// NCCL is not available (`CudaError::NcclUnavailable`) or NCCL fails.
+    pub fn init(env: RendezvousEnv, timeout: Duration) -> Result<ProcessGroup> {
+        let device = env.local_rank;
+        let rdzv = Rendezvous::join(env, timeout)?;
+        Self::from_rendezvous(rdzv, device)
+    }
+
+    /// As [`init`](Self::init), on a joined rendezvous and a chosen `device`.
+    ///
+    /// # Errors
+    /// As [`init`](Self::init).
+    pub fn from_rendezvous(rdzv: Rendezvous, device: usize) -> Result<ProcessGroup> {
+        berth::cuda::check_device(device)?;
+        let id = rdzv.broadcast_from_rank0("nccl_unique_id", || Ok(unique_id()?.to_vec()))?;
+        let id: [u8; 128] = id.try_into().map_err(|v: Vec<u8>| DistError::Protocol {
+            addr: rdzv.store().addr().to_string(),
+            what: format!("the NCCL unique id has {} bytes, not 128", v.len()),
+        })?;
+        let comm = Communicator::init_rank(device, rdzv.world_size(), rdzv.rank(), &id)?;
+        let comm_stream = Stream::new(device, 0)?;
+        Ok(ProcessGroup {
+            comm,
+            comm_stream,
+            device,
+            rdzv,
+        })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rdzv.rank()
+    }
+
+    /// The number of processes.
+    pub fn world_size(&self) -> usize {
+        self.rdzv.world_size()
+    }
+
+    /// The GPU this rank uses.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// The rendezvous (its store, host-side barriers).
+    pub fn rendezvous(&self) -> &Rendezvous {
+        &self.rdzv
+    }
+
+    /// Checks `t` and gives its NCCL element type.
+    fn check(&self, op: &'static str, t: &Tensor) -> Result<NcclDType> {
+        if t.device() != Device::Cuda(self.device as u16) {
+            return Err(DistError::InvalidTensor {
+                op,
+                what: format!(
+                    "the tensor is on {}; this rank's collectives take tensors on cuda:{}",
+                    t.device(),
+                    self.device
+                ),
+            });
+        }
+        if !t.is_contiguous() {
+            return Err(DistError::InvalidTensor {
+                op,
+                what: "the tensor is not contiguous; call .contiguous() first".into(),
+            });
+        }
+        Ok(match t.dtype() {
+            DType::F32 => NcclDType::F32,
+            DType::F64 => NcclDType::F64,
+            DType::F16 => NcclDType::F16,
+            DType::BF16 => NcclDType::BF16,
+            DType::I64 => NcclDType::I64,
+            DType::I32 => NcclDType::I32,
+            DType::U8 | DType::Bool => NcclDType::U8,
+            other => {
+                return Err(DistError::InvalidTensor {
+                    op,
+                    what: format!("NCCL has no reduction for {other:?}"),
+                })
+            }
+        })
+    }
+
+    /// Steps (1) and (3)-(4) of Note [Collective stream ordering] around `launch` (step 2).
+    fn run(
+        &self,
+        keep: Vec<Tensor>,
+        launch: impl FnOnce(&Stream) -> std::result::Result<(), CudaError>,
+    ) -> Result<Work> {
+        let compute = berth::cuda::current_stream(self.device)?;
+        let ready = compute.record_event()?;
+        self.comm_stream.wait_event(&ready)?;
+        launch(&self.comm_stream)?;
+        let end = self.comm_stream.record_event()?;
+        Ok(Work { end, compute, keep })
+    }
+
+    /// All-reduces `t` in place over the ranks (`dist.all_reduce(t, op)`).
+    ///
+    /// # Errors
+    /// [`DistError::InvalidTensor`] for a tensor not on this rank's GPU, not contiguous, or of
+    /// a type NCCL cannot reduce; [`DistError::Cuda`].
+    pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
+        let dtype = self.check("all_reduce", t)?;
+        let (ptr, n) = (t.data_ptr(), t.numel());
+        self.run(vec![t.alias()], |s| {
+            // SAFETY: `t` is a contiguous tensor of `n` elements on this device, kept alive by
+            // the Work until the compute stream waits the collective (Note [Collective stream
+            // ordering]); the group issues its collectives from `&self` one at a time in the
+            // caller's order.
+            unsafe { self.comm.all_reduce(ptr, ptr, n, dtype, op, s) }
+        })
+    }
+
+    /// Broadcasts `t` from rank `src` to every rank, in place (`dist.broadcast(t, src)`).
+    ///
+    /// # Errors
+    /// As [`all_reduce`](Self::all_reduce); [`DistError::Cuda`] with
+    /// `CudaError::InvalidArgument` when `src` is not a rank.
+    pub fn broadcast(&self, t: &Tensor, src: usize) -> Result<Work> {
+        let dtype = self.check("broadcast", t)?;
+        let (ptr, n) = (t.data_ptr(), t.numel());
+        self.run(vec![t.alias()], |s| {
+            // SAFETY: as all_reduce.
+            unsafe { self.comm.broadcast(ptr, ptr, n, dtype, src, s) }
+        })
+    }
+
+    /// Gathers every rank's `input` into `output`, in rank order
+    /// (`dist.all_gather_into_tensor(output, input)`): `output` has `world_size ×
+    /// input.numel()` elements of `input`'s type.
+    ///
+    /// # Errors
+    /// As [`all_reduce`](Self::all_reduce); [`DistError::InvalidTensor`] when the sizes or
+    /// types do not match.
+    pub fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
+        let dtype = self.check("all_gather", input)?;
+        self.check_pair("all_gather", output, input, input.numel())?;
+        let (o, i, n) = (output.data_ptr(), input.data_ptr(), input.numel());
+        self.run(vec![output.alias(), input.alias()], |s| {
+            // SAFETY: as all_reduce; `output` holds world_size × n elements (checked).
+            unsafe { self.comm.all_gather(i, o, n, dtype, s) }
+        })
+    }
+
+    /// Reduces `input` over the ranks and keeps this rank's share in `output`
+    /// (`dist.reduce_scatter_tensor(output, input, op)`): `input` has `world_size ×
+    /// output.numel()` elements.
+    ///
+    /// # Errors
+    /// As [`all_gather`](Self::all_gather).
+    pub fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<Work> {
+        let dtype = self.check("reduce_scatter", output)?;
+        self.check_pair("reduce_scatter", input, output, output.numel())?;
+        let (o, i, n) = (output.data_ptr(), input.data_ptr(), output.numel());
+        self.run(vec![output.alias(), input.alias()], |s| {
+            // SAFETY: as all_reduce; `input` holds world_size × n elements (checked).
+            unsafe { self.comm.reduce_scatter(i, o, n, dtype, op, s) }
+        })
+    }
+
+    /// Checks that `big` has `world_size × per_rank` elements of `small`'s type on this GPU.
+    fn check_pair(
+        &self,
+        op: &'static str,
+        big: &Tensor,
+        small: &Tensor,
+        per_rank: usize,
+    ) -> Result<()> {
+        self.check(op, big)?;
+        let want = per_rank * self.world_size();
+        if big.dtype() != small.dtype() || big.numel() != want {
+            return Err(DistError::InvalidTensor {
+                op,
+                what: format!(
+                    "the larger tensor has {} elements of {:?}; it needs world_size × {per_rank} = {want} elements of {:?}",
+                    big.numel(),
+                    big.dtype(),
+                    small.dtype()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Waits on the host until every rank has reached this barrier and the collectives queued
+    /// before it have finished on this GPU (`dist.barrier()`, which PyTorch's NCCL group also
+    /// implements as a one-element all-reduce).
+    ///
+    /// # Errors
+    /// As [`all_reduce`](Self::all_reduce).
+    pub fn barrier(&self) -> Result<()> {
+        let one = Tensor::zeros(&[1], DType::F32, Device::Cuda(self.device as u16))?;
+        let work = self.all_reduce(&one, ReduceOp::Sum)?;
+        work.end.synchronize()?;
+        work.wait()
+    }
+}
+
+impl ProcessGroup {
+    /// Ends the group (`destroy_process_group`): waits for this rank's queued collectives,
+    /// then [`Rendezvous::finish`] (rank 0 keeps its store until every rank has finished).
+    ///
+    /// # Errors
+    /// [`DistError::Cuda`]; as [`Rendezvous::finish`].
+    pub fn finish(self) -> Result<()> {
+        self.comm_stream.synchronize()?;
+        let ProcessGroup { comm, rdzv, .. } = self;
+        drop(comm);
+        rdzv.finish()
+    }
+}
+
+/// A collective in flight (PyTorch's `Work`): holds its tensors until the compute stream is
+/// ordered after it (Note [Collective stream ordering]).
+#[derive(Debug)]
+#[must_use = "call wait() so that the compute stream sees the collective's result"]
+pub struct Work {
+    end: Event,
+    compute: Stream,
+    keep: Vec<Tensor>,
+}
+
+impl Work {
+    /// Makes the compute stream (the current stream when the collective was issued) wait for
+    /// the collective; returns at once (`work.wait()`).
+    ///
+    /// # Errors
+    /// [`DistError::Cuda`] when the driver fails.
+    pub fn wait(mut self) -> Result<()> {
+        let r = self.compute.wait_event(&self.end);
+        self.keep.clear();
+        r.map_err(DistError::from)
+    }
+
+    /// Whether the collective has finished on the GPU (`work.is_completed()`).
+    ///
+    /// # Errors
+    /// [`DistError::Cuda`].
+    pub fn is_completed(&self) -> Result<bool> {
+        Ok(self.end.query()?)
+    }
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        if self.keep.is_empty() {
+            return;
+        }
+        // Never waited: order the compute stream anyway before the tensors are let go.
+        if let Err(e) = self.compute.wait_event(&self.end) {
+            berth::alloc::warnings::warn_once("work-drop-wait", || {
+                format!("a collective's Work was dropped without wait() and ordering the compute stream after it failed: {e}")
+            });
+        }
+    }
+}

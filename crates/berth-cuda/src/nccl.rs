@@ -373,11 +373,7 @@ mod tests {
     #[test]
     #[ignore = "needs a CUDA GPU and NCCL: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without a GPU)"]
     fn world_size_one_runs_every_collective() {
-        if !crate::testing::require_gpu("nccl world_size_one_runs_every_collective") {
-            return;
-        }
-        if let Some(reason) = nccl_unavailable_reason() {
-            println!("skipping world_size_one_runs_every_collective: {reason}");
+        if !crate::testing::require_nccl("nccl world_size_one_runs_every_collective") {
             return;
         }
         let stream = Stream::new(0, 0).unwrap();

@@ -193,8 +193,8 @@ thread_local! {
 /// `pop_tag`. `ValueError` for an empty tag.
 #[pyfunction]
 fn push_tag(tag: &str) -> PyResult<()> {
-    let guard = berth_cuda::sleep::TagGuard::new(tag)
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let guard =
+        berth_cuda::sleep::TagGuard::new(tag).map_err(|e| PyValueError::new_err(e.to_string()))?;
     REGIONS.with(|r| r.borrow_mut().push(guard));
     Ok(())
 }
@@ -254,8 +254,7 @@ fn sleep_to_py(e: berth_cuda::CudaError) -> PyErr {
     use berth_alloc::AllocError as A;
     match &e {
         berth_cuda::CudaError::Alloc {
-            source:
-                A::InvalidTag { .. } | A::UnknownTag { .. } | A::OffloadNotSlept { .. },
+            source: A::InvalidTag { .. } | A::UnknownTag { .. } | A::OffloadNotSlept { .. },
             ..
         } => PyValueError::new_err(e.to_string()),
         _ => cuda_to_py(e),

@@ -1,0 +1,148 @@
+"""Sleep and wake under berth:paged with a GPT-2-sized model and a KV-cache tag, on a GPU
+(issue 31's measurement). Prints one JSON line per phase; exit status 1 if a check fails.
+
+    python3 scripts/torch_live/sleep_wake.py [--kv-gib 8] [--cycles 20]
+
+Phases: the pinned host-to-device bandwidth (1 GiB, CUDA events, median of 5); the model
+(transformers' GPT2LMHeadModel, 124M parameters, fp32) built in region("weights"), a KV cache in
+region("kv_cache"); a forward and a CUDA graph of it captured before sleep; sleep of both tags
+(weights offloaded): the driver's used bytes before and after (torch.cuda.mem_get_info), the
+time; wake: the time against size / bandwidth; the forward and the graph replay after wake
+compared bit for bit with before; then `--cycles` cycles of sleep and wake with the driver's
+used bytes and the process's resident host memory after each (no growth allowed).
+"""
+import argparse
+import json
+import sys
+import time
+
+import torch
+import berth_torch
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--kv-gib", type=float, default=8.0)
+ap.add_argument("--cycles", type=int, default=20)
+a = ap.parse_args()
+berth_torch.use_allocator("paged")
+failed = []
+
+
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def check(cond, what):
+    if not cond:
+        failed.append(what)
+        say(check=what, ok=False)
+
+
+def used():
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+# Pinned host-to-device bandwidth (outside any tag: untagged memory stays awake).
+n = 1 << 30
+host = torch.empty(n, dtype=torch.uint8).pin_memory()
+dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+times = []
+for _ in range(6):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record(); dev.copy_(host, non_blocking=True); e.record(); e.synchronize()
+    times.append(s.elapsed_time(e) / 1e3)
+bw = n / sorted(times[1:])[2]
+del host, dev
+say(phase="bandwidth", h2d_pinned_gb_s=bw / 1e9)
+
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+torch.manual_seed(0)
+with berth_torch.region("weights"):
+    model = GPT2LMHeadModel(GPT2Config()).cuda().eval()
+weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+with berth_torch.region("kv_cache"):
+    kv = torch.ones(int(a.kv_gib * (1 << 30)) // 2, dtype=torch.float16, device="cuda")
+ids = torch.randint(0, 50257, (4, 128), device="cuda")
+with torch.no_grad():
+    before = model(ids).logits.clone()
+    # A CUDA graph of the forward, captured before sleep (its own memory is untagged).
+    static_ids = ids.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        model(static_ids)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        graph_out = model(static_ids).logits
+    g.replay()
+    check(torch.equal(graph_out, before), "graph replay before sleep equals the forward")
+kv_bytes = kv.numel() * kv.element_size()
+say(phase="built", weight_bytes=weight_bytes, kv_bytes=kv_bytes,
+    reserved=berth_torch.memory_reserved(), used=used())
+
+u0 = used()
+t = time.perf_counter()
+r = berth_torch.sleep(["weights", "kv_cache"], offload=["weights"])
+sleep_s = time.perf_counter() - t
+u1 = used()
+held = r["released_bytes"]
+say(phase="sleep", released_bytes=held, offloaded_bytes=r["offloaded_bytes"],
+    driver_used_before=u0, driver_used_after=u1, driver_freed=u0 - u1,
+    freed_fraction=(u0 - u1) / held, seconds=sleep_s,
+    offload_over_bandwidth=sleep_s / (r["offloaded_bytes"] / bw), stats=berth_torch.sleep_stats())
+check((u0 - u1) >= 0.99 * held, "sleep gives back >= 99% of the tags' bytes")
+try:
+    with berth_torch.region("kv_cache"):
+        torch.empty(1 << 20, device="cuda")
+    check(False, "an allocation in a sleeping tag is refused")
+except Exception as e:  # noqa: BLE001 - the message is what is checked
+    check("kv_cache" in str(e), "the refusal names the tag")
+    say(phase="refused", error=str(e).splitlines()[0][:200])
+
+t = time.perf_counter()
+w = berth_torch.wake(["weights", "kv_cache"])
+wake_s = time.perf_counter() - t
+u2 = used()
+say(phase="wake", mapped_bytes=w["mapped_bytes"], restored_bytes=w["restored_bytes"],
+    seconds=wake_s, restore_over_bandwidth=wake_s / (w["restored_bytes"] / bw),
+    driver_used_after=u2)
+check(u2 == u0, "after wake the driver holds what it held before sleep")
+with torch.no_grad():
+    after = model(ids).logits
+    check(torch.equal(after, before), "the forward after wake is bit-identical")
+    static_ids.copy_(ids)
+    g.replay()
+    check(torch.equal(graph_out, before), "the graph captured before sleep replays bit-identically")
+say(phase="after_wake", forward_equal=bool(torch.equal(after, before)),
+    graph_equal=bool(torch.equal(graph_out, before)))
+
+per = []
+for c in range(a.cycles):
+    with torch.no_grad():
+        model(ids)  # a "train/generate" phase touching the weights
+    kv.fill_(1.0)
+    berth_torch.sleep(["weights", "kv_cache"], offload=["weights"])
+    slept = used()
+    berth_torch.wake(["weights", "kv_cache"])
+    per.append((slept, used(), rss()))
+say(phase="cycles", cycles=a.cycles, driver_used_asleep=[p[0] for p in per],
+    driver_used_awake=[p[1] for p in per], host_rss=[p[2] for p in per])
+if per:
+    check(max(p[0] for p in per) == min(p[0] for p in per), "no device growth asleep")
+    check(max(p[1] for p in per) == min(p[1] for p in per), "no device growth awake")
+    check(per[-1][2] - per[0][2] < (64 << 20), "host memory does not grow (< 64 MiB over the cycles)")
+with torch.no_grad():
+    check(torch.equal(model(ids).logits, before), "the forward after the cycles is bit-identical")
+say(phase="done", failed=failed)
+sys.exit(1 if failed else 0)

@@ -4,6 +4,7 @@ mod bad_input;
 mod bugs;
 mod idx;
 mod iterable;
+mod lazy_epochs;
 mod loader;
 mod pinned;
 mod sampler;

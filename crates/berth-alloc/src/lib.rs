@@ -40,6 +40,7 @@
 //! - `Note [Constant-time arena]`: `src/paged/arena.rs`
 //! - `Note [Pickle reader arena]`, `Note [Pickle memory budget]`: `src/pickle/reader.rs`
 //! - `Note [Bounded reads]`: `src/input.rs`
+//! - `Note [Snapshot history flag]`: `src/pickle/snapshot.rs`
 //! - `Note [Compiled replay]`: `src/replay.rs`
 //! - `Note [Streaming trace reader]`: `src/trace/mod.rs`
 //! - `Note [Bounded trace excerpts]`: `src/trace/excerpt.rs`

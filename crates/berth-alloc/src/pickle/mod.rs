@@ -32,7 +32,10 @@ pub fn starts_like_pickle(first: u8) -> bool {
     matches!(first, 0x80 | b'(' | b'}' | b']')
 }
 pub use reader::{from_slice, memory_budget, BUDGET_FLOOR_BYTES, MAX_DEPTH, MAX_EXPANSION};
-pub use snapshot::{dump_snapshot, load_snapshot, snapshot_from_value, snapshot_to_value};
+pub use snapshot::{
+    dump_snapshot, dump_snapshot_with_history, load_snapshot, load_snapshot_with_history,
+    snapshot_from_value, snapshot_to_value, HISTORY_RECORDED_KEY,
+};
 #[cfg(feature = "trace")]
 pub use snapshot::{load_trace_pickle, snapshot_trace};
 pub use value::PickleValue;

@@ -45,7 +45,31 @@ pub(super) fn parse_json<R: Read, S: EventSink + ?Sized>(
     sink: &mut S,
 ) -> Result<TraceInfo, TraceError> {
     let mut state = ReadState::default();
-    let mut de = serde_json::Deserializer::from_reader(input);
+    // A UTF-8 byte-order mark (as some Windows editors write) is skipped: it is no JSON value,
+    // and serde_json's "expected value at line 1 column 1" did not say what it was.
+    let mut input = input;
+    let mut head = [0u8; 3];
+    let mut n = 0;
+    while n < head.len() {
+        match input.read(&mut head[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(TraceError::Json {
+                    line: 1,
+                    column: 1,
+                    message: e.to_string(),
+                })
+            }
+        }
+    }
+    let kept: &[u8] = if head[..n] == [0xEF, 0xBB, 0xBF] {
+        &[]
+    } else {
+        &head[..n]
+    };
+    let mut de = serde_json::Deserializer::from_reader(kept.chain(input));
     let parsed = Document {
         state: &mut state,
         sink,
@@ -479,11 +503,18 @@ impl RawRow {
             }
             other => return Err(format!("action must be a string, found {other}")),
         };
-        let uint = |k: usize, name: &str| match cells[k] {
+        let uint = |k: usize, name: &str| {
+            match cells[k] {
             Cell::U64(v) => Ok(v),
+            // An integer past u64 reaches serde_json as a float (2^64 is 1.8446744073709552e19):
+            // say what it was, not its float spelling.
+            Cell::F64(v) if v.fract() == 0.0 && v >= 18_446_744_073_709_551_615.0 => Err(format!(
+                "{name} {v:.0} is more than 18446744073709551615 (2^64 − 1), the largest a trace can hold"
+            )),
             ref other => Err(format!(
                 "{name} must be a non-negative integer, found {other}"
             )),
+        }
         };
         let time_us = match cells[4] {
             Cell::I64(v) => v,

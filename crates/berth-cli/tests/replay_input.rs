@@ -441,3 +441,35 @@ fn small_replay_inconsistencies_are_said() {
         "{err}"
     );
 }
+
+/// Newcomer defect 18: a negative `--capacity`, `--snapshot-device` (replay) or `--device`
+/// (memviz) got clap's "unexpected argument '-1' found; to pass '-1' as a value, use '-- -1'";
+/// they get the flag's own message, as `berth train`'s numbers do.
+#[test]
+fn negative_values_get_the_flags_own_messages() {
+    let trace =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/small_two_stream.trace.json");
+    let t = trace.to_str().unwrap();
+    for (args, want) in [
+        (
+            &["replay", "--capacity", "-1", t][..],
+            "invalid --capacity '-1': expected a positive number of bytes",
+        ),
+        (
+            &["replay", "--snapshot-device", "-1", t][..],
+            "--snapshot-device -1: the device index must be at least 0",
+        ),
+        (
+            &["memviz", "--device", "-1", t, "-o", "/dev/null"][..],
+            "expected a device index such as 0 (or cuda:0), found \"-1\"",
+        ),
+    ] {
+        let out = berth(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(want) && !err.contains("'-- -1'"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -38,7 +38,7 @@ pub struct MemvizArgs {
     pub output: PathBuf,
     /// The device to show, as an index (`0`) or as `cuda:0` (default: the first device with
     /// segments or trace entries).
-    #[arg(long, value_name = "INDEX", value_parser = parse_device_index)]
+    #[arg(long, value_name = "INDEX", value_parser = parse_device_index, allow_negative_numbers = true)]
     pub device: Option<usize>,
 }
 

@@ -46,7 +46,7 @@ pub struct ReplayArgs {
     pub policy: String,
     /// Simulated device memory in bytes (suffixes KiB, MiB, GiB, TiB, PiB allowed); default: an
     /// H200's 150109880320. Only with `--device sim`.
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
     pub capacity: Option<String>,
     /// Hand out the segment addresses the trace recorded (its `segment_alloc` rows) instead of
     /// increasing ones: PyTorch breaks ties between equal-size free blocks by address. Only
@@ -68,7 +68,8 @@ pub struct ReplayArgs {
     pub skip_unknown_frees: bool,
     /// Which device's history to replay from a snapshot pickle (its `device_traces[N]`).
     /// Default: the only device with a history; a snapshot with several needs this.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = crate::whole_usize("--snapshot-device", "the device index", 0, 0))]
     pub snapshot_device: Option<usize>,
 }
 

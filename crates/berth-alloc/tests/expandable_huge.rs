@@ -79,3 +79,38 @@ fn a_run_of_pages_unmaps_at_page_boundaries_only() {
     unsafe { sim.unmap(at(5), P as usize, StreamId::DEFAULT) }.unwrap();
     assert_eq!((sim.used_bytes(), sim.mapping_entries()), (0, 0));
 }
+
+#[test]
+fn running_out_of_address_space_is_a_backend_error_not_out_of_memory() {
+    // Newcomer defect 10: at 64 PiB, the 57th stream's reservation found no address range
+    // left, and expandable segments said "CUDA out of memory ... of which 67108863.89 GiB is
+    // free" while paged said "backend failure". Both say the reservation failed now.
+    let sim = Arc::new(SimBackend::new(MAX_SIM_CAPACITY).with_events_completing_immediately());
+    let cfg = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    let alloc = CachingAllocator::with_config(Arc::clone(&sim), cfg).unwrap();
+    let mut live = Vec::new();
+    let err = (0..64u64)
+        .find_map(|s| match alloc.allocate(512, StreamId(s)) {
+            Ok(a) => {
+                live.push(a);
+                None
+            }
+            Err(e) => Some((s, e)),
+        })
+        .expect("64 reservations of 72 PiB do not fit in 2^62 bytes");
+    // 2^62 − 2^40 bytes hold 56 reservations of 9/8 × 64 PiB (plus gaps).
+    assert_eq!(err.0, 56);
+    assert!(!err.1.is_out_of_memory(), "{}", err.1);
+    assert!(
+        matches!(
+            &err.1,
+            berth_alloc::AllocError::Backend {
+                stream: StreamId(56),
+                source: BackendError::OutOfMemory { op: "reserve", .. }
+            }
+        ),
+        "{:?}",
+        err.1
+    );
+    assert!(err.1.to_string().contains("reserve of"), "{}", err.1);
+}

@@ -77,11 +77,11 @@ impl<E> State<E> {
         };
         let page = if small { SMALL_BUFFER } else { LARGE_BUFFER };
         let reserve = (total + total / 8).div_ceil(page).max(1) * page;
-        let base = match vm.reserve(reserve as usize) {
-            Ok(p) => p.0,
-            Err(e) if e.is_out_of_memory() => return Ok(None),
-            Err(e) => return Err(backend_err(stream)(e)),
-        };
+        // No address range left for this stream's reservation is not device memory (which may
+        // be all free), so it is no out-of-memory: it was reported as one, "64 PiB free"
+        // (newcomer defect 10). It is the backend's error, as `paged` reports it, and as
+        // PyTorch's `cuMemAddressReserve` failure is a hard error.
+        let base = vm.reserve(reserve as usize).map_err(backend_err(stream))?.0;
         let id = self.expandable.len() as u32;
         self.expandable.push(Some(ExpandableSegment {
             base,

@@ -105,6 +105,34 @@ impl Batches {
     }
 }
 
+/// The owner worker of each task sent and not yet handed out: task ids `first..` in order.
+/// Tasks already handed out are forgotten, so an endless stream (or a lazy epoch of 2^40
+/// items) holds only the tasks in flight (Note [Lazy epochs]).
+#[derive(Default)]
+struct Owners {
+    first: usize,
+    workers: std::collections::VecDeque<usize>,
+}
+
+impl Owners {
+    fn push(&mut self, worker: usize) {
+        self.workers.push_back(worker);
+    }
+
+    fn get(&self, task: usize) -> Option<usize> {
+        task.checked_sub(self.first)
+            .and_then(|i| self.workers.get(i))
+            .copied()
+    }
+
+    /// Forgets the owners of tasks before `task`.
+    fn forget_before(&mut self, task: usize) {
+        while self.first < task && self.workers.pop_front().is_some() {
+            self.first += 1;
+        }
+    }
+}
+
 /// One epoch over a [`Core`].
 pub(crate) struct Epoch<'a, F: Fetcher> {
     core: &'a Core<F>,
@@ -128,7 +156,7 @@ struct Multi<B> {
     /// Next task to send to a worker.
     send_idx: usize,
     /// Owner worker of each task sent.
-    owner: Vec<usize>,
+    owner: Owners,
     /// Workers whose stream is not known to be exhausted (`_workers_status`).
     active: Vec<bool>,
     /// The round-robin cursor (`_worker_queue_idx_cycle`), restarted at 0 every epoch.
@@ -181,7 +209,7 @@ impl<'a, F: Fetcher> Epoch<'a, F> {
                     pool: Some(pool),
                     generation,
                     send_idx: 0,
-                    owner: Vec::new(),
+                    owner: Owners::default(),
                     next_worker: 0,
                     reorder: BTreeMap::new(),
                 };
@@ -323,10 +351,11 @@ impl<'a, F: Fetcher> Epoch<'a, F> {
             // Skip tasks owned by a worker whose stream ended and that left no result for them.
             while self.rcvd_idx < m.send_idx
                 && !m.reorder.contains_key(&self.rcvd_idx)
-                && !m.active[m.owner[self.rcvd_idx]]
+                && !m.owner.get(self.rcvd_idx).is_some_and(|w| m.active[w])
             {
                 self.rcvd_idx += 1;
             }
+            m.owner.forget_before(self.rcvd_idx);
             if self.rcvd_idx >= m.send_idx {
                 return None;
             }
@@ -364,7 +393,7 @@ impl<'a, F: Fetcher> Epoch<'a, F> {
                 },
                 Ok(_) => {} // an older epoch's result
                 Err(RecvTimeoutError::Timeout) => {
-                    let owner = m.owner.get(self.rcvd_idx).copied().unwrap_or(0);
+                    let owner = m.owner.get(self.rcvd_idx).unwrap_or(0);
                     let dead = pool.dead_workers();
                     if !dead.is_empty() {
                         return Some(Err(DataError::WorkersExited { worker_ids: dead }));
@@ -449,5 +478,25 @@ impl<'a, F: Fetcher> Iterator for Epoch<'a, F> {
 impl<F: Fetcher> Drop for Epoch<'_, F> {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Owners;
+
+    #[test]
+    fn owners_of_handed_out_tasks_are_forgotten() {
+        let mut o = Owners::default();
+        for task in 0..1000 {
+            o.push(task % 3);
+            // The consumer hands out every task but the last two.
+            o.forget_before(task.saturating_sub(1));
+        }
+        assert_eq!(o.workers.len(), 2, "only the tasks in flight are held");
+        assert_eq!(o.get(998), Some(998 % 3));
+        assert_eq!(o.get(999), Some(0));
+        assert_eq!(o.get(997), None);
+        assert_eq!(o.get(1000), None);
     }
 }

@@ -70,10 +70,30 @@ pub fn read_capped(path: &Path, max_bytes: u64) -> Result<Vec<u8>, InputError> {
             what: format!("a regular file of {} bytes", meta.len()),
         });
     }
-    let mut out = Vec::new();
-    file.take(max_bytes.saturating_add(1))
+    read_rest_capped(file, path, Vec::new(), max_bytes)
+}
+
+/// The rest of `reader` (the file at `path`, for errors) after the bytes `head` already read
+/// from it, refusing more than `max_bytes` bytes in all: for a stream whose first bytes were
+/// read to decide what it is (Note [Bounded reads]).
+///
+/// # Errors
+/// [`InputError::Io`] when the read fails; [`InputError::TooLarge`] past `max_bytes`.
+pub fn read_rest_capped(
+    reader: impl Read,
+    path: &Path,
+    head: Vec<u8>,
+    max_bytes: u64,
+) -> Result<Vec<u8>, InputError> {
+    let mut out = head;
+    let left = max_bytes.saturating_sub(out.len() as u64).saturating_add(1);
+    reader
+        .take(left)
         .read_to_end(&mut out)
-        .map_err(io)?;
+        .map_err(|source| InputError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
     if out.len() as u64 > max_bytes {
         return Err(InputError::TooLarge {
             path: path.to_owned(),

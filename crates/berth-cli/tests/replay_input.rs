@@ -234,24 +234,40 @@ fn berth_capped(args: &[&str], cap: &str) -> (Option<i32>, String) {
 }
 
 /// Newcomer defect 8: `/dev/zero` given to `replay`, `memviz` or `eval --load` was read until
-/// the process was killed. Every whole-file read stops at the cap, which the error names.
+/// the process was killed. A stream is judged by its first byte (a zero is neither a pickle nor
+/// JSON: refused at once, whatever the cap), and every whole-file read stops at the cap, which
+/// the error names.
 #[test]
-fn dev_zero_as_any_input_fails_at_the_input_cap() {
-    for args in [
-        &["replay", "/dev/zero"][..],
-        &["replay", "--snapshot-device", "0", "/dev/zero"][..],
-        &["memviz", "/dev/zero", "-o", "/dev/null"][..],
-        &["eval", "--load", "/dev/zero"][..],
+fn dev_zero_as_any_input_fails_at_once_or_at_the_input_cap() {
+    for (args, want) in [
+        (
+            &["replay", "/dev/zero"][..],
+            "malformed trace JSON at line 1, column 1",
+        ),
+        (
+            &["memviz", "/dev/zero", "-o", "/dev/null"][..],
+            "not a memory snapshot",
+        ),
     ] {
-        let (code, err) = berth_capped(args, "65536");
-        assert_eq!(code, Some(2), "{args:?}: {err}");
+        let t0 = std::time::Instant::now();
+        let out = berth(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
         assert!(
-            err.contains("/dev/zero holds more than 65536 bytes")
-                && err.contains("set BERTH_MAX_INPUT_BYTES=<bytes> to raise the cap"),
-            "{args:?}: {err}"
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "{args:?}"
         );
-        assert!(err.len() < 1000, "{args:?}: {err}");
     }
+    // eval --load reads a safetensors file whole: up to the cap.
+    let (code, err) = berth_capped(&["eval", "--load", "/dev/zero"], "65536");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("/dev/zero holds more than 65536 bytes")
+            && err.contains("set BERTH_MAX_INPUT_BYTES=<bytes> to raise the cap"),
+        "{err}"
+    );
+    assert!(err.len() < 1000, "{err}");
 }
 
 /// Newcomer defect 11: a `free_completed` whose size or stream is not its `alloc`'s is refused

@@ -22,7 +22,7 @@ pub mod timeline;
 
 use std::path::{Path, PathBuf};
 
-use berth_alloc::pickle::{load_snapshot_with_history, PickleError};
+use berth_alloc::pickle::{load_snapshot_with_history, starts_like_pickle, PickleError};
 use berth_alloc::snapshot::MemorySnapshot;
 use serde::Serialize;
 
@@ -206,13 +206,40 @@ pub struct PageData {
 /// [`MemvizError::Read`] when the file cannot be read, [`MemvizError::TraceNotSnapshot`] for
 /// gzip or JSON data (a trace), [`MemvizError::NotASnapshot`] when it is not a snapshot pickle.
 pub fn load(path: &Path) -> Result<(MemorySnapshot, Option<bool>), MemvizError> {
-    let bytes = berth_alloc::input::read_capped(path, berth_alloc::input::max_input_bytes())
-        .map_err(|e| match e {
-            berth_alloc::input::InputError::Io { path, source } => {
-                MemvizError::Read { path, source }
+    use berth_alloc::input::{max_input_bytes, read_capped, read_rest_capped, InputError};
+    use std::io::Read;
+    let input_err = |e| match e {
+        InputError::Io { path, source } => MemvizError::Read { path, source },
+        source => MemvizError::TooLarge { source },
+    };
+    let read_err = |source| MemvizError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let is_file = std::fs::metadata(path).map_err(read_err)?.is_file();
+    let bytes = if is_file {
+        read_capped(path, max_input_bytes()).map_err(input_err)?
+    } else {
+        // A stream (a pipe, `/dev/zero`) is judged by its first bytes before the rest is
+        // read (Note [Bounded reads]): what is no pickle fails at once.
+        let mut stream = std::fs::File::open(path).map_err(read_err)?;
+        let mut head = [0u8; 2];
+        let mut n = 0;
+        while n < head.len() {
+            match stream.read(&mut head[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(read_err(e)),
             }
-            source => MemvizError::TooLarge { source },
-        })?;
+        }
+        let head = head[..n].to_vec();
+        if head.first().is_some_and(|&b| starts_like_pickle(b)) {
+            read_rest_capped(stream, path, head, max_input_bytes()).map_err(input_err)?
+        } else {
+            head
+        }
+    };
     let what = match bytes.first() {
         Some(0x1f) if bytes.get(1) == Some(&0x8b) => Some("gzip data"),
         Some(b'{' | b'[') => Some("JSON"),

@@ -50,19 +50,20 @@ pub(crate) fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedT
         berth_alloc::input::read_capped(path, berth_alloc::input::max_input_bytes())
             .map_err(|e| UsageError(format!("trace {e}")))
     };
-    // A pipe or other stream (`/dev/stdin`, `<(zcat …)`) can be read only once: read it whole
-    // here, up to the input cap (Note [Bounded reads]: `/dev/zero` was read until killed). A
-    // regular file is sniffed by its first byte, then streamed from the start.
+    // A pipe or other stream (`/dev/stdin`, `<(zcat …)`) can be read only once: its first
+    // byte decides, then a pickle is read whole up to the input cap and JSON is streamed on
+    // (Note [Bounded reads]: `/dev/zero` was read until killed; now its first byte is no
+    // pickle and no JSON). A regular file is sniffed by its first byte, then streamed from
+    // the start.
     let mut piped = match std::fs::metadata(path) {
-        Ok(m) if !m.is_file() && !m.is_dir() => Some(read_whole()?),
+        Ok(m) if !m.is_file() && !m.is_dir() => {
+            Some(std::fs::File::open(path).map_err(cannot_read)?)
+        }
         _ => None,
     };
     let mut first = [0u8; 1];
-    let n = match &piped {
-        Some(bytes) => {
-            first[0] = bytes.first().copied().unwrap_or(0);
-            bytes.len().min(1)
-        }
+    let n = match &mut piped {
+        Some(stream) => stream.read(&mut first).map_err(cannot_read)?,
         None => std::fs::File::open(path)
             .and_then(|mut f| f.read(&mut first))
             .map_err(cannot_read)?,
@@ -111,7 +112,13 @@ pub(crate) fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedT
             .into());
         }
         let bytes = match piped.take() {
-            Some(bytes) => bytes,
+            Some(stream) => berth_alloc::input::read_rest_capped(
+                stream,
+                path,
+                first[..n].to_vec(),
+                berth_alloc::input::max_input_bytes(),
+            )
+            .map_err(|e| UsageError(format!("trace {e}")))?,
             None => read_whole()?,
         };
         let snapshot = berth_alloc::pickle::load_snapshot(&bytes).map_err(|e| {
@@ -145,8 +152,8 @@ pub(crate) fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedT
             ))
             .into());
         }
-        let info = match &piped {
-            Some(bytes) => parse_trace_into(&bytes[..], &mut sink),
+        let info = match piped.take() {
+            Some(stream) => parse_trace_into((&first[..n]).chain(stream), &mut sink),
             None => read_trace_into(path, &mut sink),
         }
         .map_err(|e| load_error(path, e, unknown_free.get()))?;

@@ -38,9 +38,12 @@
 //! - `Note [Paged best fit]`, `Note [Mapping units]`, `Note [Lock discipline]`,
 //!   ``Note [`record_stream` and deferred free]``: `src/paged/mod.rs`
 //! - `Note [Constant-time arena]`: `src/paged/arena.rs`
-//! - `Note [Pickle reader arena]`: `src/pickle/reader.rs`
+//! - `Note [Pickle reader arena]`, `Note [Pickle memory budget]`: `src/pickle/reader.rs`
+//! - `Note [Bounded reads]`: `src/input.rs`
+//! - `Note [Snapshot history flag]`: `src/pickle/snapshot.rs`
 //! - `Note [Compiled replay]`: `src/replay.rs`
 //! - `Note [Streaming trace reader]`: `src/trace/mod.rs`
+//! - `Note [Bounded trace excerpts]`: `src/trace/excerpt.rs`
 //! - `Note [Private pools]`: `src/caching/private_pools.rs`
 //! - `Note [Private pools in paged]`: `src/paged/pools.rs`
 //! - `Note [Sleep and wake]`: `src/paged/sleep.rs`
@@ -68,6 +71,7 @@ mod factory;
 pub mod host;
 mod ids;
 pub mod inert_settings;
+pub mod input;
 pub mod paged;
 pub mod pickle;
 mod plumbing;

@@ -90,7 +90,30 @@ pub struct LiveAlloc {
     pub earlier: usize,
 }
 
-/// A trace row the replay rules refuse: [`UnknownFree`] or [`LiveAlloc`].
+/// A `free_completed` row whose size or stream is not its `alloc`'s: PyTorch records a block's
+/// free with the bytes and the stream it was allocated with
+/// (<https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.cpp>,
+/// `TraceEntry` of `FREE_COMPLETED`), so the trace is damaged (newcomer defect 11).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("free_completed of address {addr:#x} says {free_size} bytes on stream {free_stream}, but its alloc (row #{alloc_index}) was {alloc_size} bytes on stream {alloc_stream}; a free_completed names the size and stream of the block it frees, so the trace is damaged; expected {alloc_size} bytes on stream {alloc_stream}")]
+pub struct FreeMismatch {
+    /// 0-based index of the row in the trace.
+    pub index: usize,
+    /// The address it frees.
+    pub addr: u64,
+    /// 0-based index of the `alloc` row of the address.
+    pub alloc_index: usize,
+    /// Bytes the `alloc` row requested.
+    pub alloc_size: u64,
+    /// Bytes the `free_completed` row says.
+    pub free_size: u64,
+    /// The `alloc` row's stream.
+    pub alloc_stream: u64,
+    /// The `free_completed` row's stream.
+    pub free_stream: u64,
+}
+
+/// A trace row the replay rules refuse: [`UnknownFree`], [`LiveAlloc`] or [`FreeMismatch`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BadRow {
     /// A `free_completed` of an address that is not live.
@@ -99,6 +122,9 @@ pub enum BadRow {
     /// An `alloc` at an address that is still live.
     #[error(transparent)]
     LiveAlloc(#[from] LiveAlloc),
+    /// A `free_completed` whose size or stream contradicts its `alloc`.
+    #[error(transparent)]
+    FreeMismatch(#[from] FreeMismatch),
 }
 
 impl BadRow {
@@ -107,6 +133,7 @@ impl BadRow {
         match self {
             BadRow::UnknownFree(e) => e.index,
             BadRow::LiveAlloc(e) => e.index,
+            BadRow::FreeMismatch(e) => e.index,
         }
     }
 }
@@ -131,13 +158,26 @@ impl BadRow {
 #[derive(Debug, Default)]
 pub struct TraceCompiler {
     trace: CompiledTrace,
-    /// Live address → (slot, requested bytes, index of its `alloc` row).
-    live: HashMap<u64, (u32, u64, usize)>,
+    /// Live address → its block.
+    live: HashMap<u64, LiveBlock>,
     free_slots: Vec<u32>,
     /// Bytes live now; u128 because a crafted trace can have more than 2^64 bytes live (fuzzing
     /// found two allocations of 2^63 overflowing a u64); the peak saturates at `u64::MAX`.
     requested: u128,
     skip_unknown_frees: bool,
+    /// Streams seen in `alloc` rows.
+    streams: std::collections::HashSet<StreamId>,
+}
+
+/// A live block of a [`TraceCompiler`].
+#[derive(Clone, Copy, Debug)]
+struct LiveBlock {
+    slot: u32,
+    /// Requested bytes.
+    size: u64,
+    stream: StreamId,
+    /// Index of its `alloc` row.
+    index: usize,
 }
 
 impl TraceCompiler {
@@ -159,8 +199,10 @@ impl TraceCompiler {
     /// # Errors
     /// [`BadRow::UnknownFree`] for a `free_completed` of an address that is not live, and
     /// [`BadRow::LiveAlloc`] for an `alloc` at an address that is still live, both unless
-    /// skipping unknown frees ([`TraceCompiler::skip_unknown_frees`]); the row is then not
-    /// compiled, and the compiler can go on.
+    /// skipping unknown frees ([`TraceCompiler::skip_unknown_frees`]); likewise
+    /// [`BadRow::FreeMismatch`] for a `free_completed` whose size or stream is not its
+    /// `alloc`'s (skipping, the free is taken by its address, as PyTorch's replay script does).
+    /// The row is then not compiled, and the compiler can go on.
     ///
     /// # Panics
     /// Only with 2^32 blocks live at once (slot indices are `u32`), which would take 128 GiB of
@@ -171,7 +213,7 @@ impl TraceCompiler {
         match e.action {
             TraceAction::Alloc => {
                 if !self.skip_unknown_frees {
-                    if let Some(&(_, _, earlier)) = self.live.get(&e.addr) {
+                    if let Some(&LiveBlock { index: earlier, .. }) = self.live.get(&e.addr) {
                         return Err(LiveAlloc {
                             index,
                             addr: e.addr,
@@ -192,10 +234,22 @@ impl TraceCompiler {
                     kind: Kind::Alloc,
                 });
                 t.counted += 1;
+                if self.streams.insert(e.stream) {
+                    t.streams = self.streams.len();
+                }
                 self.requested += u128::from(e.size);
                 let live_now = u64::try_from(self.requested).unwrap_or(u64::MAX);
                 t.peak_requested = t.peak_requested.max(live_now);
-                if let Some((old, size, _)) = self.live.insert(e.addr, (slot, e.size, index)) {
+                let block = LiveBlock {
+                    slot,
+                    size: e.size,
+                    stream: e.stream,
+                    index,
+                };
+                if let Some(LiveBlock {
+                    slot: old, size, ..
+                }) = self.live.insert(e.addr, block)
+                {
                     self.requested -= u128::from(size);
                     t.ops.push(Op {
                         size,
@@ -207,8 +261,23 @@ impl TraceCompiler {
                     self.free_slots.push(old);
                 }
             }
-            TraceAction::FreeCompleted => match self.live.remove(&e.addr) {
-                Some((slot, size, _)) => {
+            TraceAction::FreeCompleted => match self.live.get(&e.addr).copied() {
+                Some(b)
+                    if !self.skip_unknown_frees && (b.size != e.size || b.stream != e.stream) =>
+                {
+                    return Err(FreeMismatch {
+                        index,
+                        addr: e.addr,
+                        alloc_index: b.index,
+                        alloc_size: b.size,
+                        free_size: e.size,
+                        alloc_stream: b.stream.0,
+                        free_stream: e.stream.0,
+                    }
+                    .into())
+                }
+                Some(LiveBlock { slot, size, .. }) => {
+                    self.live.remove(&e.addr);
                     self.requested -= u128::from(size);
                     t.ops.push(Op {
                         size,
@@ -300,6 +369,8 @@ pub struct CompiledTrace {
     slots: usize,
     counted: u64,
     peak_requested: u64,
+    /// Distinct streams of the `alloc` rows.
+    streams: usize,
 }
 
 impl CompiledTrace {
@@ -320,8 +391,8 @@ impl CompiledTrace {
     }
 
     /// Compiles `events` as [`CompiledTrace::new`] does, but refuses a free of an address that
-    /// is not live, as PyTorch's allocator does, and an alloc at an address that is still live
-    /// (this module's docs).
+    /// is not live, as PyTorch's allocator does, an alloc at an address that is still live
+    /// (this module's docs), and a free whose size or stream is not its alloc's.
     ///
     /// # Errors
     /// [`BadRow`] naming the first such row and its address.
@@ -353,6 +424,12 @@ impl CompiledTrace {
     /// Most requested bytes live at once.
     pub fn peak_requested(&self) -> u64 {
         self.peak_requested
+    }
+
+    /// Number of distinct streams the trace allocates on (each gets its own address
+    /// reservations under expandable segments and `paged`).
+    pub fn streams(&self) -> usize {
+        self.streams
     }
 
     /// Replays one pass through `alloc`. Peaks and counters are read from its statistics,

@@ -463,3 +463,32 @@ fn pickle_unknown_trace_actions_are_refused_but_user_defined_is_skipped() {
         "{err}"
     );
 }
+
+#[test]
+fn berth_snapshot_files_say_whether_history_was_recorded() {
+    // Issue 32, item 4: an empty trace is "nothing happened" only if history was recorded.
+    use berth_alloc::pickle::{
+        dump_snapshot, dump_snapshot_with_history, load_snapshot, load_snapshot_with_history,
+        HISTORY_RECORDED_KEY,
+    };
+    let snap = berth_alloc::MemorySnapshot {
+        device_traces: vec![vec![]],
+        ..Default::default()
+    };
+    for recorded in [true, false] {
+        let bytes = dump_snapshot_with_history(&snap, recorded);
+        let (back, flag) = load_snapshot_with_history(&bytes).unwrap();
+        assert_eq!(flag, Some(recorded));
+        assert_eq!(back, snap);
+        // The plain reader (and PyTorch's memory_viz) reads the same dict, the key ignored.
+        assert_eq!(load_snapshot(&bytes).unwrap(), snap);
+        let root = berth_alloc::pickle::from_slice(&bytes).unwrap();
+        assert_eq!(
+            root.get(HISTORY_RECORDED_KEY),
+            Some(&berth_alloc::pickle::PickleValue::Bool(recorded))
+        );
+    }
+    // A file that does not say (PyTorch's, or dump_snapshot): None.
+    let (_, flag) = load_snapshot_with_history(&dump_snapshot(&snap)).unwrap();
+    assert_eq!(flag, None);
+}

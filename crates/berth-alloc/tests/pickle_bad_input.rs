@@ -1,7 +1,8 @@
 //! Malformed pickles and snapshots: typed errors naming the offset and opcode, never a panic.
 
 use berth_alloc::pickle::{
-    from_slice, load_snapshot, snapshot_from_value, to_vec, PickleError, PickleValue, MAX_DEPTH,
+    from_slice, load_snapshot, memory_budget, snapshot_from_value, to_vec, PickleError,
+    PickleValue, BUDGET_FLOOR_BYTES, MAX_DEPTH, MAX_EXPANSION,
 };
 use proptest::prelude::*;
 
@@ -136,6 +137,83 @@ fn pickle_shared_references_cannot_explode() {
     let (_, opcode, reason) = malformed(&data);
     assert_eq!(opcode, "STOP");
     assert!(reason.contains("expand"), "{reason}");
+}
+
+/// The shape of the newcomer's `gen_amp.py` (defect 5): `A = [0] * 1000`, `B = [A] * 1000`,
+/// `C = [B] * copies`, behind `padding` bytes; each `B` is a million ints (32 MB of tree).
+fn amplifier(copies: usize, padding: usize) -> Vec<u8> {
+    let mut d = b"\x80\x02](C".to_vec(); // protocol 2, outer list, MARK, SHORT_BINBYTES
+    d.push(u8::try_from(padding.min(255)).unwrap());
+    d.extend(std::iter::repeat_n(0u8, padding.min(255)));
+    d.extend_from_slice(b"]q\x00(");
+    d.extend(std::iter::repeat_n(*b"K\x00", 1000).flatten());
+    d.extend_from_slice(b"e]q\x01(");
+    d.extend(std::iter::repeat_n(*b"h\x00", 1000).flatten());
+    d.extend_from_slice(b"e]q\x02(");
+    d.extend(std::iter::repeat_n(*b"h\x01", copies).flatten());
+    d.extend_from_slice(b"ee.");
+    d
+}
+
+#[test]
+fn pickle_budget_is_a_bound_checked_before_the_tree_is_built() {
+    // B and three copies of it in C: 4 × 1001 × 1001 values of 32 bytes ≈ 128 MB > the 64 MiB
+    // floor plus 64 × 6 KB. The reproducer (20 MB, 300 copies) reached 9.7 GB before failing.
+    let data = amplifier(3, 100);
+    assert!(data.len() < 8000, "{}", data.len());
+    let t0 = std::time::Instant::now();
+    let (_, opcode, reason) = malformed(&data);
+    assert_eq!(opcode, "STOP");
+    let limit = memory_budget(data.len());
+    assert_eq!(limit, MAX_EXPANSION * data.len() + BUDGET_FLOOR_BYTES);
+    assert!(
+        reason.contains(&format!(
+            "more than {limit} bytes of objects for {} bytes of input",
+            data.len()
+        )),
+        "{reason}"
+    );
+    assert!(reason.contains("64× the input size"), "{reason}");
+    // Refused from the costs alone: no 96 MB tree was built first (that takes seconds here).
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        t0.elapsed()
+    );
+    // B and one copy (64 MB of tree) is within the floor and decodes.
+    let v = from_slice(&amplifier(1, 100)).unwrap();
+    let PickleValue::List(outer) = v else {
+        panic!("{v:?}")
+    };
+    // [padding, A, B, C]
+    assert_eq!(outer.len(), 4);
+    let PickleValue::List(c) = &outer[3] else {
+        panic!()
+    };
+    let PickleValue::List(b) = &c[0] else {
+        panic!()
+    };
+    assert_eq!(b.len(), 1000);
+    assert_eq!(b[999], PickleValue::List(vec![PickleValue::Int(0); 1000]));
+}
+
+#[test]
+fn pickle_budget_leaves_a_real_snapshot_far_inside() {
+    // PyTorch's own snapshot: shared frame strings make its tree about 9× the file, well
+    // inside MAX_EXPANSION.
+    let data = real_pickle();
+    fn size(v: &PickleValue) -> usize {
+        std::mem::size_of::<PickleValue>()
+            + match v {
+                PickleValue::Str(s) => s.len(),
+                PickleValue::Bytes(b) | PickleValue::BigInt(b) => b.len(),
+                PickleValue::List(l) | PickleValue::Tuple(l) => l.iter().map(size).sum(),
+                PickleValue::Dict(d) => d.iter().map(|(k, v)| 2 * size(k) + size(v)).sum(),
+                _ => 0,
+            }
+    }
+    let ratio = size(&from_slice(&data).unwrap()) / data.len();
+    assert!((2..=16).contains(&ratio), "{ratio}");
 }
 
 #[test]

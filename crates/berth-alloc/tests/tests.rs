@@ -6,6 +6,7 @@ mod accounting;
 mod bad_input;
 mod behaviour_cases;
 mod conformance;
+mod expandable_huge;
 mod faithful;
 mod fuzz_found;
 mod host;

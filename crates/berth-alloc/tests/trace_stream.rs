@@ -9,7 +9,7 @@ use std::cell::Cell;
 use std::io::Read;
 use std::rc::Rc;
 
-use berth_alloc::replay::{BadRow, CompiledTrace, TraceCompiler, UnknownFree};
+use berth_alloc::replay::{BadRow, CompiledTrace, FreeMismatch, TraceCompiler, UnknownFree};
 use berth_alloc::trace::{parse_trace, parse_trace_into, read_trace, TraceError, TraceEvent};
 use berth_alloc::TraceAction;
 
@@ -384,4 +384,106 @@ fn an_empty_trace_file_is_called_empty() {
         );
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_free_whose_size_or_stream_contradicts_its_alloc_is_refused_with_its_row() {
+    // trace-free-size-mismatch.json and trace-free-other-stream.json (newcomer defect 11).
+    let row = |action, size, stream| TraceEvent {
+        action,
+        addr: 4096,
+        size,
+        stream: berth_alloc::StreamId(stream),
+        time_us: 0,
+    };
+    let size = [
+        row(TraceAction::Alloc, 512, 0),
+        row(TraceAction::FreeCompleted, 1024, 0),
+    ];
+    let e = CompiledTrace::try_new(&size).unwrap_err();
+    assert_eq!(
+        e,
+        BadRow::FreeMismatch(FreeMismatch {
+            index: 1,
+            addr: 4096,
+            alloc_index: 0,
+            alloc_size: 512,
+            free_size: 1024,
+            alloc_stream: 0,
+            free_stream: 0,
+        })
+    );
+    assert_eq!(e.index(), 1);
+    assert!(
+        e.to_string().starts_with(
+            "free_completed of address 0x1000 says 1024 bytes on stream 0, but its alloc (row #0) was 512 bytes on stream 0"
+        ),
+        "{e}"
+    );
+    let stream = [
+        row(TraceAction::Alloc, 512, 0),
+        row(TraceAction::FreeCompleted, 512, 7),
+    ];
+    let e = CompiledTrace::try_new(&stream).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            BadRow::FreeMismatch(FreeMismatch {
+                index: 1,
+                alloc_stream: 0,
+                free_stream: 7,
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    // Matching rows compile; skipping, the free is taken by its address.
+    let ok = [
+        row(TraceAction::Alloc, 512, 0),
+        row(TraceAction::FreeCompleted, 512, 0),
+    ];
+    assert_eq!(CompiledTrace::try_new(&ok).unwrap().ops(), 2);
+    assert_eq!(CompiledTrace::new(&size).ops(), 2);
+}
+
+#[test]
+fn a_wide_row_or_columns_list_is_quoted_in_a_short_excerpt() {
+    // trace-wide-row-*.json.gz and trace-huge-columns.json.gz (newcomer defect 3): one row of
+    // 5·10⁷ cells was held whole (3.1 GB) and printed whole (a 100 MB error line). Scaled down.
+    let mut json = br#"{"events": [["alloc", 1, 512, 0, 0, "#.to_vec();
+    json.extend("0,".repeat(200_000).as_bytes());
+    json.extend(b"0]]}");
+    let e = parse_trace(&json).unwrap_err();
+    let TraceError::Row { index: 0, message } = &e else {
+        panic!("{e:?}")
+    };
+    assert!(
+        message.starts_with(
+            "expected [action, addr, size, stream, time_us], found [\"alloc\",1,512,0,0,0,0,"
+        ),
+        "{message}"
+    );
+    assert!(message.ends_with("… (200006 cells)"), "{message}");
+    assert!(message.len() < 300, "{} bytes", message.len());
+
+    let mut json = br#"{"columns": ["action","addr","size","stream","time_us""#.to_vec();
+    json.extend(r#","x""#.repeat(100_000).as_bytes());
+    json.extend(br#"], "events": []}"#);
+    let e = parse_trace(&json).unwrap_err();
+    let TraceError::Columns { found } = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(
+        found,
+        &[
+            "action",
+            "addr",
+            "size",
+            "stream",
+            "time_us",
+            "x",
+            "… (100005 columns in all)"
+        ]
+    );
+    assert!(e.to_string().len() < 300, "{e}");
 }

@@ -466,3 +466,85 @@ fn bad_input_is_a_one_line_error() {
     assert_eq!(code, 1);
     assert!(err.contains("cannot write"), "{err}");
 }
+
+/// Newcomer defects 16 and 17: a segment on a negative device was dropped (and the snapshot
+/// called "empty"), and a segment or block reaching past 2^64 passed silently. Both are now a
+/// one-line error saying the snapshot is damaged and naming the segment.
+#[test]
+fn damaged_snapshots_are_named_damaged_not_empty() {
+    let dir = temp_dir("damaged");
+    let out = dir.join("out.html");
+    let write = |name: &str, segments: Vec<SegmentInfo>| {
+        let snap = MemorySnapshot {
+            segments,
+            ..MemorySnapshot::default()
+        };
+        let p = dir.join(name);
+        std::fs::write(&p, dump_snapshot(&snap)).unwrap();
+        p
+    };
+    let neg = write(
+        "neg.pickle",
+        vec![seg(-1, 4096, &[(512, BlockState::ActiveAllocated)])],
+    );
+    let (code, err) = fails(&["memviz", neg.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("the snapshot is damaged: segment 0x1000 is on device -1")
+            && !err.contains("empty"),
+        "{err}"
+    );
+    let mut huge = seg(0, u64::MAX - 4095, &[(512, BlockState::ActiveAllocated)]);
+    huge.total_size = u64::MAX;
+    let huge = write("huge.pickle", vec![huge]);
+    let (code, err) = fails(&[
+        "memviz",
+        huge.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains(&format!(
+            "segment 0x{:x} of {} bytes ends past 2^64",
+            u64::MAX - 4095,
+            u64::MAX
+        )),
+        "{err}"
+    );
+}
+
+/// Issue 32, item 4 (second half): berth's snapshot files say whether history was being
+/// recorded, so memviz tells "nothing was allocated" from "history was not recorded".
+#[test]
+fn memviz_says_whether_history_was_recorded() {
+    use berth_alloc::pickle::dump_snapshot_with_history;
+    let dir = temp_dir("history");
+    let out = dir.join("out.html");
+    let empty = MemorySnapshot::default();
+    for (recorded, want) in [
+        (true, "history was being recorded, so nothing was allocated"),
+        (
+            false,
+            "history was not being recorded, so the empty trace says nothing",
+        ),
+    ] {
+        let p = dir.join(format!("empty-{recorded}.pickle"));
+        std::fs::write(&p, dump_snapshot_with_history(&empty, recorded)).unwrap();
+        let (code, err) = fails(&["memviz", p.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+        assert_eq!(code, 2);
+        assert!(err.contains(want), "{err}");
+    }
+    let live = MemorySnapshot {
+        segments: vec![seg(0, 1 << 20, &[(512, BlockState::ActiveAllocated)])],
+        ..MemorySnapshot::default()
+    };
+    let p = dir.join("live.pickle");
+    std::fs::write(&p, dump_snapshot_with_history(&live, false)).unwrap();
+    let o = berth(&["memviz", p.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("; history was not recorded"), "{stdout}");
+    let html = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(embedded(&html)["history_recorded"], Value::Bool(false));
+}

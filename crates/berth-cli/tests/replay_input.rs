@@ -218,3 +218,274 @@ fn a_snapshot_replays_the_device_with_a_history() {
         "{err}"
     );
 }
+
+/// `berth` with `BERTH_MAX_INPUT_BYTES` set: exit status and standard error.
+fn berth_capped(args: &[&str], cap: &str) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(args)
+        .env_remove("BERTH_ALLOC_CONF")
+        .env("BERTH_MAX_INPUT_BYTES", cap)
+        .output()
+        .expect("berth runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Newcomer defect 8: `/dev/zero` given to `replay`, `memviz` or `eval --load` was read until
+/// the process was killed. A stream is judged by its first byte (a zero is neither a pickle nor
+/// JSON: refused at once, whatever the cap), and every whole-file read stops at the cap, which
+/// the error names.
+#[test]
+fn dev_zero_as_any_input_fails_at_once_or_at_the_input_cap() {
+    for (args, want) in [
+        (
+            &["replay", "/dev/zero"][..],
+            "malformed trace JSON at line 1, column 1",
+        ),
+        (
+            &["memviz", "/dev/zero", "-o", "/dev/null"][..],
+            "not a memory snapshot",
+        ),
+    ] {
+        let t0 = std::time::Instant::now();
+        let out = berth(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "{args:?}"
+        );
+    }
+    // eval --load reads a safetensors file whole: up to the cap.
+    let (code, err) = berth_capped(&["eval", "--load", "/dev/zero"], "65536");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("/dev/zero holds more than 65536 bytes")
+            && err.contains("set BERTH_MAX_INPUT_BYTES=<bytes> to raise the cap"),
+        "{err}"
+    );
+    assert!(err.len() < 1000, "{err}");
+}
+
+/// Newcomer defect 11: a `free_completed` whose size or stream is not its `alloc`'s is refused
+/// with its row number.
+#[test]
+fn replay_refuses_a_free_that_contradicts_its_alloc() {
+    let (_dir, path) = trace_file(
+        "free-mismatch",
+        "t.json",
+        r#"{"events": [["alloc", 4096, 512, 0, 0], ["free_completed", 4096, 1024, 0, 1]]}"#,
+    );
+    let out = berth(&["replay", path.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("#1")
+            && err.contains(
+                "says 1024 bytes on stream 0, but its alloc (row #0) was 512 bytes on stream 0"
+            ),
+        "{err}"
+    );
+}
+
+/// Newcomer defect 10: with `--capacity 64PiB`, 64 streams exhausted the simulator's address
+/// space under `expandable` and `paged`, with contradictory errors and no table. The capacity
+/// is now checked against the streams up front, naming the largest that fits, and that one runs.
+#[test]
+fn a_capacity_too_large_for_the_streams_is_refused_up_front_naming_the_maximum() {
+    let rows: Vec<String> = (0..64u64)
+        .flat_map(|s| {
+            let addr = (1u64 << 40) + s * 4096;
+            [
+                format!(r#"["alloc", {addr}, 512, {s}, {}]"#, 2 * s),
+                format!(r#"["free_completed", {addr}, 512, {s}, {}]"#, 2 * s + 1),
+            ]
+        })
+        .collect();
+    let json = format!(r#"{{"events": [{}]}}"#, rows.join(", "));
+    let (_dir, path) = trace_file("64-streams", "t.json", &json);
+    let out = berth(&[
+        "replay",
+        "--policy",
+        "all",
+        "--capacity",
+        "64PiB",
+        path.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    // (2^62 − 2^40) / 64 streams, less 64 MiB, × 4/9, in whole MiB.
+    let max = (((((1u64 << 62) - (1 << 40)) / 64 - (64 << 20)) / 9 * 4) >> 20) << 20;
+    assert!(
+        err.contains("allocates on 64 streams")
+            && err.contains(&format!("pass --capacity {max} or less")),
+        "{err}"
+    );
+    let out = berth(&[
+        "replay",
+        "--json",
+        "--policy",
+        "all",
+        "--capacity",
+        &max.to_string(),
+        path.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.lines().count(), 3, "{stdout}");
+    assert!(!stdout.contains("out_of_memory"), "{stdout}");
+}
+
+/// Newcomer defect 15: replay refused the protocol-0 and protocol-1 snapshot pickles memviz
+/// reads (it knew a pickle only by the 0x80 of protocol 2 and later). One snapshot written
+/// with protocols 0, 1 and 4 (`pickle.dumps(d, protocol=p)`) replays the same.
+#[test]
+fn replay_reads_snapshot_pickles_of_every_protocol() {
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let rows: Vec<String> = [0, 1, 4]
+        .iter()
+        .map(|p| {
+            let file = data.join(format!("three_allocs.proto{p}.pickle"));
+            let out = berth(&[
+                "replay",
+                "--json",
+                "--policy",
+                "pytorch",
+                file.to_str().unwrap(),
+            ]);
+            assert!(
+                out.status.success(),
+                "protocol {p}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let mut v = normalize(String::from_utf8_lossy(&out.stdout).trim());
+            v.as_object_mut().unwrap().remove("trace");
+            assert_eq!(v["ops"], 3, "protocol {p}: {v}");
+            assert_eq!(v["peak_requested"], 3 << 20, "protocol {p}: {v}");
+            v.to_string()
+        })
+        .collect();
+    assert_eq!(rows[0], rows[1]);
+    assert_eq!(rows[0], rows[2]);
+}
+
+/// Newcomer defect 18: `--snapshot-device` was ignored for JSON traces, a BOM and a size of
+/// 2^64 were worded oddly, and a trace's recorded `alloc_conf` was unused.
+#[test]
+fn small_replay_inconsistencies_are_said() {
+    let (_dir, path) = trace_file(
+        "snapshot-device-json",
+        "t.json",
+        r#"{"events": [["alloc", 4096, 512, 0, 0]]}"#,
+    );
+    let out = berth(&["replay", "--snapshot-device", "1", path.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--snapshot-device 1:") && err.contains("is a JSON trace"),
+        "{err}"
+    );
+
+    // A byte-order mark is skipped: the trace reads as without it.
+    let (_dir, bom) = trace_file(
+        "bom",
+        "t.json",
+        "\u{feff}{\"events\": [[\"alloc\", 4096, 512, 0, 0]]}",
+    );
+    let out = berth(&[
+        "replay",
+        "--json",
+        "--policy",
+        "pytorch",
+        bom.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        normalize(String::from_utf8_lossy(&out.stdout).trim())["ops"],
+        1
+    );
+
+    let (_dir, big) = trace_file(
+        "size-2p64",
+        "t.json",
+        r#"{"events": [["alloc", 1, 18446744073709551616, 0, 0]]}"#,
+    );
+    let out = berth(&["replay", big.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("size 18446744073709551616 is more than 18446744073709551615 (2^64 − 1)"),
+        "{err}"
+    );
+
+    // The recorded alloc_conf is used when none is set, and said.
+    let (_dir, conf) = trace_file(
+        "alloc-conf",
+        "t.json",
+        r#"{"alloc_conf": "max_split_size_mb:20", "events": [["alloc", 4096, 104857600, 0, 0], ["free_completed", 4096, 104857600, 0, 1]]}"#,
+    );
+    let out = berth(&["replay", "--policy", "pytorch", conf.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("replaying with the trace's recorded alloc_conf 'max_split_size_mb:20'"),
+        "{err}"
+    );
+    let (_dir, bogus) = trace_file(
+        "alloc-conf-bogus",
+        "t.json",
+        r#"{"alloc_conf": "roundup_power2_divisions:bogus", "events": [["alloc", 4096, 512, 0, 0]]}"#,
+    );
+    let out = berth(&["replay", bogus.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "the trace's recorded alloc_conf 'roundup_power2_divisions:bogus' does not parse"
+        ),
+        "{err}"
+    );
+}
+
+/// Newcomer defect 18: a negative `--capacity`, `--snapshot-device` (replay) or `--device`
+/// (memviz) got clap's "unexpected argument '-1' found; to pass '-1' as a value, use '-- -1'";
+/// they get the flag's own message, as `berth train`'s numbers do.
+#[test]
+fn negative_values_get_the_flags_own_messages() {
+    let trace =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/small_two_stream.trace.json");
+    let t = trace.to_str().unwrap();
+    for (args, want) in [
+        (
+            &["replay", "--capacity", "-1", t][..],
+            "invalid --capacity '-1': expected a positive number of bytes",
+        ),
+        (
+            &["replay", "--snapshot-device", "-1", t][..],
+            "--snapshot-device -1: the device index must be at least 0",
+        ),
+        (
+            &["memviz", "--device", "-1", t, "-o", "/dev/null"][..],
+            "expected a device index such as 0 (or cuda:0), found \"-1\"",
+        ),
+    ] {
+        let out = berth(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(want) && !err.contains("'-- -1'"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -14,8 +14,16 @@ pub trait BatchSampling: Send {
         self.len() == 0
     }
 
-    /// The batches of the next epoch.
+    /// The batches of the next epoch, collected (the whole epoch's indices held at once).
     fn epoch(&mut self) -> Vec<Vec<usize>>;
+
+    /// The batches of the next epoch, one at a time; loaders call this (Note [Lazy epochs]).
+    /// Every random draw of the epoch is made by this call. The provided version collects
+    /// [`epoch`](Self::epoch); [`BatchSampler`] holds one batch at a time plus what its
+    /// sampler's [`epoch_iter`](Sampler::epoch_iter) holds.
+    fn epoch_iter(&mut self) -> Box<dyn Iterator<Item = Vec<usize>> + Send> {
+        Box::new(self.epoch().into_iter())
+    }
 }
 
 impl<S: BatchSampling + ?Sized> BatchSampling for Box<S> {
@@ -24,6 +32,9 @@ impl<S: BatchSampling + ?Sized> BatchSampling for Box<S> {
     }
     fn epoch(&mut self) -> Vec<Vec<usize>> {
         (**self).epoch()
+    }
+    fn epoch_iter(&mut self) -> Box<dyn Iterator<Item = Vec<usize>> + Send> {
+        (**self).epoch_iter()
     }
 }
 
@@ -79,5 +90,21 @@ impl<S: Sampler> BatchSampling for BatchSampler<S> {
             out.pop();
         }
         out
+    }
+
+    fn epoch_iter(&mut self) -> Box<dyn Iterator<Item = Vec<usize>> + Send> {
+        let mut idx = self.sampler.epoch_iter();
+        let (batch_size, drop_last) = (self.batch_size, self.drop_last);
+        Box::new(std::iter::from_fn(move || {
+            // At most `batch_size` reserved up front: a huge batch size fills as it goes.
+            let mut batch = Vec::with_capacity(batch_size.min(4096));
+            batch.extend(idx.by_ref().take(batch_size));
+            let keep = if drop_last {
+                batch.len() == batch_size
+            } else {
+                !batch.is_empty()
+            };
+            keep.then_some(batch)
+        }))
     }
 }

@@ -168,7 +168,7 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
 ///   refused with PyTorch's messages. `persistent_workers`, `prefetch_factor`, `pin_memory`,
 ///   `timeout`, `worker_init_fn` and `generator` behave as for a map-style loader: a persistent
 ///   pool starts a fresh stream in each worker every epoch, and `prefetch_factor × num_workers`
-///   batches are requested ahead (at most [`STREAM_PREFETCH_LIMIT`](crate::STREAM_PREFETCH_LIMIT)
+///   batches are requested ahead (at most [`PREFETCH_LIMIT`](crate::PREFETCH_LIMIT)
 ///   per worker, since a stream has no last batch to stop at).
 ///
 /// # Examples

@@ -70,6 +70,22 @@ pub enum IdxError {
         /// further than that past its declared size).
         at_least: bool,
     },
+    /// A gzip file's header declares more data than the compressed stream can hold: deflate
+    /// expands at most [`GZIP_MAX_RATIO`] times, so the header is corrupt (checked before
+    /// anything past the header is inflated).
+    #[error("IDX file {path} declares {declared_bytes} bytes (dimensions {dims:?}), but a gzip file of {compressed_bytes} bytes inflates to at most {max_bytes} ({GZIP_MAX_RATIO}× its size); the header is corrupt")]
+    DeclaredTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The dimensions read from the header.
+        dims: Vec<usize>,
+        /// Header plus data, in bytes, as the header declares.
+        declared_bytes: usize,
+        /// The compressed file's size, in bytes.
+        compressed_bytes: usize,
+        /// The most bytes it can inflate to.
+        max_bytes: usize,
+    },
     /// The header declares more data than this machine can address.
     #[error("IDX file {path} declares dimensions {dims:?}, whose product overflows a {}-bit size; the header is corrupt", usize::BITS)]
     TooLarge {
@@ -133,15 +149,23 @@ pub struct IdxArray {
 /// reported (1 MiB): a gzip stream is never inflated further than that.
 pub const MAX_TRAILING_COUNT: usize = 1 << 20;
 
+/// The most a deflate stream expands: 1032 output bytes per input byte (a 258-byte match in
+/// about two bits; zlib's technical details, <https://www.zlib.net/zlib_tech.html>). A gzip file
+/// of `n` bytes, one member or several, inflates to at most `1032 × n` bytes.
+pub const GZIP_MAX_RATIO: usize = 1032;
+
 /// Reads an IDX file of u8 data whose magic must be `expected_magic`, gunzipping it when it
-/// starts with the gzip magic. The file is parsed as a stream: no more than the header declares
-/// is ever held in memory, so a gzip bomb (a small file that inflates to gigabytes) fails after
-/// inflating at most [`MAX_TRAILING_COUNT`] bytes past its declared size.
+/// starts with the gzip magic (every member of a multi-member gzip file, as `gzip -d` and
+/// Python's `gzip` module read them). The file is parsed as a stream: no more than the header
+/// declares is ever held in memory, a gzip file's header may not declare more than the file
+/// can inflate to ([`GZIP_MAX_RATIO`] times its size: checked before the data is inflated),
+/// and a gzip bomb (a small file that inflates to gigabytes) fails after inflating at most
+/// [`MAX_TRAILING_COUNT`] bytes past its declared size.
 ///
 /// # Errors
 /// [`IdxError::Io`], [`IdxError::CorruptGzip`], [`IdxError::Truncated`],
-/// [`IdxError::WrongMagic`], [`IdxError::TooLarge`] or [`IdxError::TrailingBytes`], each naming
-/// the file.
+/// [`IdxError::WrongMagic`], [`IdxError::TooLarge`], [`IdxError::DeclaredTooLarge`] or
+/// [`IdxError::TrailingBytes`], each naming the file.
 pub fn read_idx(path: impl AsRef<Path>, expected_magic: u32) -> Result<IdxArray, IdxError> {
     let path = path.as_ref();
     let raw = std::fs::read(path).map_err(|source| IdxError::Io {
@@ -163,11 +187,14 @@ pub fn read_idx_bytes(
 ) -> Result<IdxArray, IdxError> {
     let path = path.as_ref();
     if bytes.starts_with(&[0x1f, 0x8b]) {
+        let source = Source::Gzip {
+            compressed_bytes: bytes.len(),
+        };
         parse_stream(
             path,
-            flate2::read::GzDecoder::new(bytes),
+            flate2::read::MultiGzDecoder::new(bytes),
             expected_magic,
-            true,
+            source,
         )
     } else {
         parse_idx(path, bytes, expected_magic)
@@ -183,7 +210,16 @@ fn kind_of(magic: u32) -> &'static str {
 }
 
 fn parse_idx(path: &Path, bytes: &[u8], expected_magic: u32) -> Result<IdxArray, IdxError> {
-    parse_stream(path, bytes, expected_magic, false)
+    parse_stream(path, bytes, expected_magic, Source::Raw)
+}
+
+/// What [`parse_stream`] reads.
+#[derive(Clone, Copy)]
+enum Source {
+    /// IDX bytes as they are.
+    Raw,
+    /// A gzip file of `compressed_bytes` bytes (read errors are a damaged gzip stream).
+    Gzip { compressed_bytes: usize },
 }
 
 /// Appends up to `n` more bytes of `r` to `buf` (fewer at the end of the stream).
@@ -191,13 +227,14 @@ fn read_up_to(r: &mut impl Read, n: usize, buf: &mut Vec<u8>) -> std::io::Result
     r.take(n as u64).read_to_end(buf).map(|_| ())
 }
 
-/// Parses an IDX stream; `gzip` says whether read errors are a damaged gzip stream.
+/// Parses an IDX stream read from `source`.
 fn parse_stream(
     path: &Path,
     mut r: impl Read,
     expected_magic: u32,
-    gzip: bool,
+    source: Source,
 ) -> Result<IdxArray, IdxError> {
+    let gzip = matches!(source, Source::Gzip { .. });
     let io_err = |source| {
         if gzip {
             IdxError::CorruptGzip {
@@ -251,6 +288,18 @@ fn parse_stream(
             dims,
         });
     };
+    if let Source::Gzip { compressed_bytes } = source {
+        let max_bytes = compressed_bytes.saturating_mul(GZIP_MAX_RATIO);
+        if end > max_bytes {
+            return Err(IdxError::DeclaredTooLarge {
+                path: path.into(),
+                dims,
+                declared_bytes: end,
+                compressed_bytes,
+                max_bytes,
+            });
+        }
+    }
     // Grown as bytes arrive, never reserved from the header: a short file declaring terabytes
     // fails as truncated without allocating them.
     let mut data = Vec::new();

@@ -27,13 +27,13 @@ use crate::worker::{Task, WorkerPool};
 /// (PyTorch's `MP_STATUS_CHECK_INTERVAL` is 5 s; threads are cheap to check, so 100 ms).
 pub const STATUS_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
-/// The most batches an [`IterableDataLoader`](crate::IterableDataLoader) requests ahead per
-/// worker, whatever `prefetch_factor` says (1024). A stream has no last batch to stop at, and
-/// every batch requested ahead is a queued task and, once loaded, a batch held in memory; so
-/// a huge `prefetch_factor` (PyTorch primes `prefetch_factor × num_workers` tasks at once and
-/// would hang on `2**40`) is capped here. A map-style [`DataLoader`](crate::DataLoader) needs no cap: it never
-/// requests more batches than the epoch has left.
-pub const STREAM_PREFETCH_LIMIT: usize = 1024;
+/// The most batches a loader requests ahead per worker, whatever `prefetch_factor` says (64),
+/// for both kinds of loader. Every batch requested ahead is a queued task and, once loaded, a
+/// batch held in memory, so a huge `prefetch_factor` (PyTorch primes `prefetch_factor ×
+/// num_workers` tasks at once and would hang on `2**40`) is capped here: a stream has no last
+/// batch to stop at, and a map-style epoch draws its batches lazily (Note [Lazy epochs]), so
+/// its length is no bound either (newcomer defect 22). PyTorch's default is 2.
+pub const PREFETCH_LIMIT: usize = 64;
 
 /// The options and the (persistent) pool both loader kinds share.
 pub(crate) struct Core<F: Fetcher> {
@@ -70,11 +70,67 @@ impl<F: Fetcher> Core<F> {
 
 /// Where an epoch's tasks come from.
 pub(crate) enum Plan {
-    /// Map-style: the batch sampler's index lists, taken as they are sent.
-    Batches(Vec<Option<Vec<usize>>>),
+    /// Map-style: the batch sampler's index lists, drawn one at a time as they are sent (Note
+    /// [Lazy epochs]).
+    Batches(Batches),
     /// Iterable: an endless run of "the next batch of your stream" (PyTorch's
     /// `_InfiniteConstantSampler`).
     Stream,
+}
+
+/// A map-style epoch's batches: the batch sampler's iterator and how many batches it has.
+pub(crate) struct Batches {
+    iter: Box<dyn Iterator<Item = Vec<usize>> + Send>,
+    /// Batches in the epoch: the batch sampler's `len()`, lowered to the count actually yielded
+    /// if its iterator ends early.
+    len: usize,
+}
+
+impl Batches {
+    /// The epoch of `iter`, announced as `len` batches.
+    pub fn new(iter: Box<dyn Iterator<Item = Vec<usize>> + Send>, len: usize) -> Self {
+        Batches { iter, len }
+    }
+
+    /// Batch number `index` (the next one not yet taken), or `None` past the end.
+    fn take(&mut self, index: usize) -> Option<Vec<usize>> {
+        if index >= self.len {
+            return None;
+        }
+        let next = self.iter.next();
+        if next.is_none() {
+            self.len = index;
+        }
+        next
+    }
+}
+
+/// The owner worker of each task sent and not yet handed out: task ids `first..` in order.
+/// Tasks already handed out are forgotten, so an endless stream (or a lazy epoch of 2^40
+/// items) holds only the tasks in flight (Note [Lazy epochs]).
+#[derive(Default)]
+struct Owners {
+    first: usize,
+    workers: std::collections::VecDeque<usize>,
+}
+
+impl Owners {
+    fn push(&mut self, worker: usize) {
+        self.workers.push_back(worker);
+    }
+
+    fn get(&self, task: usize) -> Option<usize> {
+        task.checked_sub(self.first)
+            .and_then(|i| self.workers.get(i))
+            .copied()
+    }
+
+    /// Forgets the owners of tasks before `task`.
+    fn forget_before(&mut self, task: usize) {
+        while self.first < task && self.workers.pop_front().is_some() {
+            self.first += 1;
+        }
+    }
 }
 
 /// One epoch over a [`Core`].
@@ -100,7 +156,7 @@ struct Multi<B> {
     /// Next task to send to a worker.
     send_idx: usize,
     /// Owner worker of each task sent.
-    owner: Vec<usize>,
+    owner: Owners,
     /// Workers whose stream is not known to be exhausted (`_workers_status`).
     active: Vec<bool>,
     /// The round-robin cursor (`_worker_queue_idx_cycle`), restarted at 0 every epoch.
@@ -153,7 +209,7 @@ impl<'a, F: Fetcher> Epoch<'a, F> {
                     pool: Some(pool),
                     generation,
                     send_idx: 0,
-                    owner: Vec::new(),
+                    owner: Owners::default(),
                     next_worker: 0,
                     reorder: BTreeMap::new(),
                 };
@@ -173,17 +229,19 @@ impl<'a, F: Fetcher> Epoch<'a, F> {
         }
     }
 
-    /// How many tasks to send when the epoch starts: `prefetch_factor × num_workers`
-    /// (saturating), but no more than the epoch's batches (map-style) or
-    /// [`STREAM_PREFETCH_LIMIT`] per worker (iterable). Each batch handed out (or stream
+    /// How many tasks to send when the epoch starts: `prefetch_factor × num_workers`, with
+    /// `prefetch_factor` at most [`PREFETCH_LIMIT`], and (map-style) no more than the epoch's
+    /// batches. Each batch handed out (or stream
     /// answered "exhausted") then sends one more, so this is also the most tasks ever in flight.
     fn prime_count(core: &Core<F>, plan: &Plan) -> usize {
-        let prefetch = core.prefetch_factor.unwrap_or(1);
+        let ahead = core
+            .prefetch_factor
+            .unwrap_or(1)
+            .min(PREFETCH_LIMIT)
+            .saturating_mul(core.num_workers);
         match plan {
-            Plan::Batches(b) => prefetch.saturating_mul(core.num_workers).min(b.len()),
-            Plan::Stream => prefetch
-                .min(STREAM_PREFETCH_LIMIT)
-                .saturating_mul(core.num_workers),
+            Plan::Batches(b) => ahead.min(b.len),
+            Plan::Stream => ahead,
         }
     }
 
@@ -191,8 +249,10 @@ impl<'a, F: Fetcher> Epoch<'a, F> {
     fn try_put(m: &mut Multi<F::Batch>, plan: &mut Plan) {
         let Some(pool) = &m.pool else { return };
         let indices = match plan {
-            Plan::Batches(b) if m.send_idx >= b.len() => return,
-            Plan::Batches(b) => b[m.send_idx].take().unwrap_or_default(),
+            Plan::Batches(b) => match b.take(m.send_idx) {
+                Some(indices) => indices,
+                None => return,
+            },
             Plan::Stream => Vec::new(),
         };
         let n = pool.len();
@@ -222,7 +282,7 @@ impl<'a, F: Fetcher> Epoch<'a, F> {
     pub fn remaining(&self) -> Option<usize> {
         match (&self.state, &self.plan) {
             (State::Single(_) | State::Multi(_), Plan::Batches(b)) => {
-                Some(b.len() - self.rcvd_idx.min(b.len()))
+                Some(b.len - self.rcvd_idx.min(b.len))
             }
             (_, Plan::Batches(_)) => Some(0),
             (_, Plan::Stream) => None,
@@ -291,10 +351,11 @@ impl<'a, F: Fetcher> Epoch<'a, F> {
             // Skip tasks owned by a worker whose stream ended and that left no result for them.
             while self.rcvd_idx < m.send_idx
                 && !m.reorder.contains_key(&self.rcvd_idx)
-                && !m.active[m.owner[self.rcvd_idx]]
+                && !m.owner.get(self.rcvd_idx).is_some_and(|w| m.active[w])
             {
                 self.rcvd_idx += 1;
             }
+            m.owner.forget_before(self.rcvd_idx);
             if self.rcvd_idx >= m.send_idx {
                 return None;
             }
@@ -332,7 +393,7 @@ impl<'a, F: Fetcher> Epoch<'a, F> {
                 },
                 Ok(_) => {} // an older epoch's result
                 Err(RecvTimeoutError::Timeout) => {
-                    let owner = m.owner.get(self.rcvd_idx).copied().unwrap_or(0);
+                    let owner = m.owner.get(self.rcvd_idx).unwrap_or(0);
                     let dead = pool.dead_workers();
                     if !dead.is_empty() {
                         return Some(Err(DataError::WorkersExited { worker_ids: dead }));
@@ -372,8 +433,8 @@ impl<'a, F: Fetcher> Iterator for Epoch<'a, F> {
             State::Single(stream) => {
                 let batch_index = self.rcvd_idx;
                 let indices = match &mut self.plan {
-                    Plan::Batches(b) => match b.get_mut(batch_index) {
-                        Some(i) => i.take().unwrap_or_default(),
+                    Plan::Batches(b) => match b.take(batch_index) {
+                        Some(i) => i,
                         None => {
                             self.state = State::Done;
                             return None;
@@ -417,5 +478,25 @@ impl<'a, F: Fetcher> Iterator for Epoch<'a, F> {
 impl<F: Fetcher> Drop for Epoch<'_, F> {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Owners;
+
+    #[test]
+    fn owners_of_handed_out_tasks_are_forgotten() {
+        let mut o = Owners::default();
+        for task in 0..1000 {
+            o.push(task % 3);
+            // The consumer hands out every task but the last two.
+            o.forget_before(task.saturating_sub(1));
+        }
+        assert_eq!(o.workers.len(), 2, "only the tasks in flight are held");
+        assert_eq!(o.get(998), Some(998 % 3));
+        assert_eq!(o.get(999), Some(0));
+        assert_eq!(o.get(997), None);
+        assert_eq!(o.get(1000), None);
     }
 }

@@ -30,6 +30,8 @@
 //! `berth bench dataloader`. `berth` does not re-export it.
 //!
 //! # Design notes
+//! - Note [Lazy epochs]: `src/permutation.rs` ([`LazyPermutation`]): samplers yield an epoch
+//!   one index at a time.
 //! - Note [No global RNG]: `src/rng.rs` ([`rng`]): every loader owns its [`Generator`].
 //! - Note [Workers are threads]: `src/worker.rs` ([`worker`]).
 //! - Note [Prefetch stream ordering]: `src/prefetch.rs` ([`prefetch`]).
@@ -57,6 +59,7 @@ mod iter;
 mod iterable;
 mod loader;
 mod options;
+mod permutation;
 pub mod pin;
 mod pinned_default;
 mod pinning;
@@ -80,10 +83,11 @@ pub use dataset::{random_split, Dataset, IterableDataset, SplitLengths, Subset, 
 pub use distributed_sampler::{DistributedSampler, SET_EPOCH_WARNING};
 pub use error::{DataError, OriginalError, Result};
 pub use fashion_mnist::{FashionMnist, Split};
-pub use iter::{STATUS_CHECK_INTERVAL, STREAM_PREFETCH_LIMIT};
+pub use iter::{PREFETCH_LIMIT, STATUS_CHECK_INTERVAL};
 pub use iterable::{IterableDataLoader, IterableDataLoaderBuilder, IterableLoaderIter};
 pub use loader::{DataLoader, DataLoaderBuilder, LoaderIter};
 pub use options::{DEFAULT_PREFETCH_FACTOR, MAX_WORKERS};
+pub use permutation::{LazyPermutation, EAGER_EPOCH_LIMIT};
 pub use pin::{PinTarget, PinnedHost};
 pub use pinned_default::AllocatorPinnedHost;
 pub use pinning::{collate_output, pin_memory, pin_tensor};

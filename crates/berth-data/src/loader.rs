@@ -15,7 +15,7 @@ use crate::collate::{Collate, CollateFn, DefaultCollate};
 use crate::dataset::Dataset;
 use crate::error::{DataError, Result};
 use crate::fetch::WorkerShared;
-use crate::iter::{Core, Epoch, Plan};
+use crate::iter::{Batches, Core, Epoch, Plan};
 use crate::options::{loader_option_setters, LoaderOptions};
 use crate::pinning::pin_fn;
 use crate::rng::Generator;
@@ -328,7 +328,7 @@ impl<'a, D: Dataset, C: Collate<D::Item>> LoaderIter<'a, D, C> {
                 .batch_sampler
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            Plan::Batches(bs.epoch().into_iter().map(Some).collect())
+            Plan::Batches(Batches::new(bs.epoch_iter(), bs.len()))
         });
         LoaderIter { epoch }
     }

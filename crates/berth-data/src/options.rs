@@ -250,9 +250,9 @@ macro_rules! loader_option_setters {
         }
 
         /// Batches loaded in advance per worker (default 2 with workers; only valid with
-        /// workers). Any positive value is accepted: a map-style loader never requests more
-        /// batches than the epoch has left, and an iterable one at most
-        /// [`STREAM_PREFETCH_LIMIT`](crate::STREAM_PREFETCH_LIMIT) per worker.
+        /// workers). Any positive value is accepted, but no loader requests more than
+        /// [`PREFETCH_LIMIT`](crate::PREFETCH_LIMIT) batches ahead per worker (nor, map-style,
+        /// more than the epoch has left).
         pub fn prefetch_factor(mut self, prefetch_factor: isize) -> Self {
             self.opts.prefetch_factor = Some(prefetch_factor);
             self

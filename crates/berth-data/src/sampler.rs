@@ -2,6 +2,7 @@
 //! weighted-random, after `torch/utils/data/sampler.py`.
 
 use crate::error::{DataError, Result};
+use crate::permutation::{LazyPermutation, EAGER_EPOCH_LIMIT};
 use crate::rng::Generator;
 
 /// A source of dataset indices, one epoch at a time (`torch.utils.data.Sampler[int]`).
@@ -14,8 +15,22 @@ pub trait Sampler: Send {
         self.len() == 0
     }
 
-    /// The indices of the next epoch. Random samplers draw a new order on every call.
+    /// The indices of the next epoch, collected. Random samplers draw a new order on every call.
+    ///
+    /// This holds the whole epoch (8 bytes an index); loaders call
+    /// [`epoch_iter`](Self::epoch_iter) instead.
     fn epoch(&mut self) -> Vec<usize>;
+
+    /// The indices of the next epoch, one at a time (Note [Lazy epochs]). Every random draw of
+    /// the epoch is made by this call (so loaders draw in the same order with or without
+    /// workers); the iterator owns what it needs.
+    ///
+    /// The provided version collects [`epoch`](Self::epoch); [`SequentialSampler`] and
+    /// [`RandomSampler`] hold O(1) memory (a random epoch longer than
+    /// [`EAGER_EPOCH_LIMIT`] indices is a [`LazyPermutation`]).
+    fn epoch_iter(&mut self) -> Box<dyn Iterator<Item = usize> + Send> {
+        Box::new(self.epoch().into_iter())
+    }
 }
 
 impl<S: Sampler + ?Sized> Sampler for Box<S> {
@@ -24,6 +39,9 @@ impl<S: Sampler + ?Sized> Sampler for Box<S> {
     }
     fn epoch(&mut self) -> Vec<usize> {
         (**self).epoch()
+    }
+    fn epoch_iter(&mut self) -> Box<dyn Iterator<Item = usize> + Send> {
+        (**self).epoch_iter()
     }
 }
 
@@ -47,12 +65,20 @@ impl Sampler for SequentialSampler {
     fn epoch(&mut self) -> Vec<usize> {
         (0..self.len).collect()
     }
+    fn epoch_iter(&mut self) -> Box<dyn Iterator<Item = usize> + Send> {
+        Box::new(0..self.len)
+    }
 }
 
 /// A fresh random order every epoch (`RandomSampler`), drawn from its own [`Generator`].
 ///
 /// Without replacement an epoch is `num_samples / len` full permutations followed by the prefix of
-/// one more; with replacement, `num_samples` uniform draws. Given a generator, the sampler advances
+/// one more; with replacement, `num_samples` uniform draws.
+///
+/// Memory: an epoch of at most [`EAGER_EPOCH_LIMIT`] samples is drawn at once by Fisher–Yates
+/// (PyTorch's `randperm`, at most 8 MiB); a longer one is walked lazily from a private generator
+/// seeded by one draw of this sampler's generator, each permutation of more than
+/// [`EAGER_EPOCH_LIMIT`] items a [`LazyPermutation`] (O(1) memory; Note [Lazy epochs]). Given a generator, the sampler advances
 /// it epoch after epoch; given none, it owns a private generator seeded from entropy (never a
 /// global RNG: Note [No global RNG]).
 #[derive(Debug, Clone)]
@@ -143,6 +169,26 @@ impl Sampler for RandomSampler {
             out.extend(self.generator.randperm(n).into_iter().take(rest));
         }
         out
+    }
+    fn epoch_iter(&mut self) -> Box<dyn Iterator<Item = usize> + Send> {
+        if self.num_samples <= EAGER_EPOCH_LIMIT || self.data_len == 0 {
+            return Box::new(self.epoch().into_iter());
+        }
+        let private = Generator::new(self.generator.next_u64());
+        let n = self.data_len;
+        let take = self.num_samples;
+        if self.replacement {
+            return Box::new((0..take).map(move |_| private.below(n)));
+        }
+        // Permutation after permutation, as many as `take` needs; each drawn when reached.
+        let perms = std::iter::repeat_with(move || -> Box<dyn Iterator<Item = usize> + Send> {
+            if n <= EAGER_EPOCH_LIMIT {
+                Box::new(private.randperm(n).into_iter())
+            } else {
+                Box::new(LazyPermutation::new(n, &private))
+            }
+        });
+        Box::new(perms.flatten().take(take))
     }
 }
 

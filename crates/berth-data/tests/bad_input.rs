@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use berth_data::{
     random_split, CollateFn, DataError, DataLoader, Dataset, Generator, IterableDataLoaderBuilder,
     IterableDataset, RandomSampler, Result, Sampler, SplitLengths, VecDataset,
-    WeightedRandomSampler, STREAM_PREFETCH_LIMIT,
+    WeightedRandomSampler, PREFETCH_LIMIT,
 };
 
 use crate::util::range;
@@ -144,8 +144,8 @@ fn huge_prefetch_factor_on_a_stream_requests_a_bounded_number_of_batches() {
     let mut it = dl.iter();
     assert_eq!(it.next().unwrap().unwrap(), vec![1]);
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
-    // 2 × STREAM_PREFETCH_LIMIT requested ahead, one more for the batch handed out.
-    let want = 2 * STREAM_PREFETCH_LIMIT + 1;
+    // 2 × PREFETCH_LIMIT requested ahead, one more for the batch handed out.
+    let want = 2 * PREFETCH_LIMIT + 1;
     let deadline = Instant::now() + Duration::from_secs(10);
     while taken.load(Ordering::SeqCst) < want && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));

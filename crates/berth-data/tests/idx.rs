@@ -343,3 +343,66 @@ fn images_that_are_not_28_by_28() {
         "{err}"
     );
 }
+
+#[test]
+fn a_gzip_header_declaring_more_than_the_file_can_inflate_to_is_refused_before_inflating() {
+    // The reproducer: 2 MB of gzip declaring 2^32 − 1 images of 28×28 (3.4 TB); 2.2 GB were
+    // inflated before the file was found truncated. Scaled down: 1 MiB of zeros.
+    let dir = scratch("declares-huge");
+    let file = dir.join("bomb-idx3-ubyte.gz");
+    let bytes = gzip(&idx_bytes(
+        IMAGES_MAGIC,
+        &[u32::MAX, 28, 28],
+        &vec![0u8; 1 << 20],
+    ));
+    std::fs::write(&file, &bytes).unwrap();
+    let err = read_idx(&file, IMAGES_MAGIC).unwrap_err();
+    let declared = 16 + u32::MAX as usize * 784;
+    match &err {
+        IdxError::DeclaredTooLarge {
+            declared_bytes,
+            compressed_bytes,
+            max_bytes,
+            dims,
+            ..
+        } => {
+            assert_eq!(*declared_bytes, declared);
+            assert_eq!(*compressed_bytes, bytes.len());
+            assert_eq!(*max_bytes, bytes.len() * 1032);
+            assert_eq!(dims, &[u32::MAX as usize, 28, 28]);
+        }
+        other => panic!("{other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("declares {declared} bytes")), "{msg}");
+    assert!(msg.contains("1032×"), "{msg}");
+    // A header within the bound that is then short is still reported as truncated.
+    let short = gzip(&idx_bytes(LABELS_MAGIC, &[100], &[1u8; 10]));
+    std::fs::write(&file, &short).unwrap();
+    assert!(matches!(
+        read_idx(&file, LABELS_MAGIC).unwrap_err(),
+        IdxError::Truncated {
+            what: "data",
+            expected_bytes: 108,
+            actual_bytes: 18,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_multi_member_gzip_file_is_read_to_its_last_member() {
+    // `cat a.gz b.gz > c.gz` is one valid gzip file (RFC 1952 §2.2; `gzip -d` and Python read
+    // every member). The reader stopped at the end of the first member: "truncated".
+    let labels: Vec<u8> = (0..10u8).collect();
+    let whole = idx_bytes(LABELS_MAGIC, &[10], &labels);
+    let mut bytes = gzip(&whole[..11]);
+    bytes.extend(gzip(&whole[11..15]));
+    bytes.extend(gzip(&whole[15..]));
+    let dir = scratch("multi-member");
+    let file = dir.join("t10k-labels-idx1-ubyte.gz");
+    std::fs::write(&file, &bytes).unwrap();
+    let arr = read_idx(&file, LABELS_MAGIC).unwrap();
+    assert_eq!(arr.dims, [10]);
+    assert_eq!(arr.data, labels);
+}

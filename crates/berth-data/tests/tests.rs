@@ -5,6 +5,7 @@ mod bugs;
 mod distributed_sampler;
 mod idx;
 mod iterable;
+mod lazy_epochs;
 mod loader;
 mod pinned;
 mod sampler;

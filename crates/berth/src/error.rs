@@ -99,7 +99,7 @@ pub enum Error {
 
     /// `to_vec::<T>()` / `item::<T>()` with a `T` of another dtype than the tensor's.
     #[error(
-        "{op}: the tensor has dtype {actual} but {requested} was requested; call to_dtype first"
+        "{op}: the tensor has dtype {actual} but {requested} was requested; call to_dtype first, or to_vec_f64() for the elements of any dtype as f64 (what PyTorch's tolist() converts to)"
     )]
     ElementType {
         /// The operation.
@@ -350,6 +350,11 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+
+    /// An input file read whole that could not be read or is over the size cap (Note
+    /// [Bounded reads] in `berth_alloc::input`).
+    #[error(transparent)]
+    Input(#[from] berth_alloc::input::InputError),
 
     /// A safetensors file that could not be encoded or decoded.
     #[error("safetensors: {0}")]

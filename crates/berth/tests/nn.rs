@@ -136,7 +136,10 @@ fn state_dict_round_trips_through_a_safetensors_file() {
         0.0,
     );
     let e = nn::load_state_dict_file(dir.join("missing.safetensors")).unwrap_err();
-    assert!(matches!(e, Error::Io { .. }), "{e:?}");
+    assert!(
+        matches!(e, Error::Input(berth::alloc::input::InputError::Io { .. })),
+        "{e:?}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -276,4 +279,26 @@ fn non_strict_loading_returns_missing_and_unexpected_keys() {
         ),
         Err(Error::MissingKey { .. })
     ));
+}
+
+#[test]
+fn a_safetensors_shape_other_constructors_refuse_is_refused_on_load() {
+    // st-zero-dim-huge.safetensors (newcomer defect 12): shape [0, 2^40, 2^40] with no data was
+    // accepted, its strides saturated; `Tensor::zeros` of that shape is refused.
+    let header = r#"{"fc1.weight": {"dtype": "F32", "shape": [0, 1099511627776, 1099511627776], "data_offsets": [0, 0]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(header.as_bytes());
+    let e = nn::load_state_dict_bytes(&bytes).unwrap_err();
+    assert!(
+        matches!(&e, Error::NumelOverflow { op: "load_state_dict", shape } if *shape == [0, 1 << 40, 1 << 40]),
+        "{e:?}"
+    );
+    let z = Tensor::zeros(&[0, 1 << 40, 1 << 40], DType::F32, Device::Cpu).unwrap_err();
+    assert!(matches!(z, Error::NumelOverflow { .. }), "{z:?}");
+    // A sound empty tensor still loads.
+    let header = r#"{"b": {"dtype": "F32", "shape": [0, 3], "data_offsets": [0, 0]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(header.as_bytes());
+    let sd = nn::load_state_dict_bytes(&bytes).unwrap();
+    assert_eq!(sd["b"].shape(), &[0, 3]);
 }

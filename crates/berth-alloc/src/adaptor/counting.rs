@@ -120,6 +120,21 @@ impl<B: MemoryBackend> VirtualMemoryBackend for Counting<B> {
         Ok(())
     }
 
+    fn map_pages(
+        &self,
+        addr: DevicePtr,
+        page_bytes: usize,
+        count: usize,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
+        self.c.map.fetch_add(count as u64, Ordering::Relaxed);
+        vm.map_pages(addr, page_bytes, count, stream)?;
+        let bytes = (page_bytes as u64).saturating_mul(count as u64);
+        self.c.live_bytes.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
     unsafe fn unmap(
         &self,
         addr: DevicePtr,

@@ -100,6 +100,20 @@ impl<B: MemoryBackend> VirtualMemoryBackend for Limit<B> {
             .inspect_err(|_| self.refund(bytes as u64))
     }
 
+    fn map_pages(
+        &self,
+        addr: DevicePtr,
+        page_bytes: usize,
+        count: usize,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
+        let bytes = (page_bytes as u64).saturating_mul(count as u64);
+        self.charge(bytes, "map")?;
+        vm.map_pages(addr, page_bytes, count, stream)
+            .inspect_err(|_| self.refund(bytes))
+    }
+
     unsafe fn unmap(
         &self,
         addr: DevicePtr,

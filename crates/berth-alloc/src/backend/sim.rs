@@ -29,6 +29,12 @@ const GAP: u64 = 2 << 20;
 /// found `--real-addrs` near 2^64 giving a block address 0, and huge capacities wrapping).
 const ADDR_LIMIT: u64 = 1 << 62;
 
+/// Bytes of address space a [`SimBackend`] hands out, segments and reservations together
+/// (`2^62 − 2^40`). Expandable segments reserve 9/8 of the capacity for each stream and pool,
+/// `paged` twice the capacity for each stream, so a capacity near [`MAX_SIM_CAPACITY`] leaves
+/// room for a few dozen streams only.
+pub const ADDRESS_SPACE_BYTES: u64 = ADDR_LIMIT - BASE_ADDR;
+
 /// The largest capacity a [`SimBackend`] simulates (2^56 bytes, 64 PiB); larger capacities are
 /// clamped to it. Reservations of twice the capacity still fit under the address limit.
 pub const MAX_SIM_CAPACITY: u64 = 1 << 56;
@@ -98,8 +104,10 @@ struct SimState {
     segments: BTreeMap<u64, u64>,
     /// Address reservations: base → bytes.
     reservations: BTreeMap<u64, u64>,
-    /// Live mappings, one per successful `map` call: start address → bytes.
-    mappings: BTreeMap<u64, u64>,
+    /// Live mappings: start address → (bytes, page bytes). A run of equal pages mapped by one
+    /// [`VirtualMemoryBackend::map_pages`] call is one entry of `count × page` bytes, each page
+    /// its own mapping; a `map` call is one entry whose page is the whole range.
+    mappings: BTreeMap<u64, (u64, u64)>,
     /// What was written into mapped memory.
     bytes: SimBytes,
     used: u64,
@@ -238,16 +246,28 @@ impl SimBackend {
     /// Number of live mappings: successful `map` calls whose range is not unmapped yet (on a
     /// GPU, the physical handles mapped).
     pub fn live_mappings(&self) -> usize {
-        self.lock().mappings.len()
+        self.lock()
+            .mappings
+            .values()
+            .map(|&(n, page)| usize::try_from(n / page).unwrap_or(usize::MAX))
+            .fold(0, usize::saturating_add)
     }
 
-    /// The live mappings `(start, bytes)` in address order.
+    /// The live mappings `(start, bytes)` in address order, a run of pages as its pages (one
+    /// entry each: for tests of small ranges).
     pub fn mappings(&self) -> Vec<(DevicePtr, u64)> {
         self.lock()
             .mappings
             .iter()
-            .map(|(&a, &n)| (DevicePtr(a), n))
+            .flat_map(|(&a, &(n, page))| {
+                (0..n / page).map(move |k| (DevicePtr(a + k * page), page))
+            })
             .collect()
+    }
+
+    /// Live mapping entries as recorded (a run of pages is one): the simulator's bookkeeping.
+    pub fn mapping_entries(&self) -> usize {
+        self.lock().mappings.len()
     }
 
     /// Whether any call has used the device yet (the simulated context exists).
@@ -270,6 +290,31 @@ impl SimBackend {
     }
 
     /// A fresh range of `bytes`, or `None` when the simulated address space is exhausted.
+    /// Records a mapping of `bytes` bytes at `addr` in pages of `page` bytes (`count` of them:
+    /// the `map` calls it stands for).
+    fn map_run(&self, addr: u64, bytes: u64, page: u64, count: u64) -> Result<(), BackendError> {
+        let mut st = self.lock();
+        st.counts.map += count;
+        self.check_range(&st, addr, bytes, "map")?;
+        let overlaps = st
+            .mappings
+            .range(..addr.saturating_add(bytes))
+            .next_back()
+            .is_some_and(|(&a, &(n, _))| a.saturating_add(n) > addr);
+        if overlaps {
+            return Err(BackendError::Other {
+                op: "map",
+                message: format!("range {addr:#x}+{bytes} is already partly mapped"),
+            });
+        }
+        if bytes > self.available(&st) {
+            return Err(BackendError::OutOfMemory { op: "map", bytes });
+        }
+        st.mappings.insert(addr, (bytes, page));
+        st.used += bytes;
+        Ok(())
+    }
+
     fn fresh_range(&self, st: &mut SimState, bytes: u64) -> Option<u64> {
         let g = self.granularity as u64;
         let addr = align_up(st.next_addr, g);
@@ -428,10 +473,10 @@ impl SimBackend {
     ) -> Result<(), BackendError> {
         let mut at = addr;
         let end = addr.saturating_add(bytes);
-        if let Some((&a, &n)) = st.mappings.range(..=addr).next_back() {
+        if let Some((&a, &(n, _))) = st.mappings.range(..=addr).next_back() {
             at = if a + n > addr { a + n } else { addr };
         }
-        for (&a, &n) in st.mappings.range(addr.saturating_add(1)..end) {
+        for (&a, &(n, _)) in st.mappings.range(addr.saturating_add(1)..end) {
             if a > at {
                 break;
             }
@@ -524,27 +569,26 @@ impl VirtualMemoryBackend for SimBackend {
     }
 
     fn map(&self, addr: DevicePtr, bytes: usize, _stream: StreamId) -> Result<(), BackendError> {
-        let mut st = self.lock();
-        st.counts.map += 1;
-        let (addr, bytes) = (addr.0, bytes as u64);
-        self.check_range(&st, addr, bytes, "map")?;
-        let overlaps = st
-            .mappings
-            .range(..addr.saturating_add(bytes))
-            .next_back()
-            .is_some_and(|(&a, &n)| a.saturating_add(n) > addr);
-        if overlaps {
-            return Err(BackendError::Other {
+        self.map_run(addr.0, bytes as u64, bytes as u64, 1)
+    }
+
+    fn map_pages(
+        &self,
+        addr: DevicePtr,
+        page_bytes: usize,
+        count: usize,
+        _stream: StreamId,
+    ) -> Result<(), BackendError> {
+        let Some(bytes) = (page_bytes as u64).checked_mul(count as u64) else {
+            return Err(BackendError::OutOfMemory {
                 op: "map",
-                message: format!("range {addr:#x}+{bytes} is already partly mapped"),
+                bytes: u64::MAX,
             });
+        };
+        if count == 0 {
+            return Ok(());
         }
-        if bytes > self.available(&st) {
-            return Err(BackendError::OutOfMemory { op: "map", bytes });
-        }
-        st.mappings.insert(addr, bytes);
-        st.used += bytes;
-        Ok(())
+        self.map_run(addr.0, bytes, page_bytes as u64, count as u64)
     }
 
     unsafe fn unmap(
@@ -565,21 +609,34 @@ impl VirtualMemoryBackend for SimBackend {
             mapping: DevicePtr(a),
             mapping_bytes: n,
         };
-        // A mapping that starts before the range and reaches into it would be cut in two.
-        if let Some((&a, &n)) = st.mappings.range(..addr).next_back() {
+        // A mapping that starts before the range and reaches into it would be cut in two,
+        // unless it is a run of pages cut at a page boundary (each page is its own mapping).
+        let mut head = None;
+        if let Some((&a, &(n, page))) = st.mappings.range(..addr).next_back() {
             if a + n > addr {
-                return Err(splits(a, n));
+                if (addr - a) % page != 0 {
+                    return Err(splits(a, n));
+                }
+                head = Some((a, n, page));
             }
         }
-        let mut at = addr;
-        for (&a, &n) in st.mappings.range(addr..end) {
-            if a != at {
-                break; // a hole: reported below
+        let mut at = head.map_or(addr, |(a, n, _)| (a + n).min(end));
+        let mut tail = None;
+        if head.is_none_or(|(a, n, _)| a + n < end) {
+            for (&a, &(n, page)) in st.mappings.range(addr..end) {
+                if a != at {
+                    break; // a hole: reported below
+                }
+                if a + n > end {
+                    if (end - a) % page != 0 {
+                        return Err(splits(a, n));
+                    }
+                    tail = Some((a, n, page));
+                    at = end;
+                    break;
+                }
+                at = a + n;
             }
-            if a + n > end {
-                return Err(splits(a, n));
-            }
-            at = a + n;
         }
         if at != end {
             return Err(BackendError::Other {
@@ -590,6 +647,16 @@ impl VirtualMemoryBackend for SimBackend {
         let starts: Vec<u64> = st.mappings.range(addr..end).map(|(&a, _)| a).collect();
         for a in starts {
             st.mappings.remove(&a);
+        }
+        // What is left of runs cut at a page boundary.
+        if let Some((a, n, page)) = head {
+            st.mappings.insert(a, (addr - a, page));
+            if a + n > end {
+                st.mappings.insert(end, (a + n - end, page));
+            }
+        }
+        if let Some((a, n, page)) = tail {
+            st.mappings.insert(end, (a + n - end, page));
         }
         st.bytes.forget(addr, bytes);
         st.used -= bytes;

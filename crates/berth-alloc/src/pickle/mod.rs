@@ -21,8 +21,21 @@ mod value;
 mod writer;
 
 pub use error::PickleError;
-pub use reader::{from_slice, MAX_DEPTH};
-pub use snapshot::{dump_snapshot, load_snapshot, snapshot_from_value, snapshot_to_value};
+
+/// Whether a file starting with byte `first` is a pickle rather than JSON, for readers that
+/// accept both: `PROTO` (0x80, protocols 2 and later), or the first opcode of a protocol-0 or
+/// protocol-1 pickle of a dict or list (`(` MARK, `}` `EMPTY_DICT`, `]` `EMPTY_LIST`), none of
+/// which can start a JSON document. `berth replay` and `berth memviz` both read such files
+/// with [`load_snapshot`] (newcomer defect 15: replay refused the protocol-0 pickles memviz
+/// read).
+pub fn starts_like_pickle(first: u8) -> bool {
+    matches!(first, 0x80 | b'(' | b'}' | b']')
+}
+pub use reader::{from_slice, memory_budget, BUDGET_FLOOR_BYTES, MAX_DEPTH, MAX_EXPANSION};
+pub use snapshot::{
+    dump_snapshot, dump_snapshot_with_history, load_snapshot, load_snapshot_with_history,
+    snapshot_from_value, snapshot_to_value, HISTORY_RECORDED_KEY,
+};
 #[cfg(feature = "trace")]
 pub use snapshot::{load_trace_pickle, snapshot_trace};
 pub use value::PickleValue;

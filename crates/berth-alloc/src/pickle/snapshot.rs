@@ -37,6 +37,48 @@ pub fn dump_snapshot(snapshot: &MemorySnapshot) -> Vec<u8> {
     to_vec(&snapshot_to_value(snapshot))
 }
 
+/// The key berth adds to the dict of the snapshot files it writes itself
+/// ([`dump_snapshot_with_history`]): whether the allocator was recording its history when the
+/// snapshot was taken.
+///
+/// Note [Snapshot history flag]: an empty `device_traces` means "nothing happened" only if
+/// history was being recorded; otherwise it means "not recorded" (issue 32, item 4). PyTorch's
+/// snapshot dict has no such key (`torch.cuda.memory._snapshot()`,
+/// <https://github.com/pytorch/pytorch/blob/main/torch/cuda/memory.py>), so berth adds one only
+/// to files that are its own; PyTorch's `memory_viz` reads the dict's keys it knows and
+/// ignores the rest, so those files still load there. A PyTorch file does not say
+/// ([`load_snapshot_with_history`] answers `None`).
+pub const HISTORY_RECORDED_KEY: &str = "berth_history_recorded";
+
+/// [`dump_snapshot`] with [`HISTORY_RECORDED_KEY`] set to `history_recorded` (Note [Snapshot
+/// history flag]).
+pub fn dump_snapshot_with_history(snapshot: &MemorySnapshot, history_recorded: bool) -> Vec<u8> {
+    let mut value = snapshot_to_value(snapshot);
+    if let PickleValue::Dict(entries) = &mut value {
+        entries.push((
+            PickleValue::Str(HISTORY_RECORDED_KEY.to_owned()),
+            PickleValue::Bool(history_recorded),
+        ));
+    }
+    to_vec(&value)
+}
+
+/// [`load_snapshot`], and whether history was being recorded: `Some` for files written by
+/// [`dump_snapshot_with_history`], `None` where the file does not say (PyTorch's).
+///
+/// # Errors
+/// As [`load_snapshot`].
+pub fn load_snapshot_with_history(
+    data: &[u8],
+) -> Result<(MemorySnapshot, Option<bool>), PickleError> {
+    let value = from_slice(data)?;
+    let recorded = match value.get(HISTORY_RECORDED_KEY) {
+        Some(PickleValue::Bool(b)) => Some(*b),
+        _ => None,
+    };
+    Ok((snapshot_from_value(&value)?, recorded))
+}
+
 /// Decodes a `_dump_snapshot` pickle (PyTorch's or berth's) into a [`MemorySnapshot`].
 ///
 /// Stack frames, `external_annotations` and per-entry `compile_context` / `user_metadata` are

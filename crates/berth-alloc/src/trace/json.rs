@@ -6,12 +6,13 @@ use std::fmt;
 use std::io::Read;
 
 use serde::de::{
-    self, value::MapAccessDeserializer, value::SeqAccessDeserializer, DeserializeSeed,
-    Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
+    self, value::MapAccessDeserializer, DeserializeSeed, Deserializer, IgnoredAny, MapAccess,
+    SeqAccess, Visitor,
 };
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::excerpt::{Excerpt, ExcerptSeed, EXCERPT_BYTES};
 use super::{EventSink, TraceError, TraceEvent, TraceInfo};
 use crate::backend::StreamId;
 use crate::snapshot::TraceAction;
@@ -44,7 +45,31 @@ pub(super) fn parse_json<R: Read, S: EventSink + ?Sized>(
     sink: &mut S,
 ) -> Result<TraceInfo, TraceError> {
     let mut state = ReadState::default();
-    let mut de = serde_json::Deserializer::from_reader(input);
+    // A UTF-8 byte-order mark (as some Windows editors write) is skipped: it is no JSON value,
+    // and serde_json's "expected value at line 1 column 1" did not say what it was.
+    let mut input = input;
+    let mut head = [0u8; 3];
+    let mut n = 0;
+    while n < head.len() {
+        match input.read(&mut head[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(TraceError::Json {
+                    line: 1,
+                    column: 1,
+                    message: e.to_string(),
+                })
+            }
+        }
+    }
+    let kept: &[u8] = if head[..n] == [0xEF, 0xBB, 0xBF] {
+        &[]
+    } else {
+        &head[..n]
+    };
+    let mut de = serde_json::Deserializer::from_reader(kept.chain(input));
     let parsed = Document {
         state: &mut state,
         sink,
@@ -132,16 +157,9 @@ impl<'de, S: EventSink + ?Sized> Visitor<'de> for Document<'_, S> {
                     })?;
                 }
                 "columns" => {
-                    let value: Value = map.next_value()?;
-                    // What was there, as the error shows it: each entry of a list (a string
-                    // as itself, anything else as JSON), or the whole value if not a list.
-                    let found: Vec<String> = match value.as_array() {
-                        Some(a) => a
-                            .iter()
-                            .map(|c| c.as_str().map_or_else(|| c.to_string(), str::to_owned))
-                            .collect(),
-                        None => vec![format!("{value} (not a list)")],
-                    };
+                    // What was there, as the error shows it, bounded (Note [Bounded trace
+                    // excerpts]).
+                    let found: Vec<String> = map.next_value_seed(ColumnsSeed)?;
                     if self.state.saw_events {
                         // Checked at the end (the rows were read with the default layout).
                         self.state.columns = Some(found);
@@ -150,22 +168,14 @@ impl<'de, S: EventSink + ?Sized> Visitor<'de> for Document<'_, S> {
                     }
                 }
                 "workload" => {
-                    let value: Value = map.next_value()?;
-                    self.state.info.workload = value.as_str().map(str::to_owned);
+                    self.state.info.workload = map.next_value::<StringOrSkip>()?.0;
                 }
                 "alloc_conf" => {
-                    let value: Value = map.next_value()?;
-                    self.state.info.alloc_conf = value.as_str().map(str::to_owned);
+                    self.state.info.alloc_conf = map.next_value::<StringOrSkip>()?.0;
                 }
                 "stats" => {
-                    let value: Value = map.next_value()?;
-                    if let Some(stats) = value.as_object() {
-                        for (k, v) in stats {
-                            if let Some(n) = v.as_i64() {
-                                self.state.info.stats.insert(k.clone(), n);
-                            }
-                        }
-                    }
+                    let stats = map.next_value::<Stats>()?;
+                    self.state.info.stats.extend(stats.0);
                 }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
@@ -215,7 +225,7 @@ impl<'de, S: EventSink + ?Sized> Visitor<'de> for Rows<'_, S> {
 
     // Anything but an array under "events": as if there were none.
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
-        Value::deserialize(MapAccessDeserializer::new(map))?;
+        IgnoredAny::deserialize(MapAccessDeserializer::new(map))?;
         Err(self.state.fail(TraceError::NoEvents))
     }
 
@@ -251,26 +261,35 @@ enum Cell {
     U64(u64),
     I64(i64),
     F64(f64),
-    /// Anything else (a string that is no action, `null`, an array, ...), kept for the message.
-    Other(Value),
-}
-
-impl Cell {
-    fn to_value(&self) -> Value {
-        match self {
-            Cell::Action(a) => Value::from(a.as_str()),
-            Cell::U64(v) => Value::from(*v),
-            Cell::I64(v) => Value::from(*v),
-            Cell::F64(v) => Value::from(*v),
-            Cell::Other(v) => v.clone(),
-        }
-    }
+    /// A string that is no action, cut to [`EXCERPT_BYTES`] (with `…` when cut).
+    Str(String),
+    /// Anything else (`null`, a bool, an array, an object), as a bounded excerpt.
+    Other(Excerpt),
 }
 
 impl fmt::Display for Cell {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.to_value().fmt(f)
+        match self {
+            Cell::Action(a) => write!(f, "\"{}\"", a.as_str()),
+            Cell::U64(v) => write!(f, "{v}"),
+            Cell::I64(v) => write!(f, "{v}"),
+            Cell::F64(v) => write!(f, "{}", Value::from(*v)),
+            Cell::Str(s) => write!(f, "{}", Value::from(s.as_str())),
+            Cell::Other(e) => write!(f, "{e}"),
+        }
     }
+}
+
+/// `s` cut to [`EXCERPT_BYTES`] at a character boundary, `…` marking a cut.
+fn cut_str(s: &str) -> String {
+    if s.len() <= EXCERPT_BYTES {
+        return s.to_owned();
+    }
+    let mut end = EXCERPT_BYTES;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
 }
 
 impl<'de> Deserialize<'de> for Cell {
@@ -281,6 +300,20 @@ impl<'de> Deserialize<'de> for Cell {
 
 struct CellVisitor;
 
+impl CellVisitor {
+    fn other<F, E>(read: F) -> Result<Cell, E>
+    where
+        F: FnOnce(ExcerptSeed<'_>) -> Result<(), E>,
+    {
+        let mut out = Excerpt::default();
+        read(ExcerptSeed {
+            out: &mut out,
+            sep: None,
+        })?;
+        Ok(Cell::Other(out))
+    }
+}
+
 impl<'de> Visitor<'de> for CellVisitor {
     type Value = Cell;
 
@@ -289,7 +322,7 @@ impl<'de> Visitor<'de> for CellVisitor {
     }
 
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<Cell, E> {
-        Ok(Cell::Other(Value::from(v)))
+        Self::other(|seed| seed.visit_bool(v))
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Cell, E> {
@@ -307,31 +340,31 @@ impl<'de> Visitor<'de> for CellVisitor {
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Cell, E> {
         Ok(match v.parse::<TraceAction>() {
             Ok(a) => Cell::Action(a),
-            Err(_) => Cell::Other(Value::from(v)),
+            Err(_) => Cell::Str(cut_str(v)),
         })
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<Cell, E> {
-        Ok(Cell::Other(Value::Null))
+        Self::other(|seed| seed.visit_unit())
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Cell, A::Error> {
-        Ok(Cell::Other(Value::deserialize(
-            SeqAccessDeserializer::new(seq),
-        )?))
+        Self::other(|seed| seed.visit_seq(seq))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Cell, A::Error> {
-        Ok(Cell::Other(Value::deserialize(
-            MapAccessDeserializer::new(map),
-        )?))
+        Self::other(|seed| seed.visit_map(map))
     }
 }
 
-/// A row as parsed: its five cells, or (for a row of another shape) the row itself.
+/// A row as parsed: its five cells, or (for a row of another shape) a bounded excerpt of it
+/// and, for a list, its number of cells.
 enum RawRow {
     Cells([Cell; 5]),
-    Malformed(Value),
+    Malformed {
+        excerpt: Excerpt,
+        cells: Option<u64>,
+    },
 }
 
 impl<'de> Deserialize<'de> for RawRow {
@@ -341,6 +374,23 @@ impl<'de> Deserialize<'de> for RawRow {
 }
 
 struct RowVisitor;
+
+impl RowVisitor {
+    fn malformed<F, E>(read: F) -> Result<RawRow, E>
+    where
+        F: FnOnce(ExcerptSeed<'_>) -> Result<(), E>,
+    {
+        let mut excerpt = Excerpt::default();
+        read(ExcerptSeed {
+            out: &mut excerpt,
+            sep: None,
+        })?;
+        Ok(RawRow::Malformed {
+            excerpt,
+            cells: None,
+        })
+    }
+}
 
 impl<'de> Visitor<'de> for RowVisitor {
     type Value = RawRow;
@@ -357,49 +407,76 @@ impl<'de> Visitor<'de> for RowVisitor {
                 None => break,
             }
         }
-        let mut rest = Vec::new();
-        while let Some(extra) = seq.next_element::<Value>()? {
-            rest.push(extra);
+        let quote = |cells: &[Cell]| {
+            let mut excerpt = Excerpt::default();
+            excerpt.push("[");
+            for (i, c) in cells.iter().enumerate() {
+                if i > 0 {
+                    excerpt.push(",");
+                }
+                excerpt.push(&c.to_string());
+            }
+            excerpt
+        };
+        if cells.len() < 5 {
+            let mut excerpt = quote(&cells);
+            excerpt.push("]");
+            return Ok(RawRow::Malformed {
+                excerpt,
+                cells: Some(cells.len() as u64),
+            });
         }
-        match <[Cell; 5]>::try_from(cells) {
-            Ok(cells) if rest.is_empty() => Ok(RawRow::Cells(cells)),
-            Ok(cells) => Ok(RawRow::Malformed(Value::Array(
-                cells.iter().map(Cell::to_value).chain(rest).collect(),
-            ))),
-            Err(cells) => Ok(RawRow::Malformed(Value::Array(
-                cells.iter().map(Cell::to_value).collect(),
-            ))),
+        // Extra cells: quoted into the bounded excerpt and counted as they stream past.
+        let mut excerpt = quote(&cells);
+        let mut count = 5u64;
+        while seq
+            .next_element_seed(ExcerptSeed {
+                out: &mut excerpt,
+                sep: Some(","),
+            })?
+            .is_some()
+        {
+            count += 1;
         }
+        if count == 5 {
+            return match <[Cell; 5]>::try_from(cells) {
+                Ok(cells) => Ok(RawRow::Cells(cells)),
+                Err(_) => unreachable!("five cells were read"),
+            };
+        }
+        excerpt.push("]");
+        Ok(RawRow::Malformed {
+            excerpt,
+            cells: Some(count),
+        })
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawRow, A::Error> {
-        Ok(RawRow::Malformed(Value::deserialize(
-            MapAccessDeserializer::new(map),
-        )?))
+        Self::malformed(|seed| seed.visit_map(map))
     }
 
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<RawRow, E> {
-        Ok(RawRow::Malformed(Value::from(v)))
+        Self::malformed(|seed| seed.visit_bool(v))
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawRow, E> {
-        Ok(RawRow::Malformed(Value::from(v)))
+        Self::malformed(|seed| seed.visit_i64(v))
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawRow, E> {
-        Ok(RawRow::Malformed(Value::from(v)))
+        Self::malformed(|seed| seed.visit_u64(v))
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<RawRow, E> {
-        Ok(RawRow::Malformed(Value::from(v)))
+        Self::malformed(|seed| seed.visit_f64(v))
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<RawRow, E> {
-        Ok(RawRow::Malformed(Value::from(v)))
+        Self::malformed(|seed| seed.visit_str(v))
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<RawRow, E> {
-        Ok(RawRow::Malformed(Value::Null))
+        Self::malformed(|seed| seed.visit_unit())
     }
 }
 
@@ -408,24 +485,36 @@ impl RawRow {
     fn event(self) -> Result<TraceEvent, String> {
         let cells = match self {
             RawRow::Cells(cells) => cells,
-            RawRow::Malformed(row) => {
+            RawRow::Malformed { excerpt, cells } => {
+                let count = match cells {
+                    Some(1) => " (1 cell)".to_owned(),
+                    Some(n) => format!(" ({n} cells)"),
+                    None => String::new(),
+                };
                 return Err(format!(
-                    "expected [action, addr, size, stream, time_us], found {row}"
-                ))
+                    "expected [action, addr, size, stream, time_us], found {excerpt}{count}"
+                ));
             }
         };
         let action = match &cells[0] {
             Cell::Action(a) => *a,
-            Cell::Other(Value::String(s)) => {
+            Cell::Str(s) => {
                 return Err(crate::snapshot::UnknownTraceAction { action: s.clone() }.to_string())
             }
             other => return Err(format!("action must be a string, found {other}")),
         };
-        let uint = |k: usize, name: &str| match cells[k] {
+        let uint = |k: usize, name: &str| {
+            match cells[k] {
             Cell::U64(v) => Ok(v),
+            // An integer past u64 reaches serde_json as a float (2^64 is 1.8446744073709552e19):
+            // say what it was, not its float spelling.
+            Cell::F64(v) if v.fract() == 0.0 && v >= 18_446_744_073_709_551_615.0 => Err(format!(
+                "{name} {v:.0} is more than 18446744073709551615 (2^64 − 1), the largest a trace can hold"
+            )),
             ref other => Err(format!(
                 "{name} must be a non-negative integer, found {other}"
             )),
+        }
         };
         let time_us = match cells[4] {
             Cell::I64(v) => v,
@@ -441,5 +530,214 @@ impl RawRow {
             stream: StreamId(uint(3, "stream")?),
             time_us,
         })
+    }
+}
+
+/// The most `columns` entries kept to quote (one more than the layout has).
+const COLUMNS_KEPT: usize = COLUMNS.len() + 1;
+
+/// Reads `columns` into what the error shows (Note [Bounded trace excerpts]): each entry of a
+/// list (a string as itself, anything else as JSON, each cut to [`EXCERPT_BYTES`]), at most
+/// [`COLUMNS_KEPT`] of them and then "… (N columns in all)"; or the value, if not a list.
+struct ColumnsSeed;
+
+impl<'de> DeserializeSeed<'de> for ColumnsSeed {
+    type Value = Vec<String>;
+
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Vec<String>, D::Error> {
+        de.deserialize_any(ColumnsVisitor)
+    }
+}
+
+struct ColumnsVisitor;
+
+impl ColumnsVisitor {
+    fn not_a_list<F, E>(read: F) -> Result<Vec<String>, E>
+    where
+        F: FnOnce(ExcerptSeed<'_>) -> Result<(), E>,
+    {
+        let mut excerpt = Excerpt::default();
+        read(ExcerptSeed {
+            out: &mut excerpt,
+            sep: None,
+        })?;
+        Ok(vec![format!("{excerpt} (not a list)")])
+    }
+}
+
+impl<'de> Visitor<'de> for ColumnsVisitor {
+    type Value = Vec<String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of column names")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+        let mut found = Vec::new();
+        let mut count = 0u64;
+        while let Some(cell) = seq.next_element::<Cell>()? {
+            count += 1;
+            if found.len() < COLUMNS_KEPT {
+                found.push(match cell {
+                    Cell::Action(a) => a.as_str().to_owned(),
+                    Cell::Str(s) => s,
+                    other => other.to_string(),
+                });
+            }
+        }
+        if count > COLUMNS_KEPT as u64 {
+            found.push(format!("… ({count} columns in all)"));
+        }
+        Ok(found)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Vec<String>, A::Error> {
+        Self::not_a_list(|seed| seed.visit_map(map))
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Vec<String>, E> {
+        Self::not_a_list(|seed| seed.visit_bool(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Vec<String>, E> {
+        Self::not_a_list(|seed| seed.visit_i64(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Vec<String>, E> {
+        Self::not_a_list(|seed| seed.visit_u64(v))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Vec<String>, E> {
+        Self::not_a_list(|seed| seed.visit_f64(v))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Vec<String>, E> {
+        Self::not_a_list(|seed| seed.visit_str(v))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Vec<String>, E> {
+        Self::not_a_list(|seed| seed.visit_unit())
+    }
+}
+
+/// A string value, or `None` for anything else (skipped without being held).
+struct StringOrSkip(Option<String>);
+
+impl<'de> Deserialize<'de> for StringOrSkip {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<StringOrSkip, D::Error> {
+        de.deserialize_any(StringOrSkipVisitor)
+    }
+}
+
+struct StringOrSkipVisitor;
+
+impl<'de> Visitor<'de> for StringOrSkipVisitor {
+    type Value = StringOrSkip;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<StringOrSkip, E> {
+        Ok(StringOrSkip(Some(v.to_owned())))
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<StringOrSkip, E> {
+        Ok(StringOrSkip(None))
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<StringOrSkip, E> {
+        Ok(StringOrSkip(None))
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<StringOrSkip, E> {
+        Ok(StringOrSkip(None))
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<StringOrSkip, E> {
+        Ok(StringOrSkip(None))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<StringOrSkip, E> {
+        Ok(StringOrSkip(None))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<StringOrSkip, A::Error> {
+        IgnoredAny.visit_seq(seq)?;
+        Ok(StringOrSkip(None))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<StringOrSkip, A::Error> {
+        IgnoredAny.visit_map(map)?;
+        Ok(StringOrSkip(None))
+    }
+}
+
+/// The most `stats` entries kept; the rest are skipped without being held.
+const STATS_KEPT: usize = 1024;
+
+/// The integer entries of `stats` (at most [`STATS_KEPT`]); anything else is skipped.
+struct Stats(Vec<(String, i64)>);
+
+impl<'de> Deserialize<'de> for Stats {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Stats, D::Error> {
+        de.deserialize_any(StatsVisitor)
+    }
+}
+
+struct StatsVisitor;
+
+impl<'de> Visitor<'de> for StatsVisitor {
+    type Value = Stats;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object of statistics")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Stats, A::Error> {
+        let mut out = Vec::new();
+        while let Some(key) = map.next_key::<StringOrSkip>()? {
+            let value = map.next_value::<Cell>()?;
+            let n = match value {
+                Cell::I64(n) => Some(n),
+                Cell::U64(n) => i64::try_from(n).ok(),
+                _ => None,
+            };
+            if let (Some(k), Some(n)) = (key.0, n) {
+                if out.len() < STATS_KEPT {
+                    out.push((k, n));
+                }
+            }
+        }
+        Ok(Stats(out))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Stats, A::Error> {
+        IgnoredAny.visit_seq(seq)?;
+        Ok(Stats(Vec::new()))
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Stats, E> {
+        Ok(Stats(Vec::new()))
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Stats, E> {
+        Ok(Stats(Vec::new()))
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Stats, E> {
+        Ok(Stats(Vec::new()))
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Stats, E> {
+        Ok(Stats(Vec::new()))
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Stats, E> {
+        Ok(Stats(Vec::new()))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Stats, E> {
+        Ok(Stats(Vec::new()))
     }
 }

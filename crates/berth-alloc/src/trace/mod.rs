@@ -29,6 +29,7 @@ use std::rc::Rc;
 use crate::backend::StreamId;
 use crate::snapshot::TraceAction;
 
+mod excerpt;
 mod json;
 
 use json::parse_json;

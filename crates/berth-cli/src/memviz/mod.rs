@@ -22,7 +22,7 @@ pub mod timeline;
 
 use std::path::{Path, PathBuf};
 
-use berth_alloc::pickle::{load_snapshot, PickleError};
+use berth_alloc::pickle::{load_snapshot_with_history, starts_like_pickle, PickleError};
 use berth_alloc::snapshot::MemorySnapshot;
 use serde::Serialize;
 
@@ -38,7 +38,7 @@ pub struct MemvizArgs {
     pub output: PathBuf,
     /// The device to show, as an index (`0`) or as `cuda:0` (default: the first device with
     /// segments or trace entries).
-    #[arg(long, value_name = "INDEX", value_parser = parse_device_index)]
+    #[arg(long, value_name = "INDEX", value_parser = parse_device_index, allow_negative_numbers = true)]
     pub device: Option<usize>,
 }
 
@@ -61,6 +61,13 @@ pub enum MemvizError {
         path: PathBuf,
         /// Why.
         source: std::io::Error,
+    },
+    /// The file is over the input size cap (a stream such as `/dev/zero` never ends; Note
+    /// [Bounded reads] in `berth_alloc::input`).
+    #[error("snapshot {}", .source)]
+    TooLarge {
+        /// The cap's error, naming the file, the cap and how to raise it.
+        source: berth_alloc::input::InputError,
     },
     /// The file is gzip data or JSON: an allocator trace, for `berth replay`, not a snapshot.
     #[error(
@@ -87,16 +94,33 @@ pub enum MemvizError {
         /// What the pickle reader found.
         source: PickleError,
     },
-    /// The snapshot holds no segments and no trace entries: nothing to draw.
+    /// The snapshot holds no segments and no trace entries: nothing to draw. What the empty
+    /// trace means depends on whether history was recorded (Note [Snapshot history flag] in
+    /// `berth_alloc::pickle`).
     #[error(
-        "{}: the snapshot is empty (no segments and no trace entries on any device); take it \
-         after allocating, with history recorded (torch.cuda.memory._record_memory_history(), \
-         or berth train --memory-snapshot)",
-        path.display()
+        "{}: the snapshot is empty (no segments and no trace entries on any device){}",
+        path.display(),
+        match history {
+            Some(true) => "; history was being recorded, so nothing was allocated before it was taken",
+            Some(false) => "; history was not being recorded, so the empty trace says nothing about allocations: record it (torch.cuda.memory._record_memory_history(), or berth train --memory-snapshot)",
+            None => "; take it after allocating, with history recorded (torch.cuda.memory._record_memory_history(), or berth train --memory-snapshot)",
+        }
     )]
     Empty {
         /// The file.
         path: PathBuf,
+        /// Whether history was being recorded, where the file says (berth's own files).
+        history: Option<bool>,
+    },
+    /// The snapshot holds what no allocator writes: a segment on a negative device (newcomer
+    /// defect 16: such segments were dropped and the snapshot called empty), or a segment or
+    /// block whose address plus size overflows 64 bits (defect 17: they passed silently).
+    #[error("{}: the snapshot is damaged: {what}; expected device indices of 0 or more and address ranges inside 64 bits, as torch.cuda.memory._snapshot() writes", path.display())]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, naming the segment.
+        what: String,
     },
     /// `--device` names a device the snapshot has nothing for.
     #[error(
@@ -170,6 +194,10 @@ pub struct PageData {
     pub timeline: timeline::Timeline,
     /// The segment view's rows.
     pub segments: Vec<segments::SegmentRow>,
+    /// Whether history was being recorded when the snapshot was taken, where the file says
+    /// (berth's own files; `None` for PyTorch's): an empty timeline means "nothing
+    /// allocated" only when `true` (Note [Snapshot history flag] in `berth_alloc::pickle`).
+    pub history_recorded: Option<bool>,
 }
 
 /// Reads a snapshot file.
@@ -177,11 +205,41 @@ pub struct PageData {
 /// # Errors
 /// [`MemvizError::Read`] when the file cannot be read, [`MemvizError::TraceNotSnapshot`] for
 /// gzip or JSON data (a trace), [`MemvizError::NotASnapshot`] when it is not a snapshot pickle.
-pub fn load(path: &Path) -> Result<MemorySnapshot, MemvizError> {
-    let bytes = std::fs::read(path).map_err(|source| MemvizError::Read {
+pub fn load(path: &Path) -> Result<(MemorySnapshot, Option<bool>), MemvizError> {
+    use berth_alloc::input::{max_input_bytes, read_capped, read_rest_capped, InputError};
+    use std::io::Read;
+    let input_err = |e| match e {
+        InputError::Io { path, source } => MemvizError::Read { path, source },
+        source => MemvizError::TooLarge { source },
+    };
+    let read_err = |source| MemvizError::Read {
         path: path.to_owned(),
         source,
-    })?;
+    };
+    let is_file = std::fs::metadata(path).map_err(read_err)?.is_file();
+    let bytes = if is_file {
+        read_capped(path, max_input_bytes()).map_err(input_err)?
+    } else {
+        // A stream (a pipe, `/dev/zero`) is judged by its first bytes before the rest is
+        // read (Note [Bounded reads]): what is no pickle fails at once.
+        let mut stream = std::fs::File::open(path).map_err(read_err)?;
+        let mut head = [0u8; 2];
+        let mut n = 0;
+        while n < head.len() {
+            match stream.read(&mut head[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(read_err(e)),
+            }
+        }
+        let head = head[..n].to_vec();
+        if head.first().is_some_and(|&b| starts_like_pickle(b)) {
+            read_rest_capped(stream, path, head, max_input_bytes()).map_err(input_err)?
+        } else {
+            head
+        }
+    };
     let what = match bytes.first() {
         Some(0x1f) if bytes.get(1) == Some(&0x8b) => Some("gzip data"),
         Some(b'{' | b'[') => Some("JSON"),
@@ -193,7 +251,7 @@ pub fn load(path: &Path) -> Result<MemorySnapshot, MemvizError> {
             what,
         });
     }
-    load_snapshot(&bytes).map_err(|source| MemvizError::NotASnapshot {
+    load_snapshot_with_history(&bytes).map_err(|source| MemvizError::NotASnapshot {
         path: path.to_owned(),
         source,
     })
@@ -219,9 +277,44 @@ pub fn devices(snapshot: &MemorySnapshot) -> Vec<usize> {
     d
 }
 
+/// Refuses a snapshot no allocator writes ([`MemvizError::Damaged`]): a segment on a negative
+/// device, or a segment or block whose address range overflows 64 bits.
+fn check_damage(snapshot: &MemorySnapshot, path: &Path) -> Result<(), MemvizError> {
+    let damaged = |what: String| MemvizError::Damaged {
+        path: path.to_owned(),
+        what,
+    };
+    for s in &snapshot.segments {
+        if s.device < 0 {
+            return Err(damaged(format!(
+                "segment 0x{:x} is on device {}",
+                s.address, s.device
+            )));
+        }
+        if s.address.checked_add(s.total_size).is_none() {
+            return Err(damaged(format!(
+                "segment 0x{:x} of {} bytes ends past 2^64",
+                s.address, s.total_size
+            )));
+        }
+        if let Some(b) = s
+            .blocks
+            .iter()
+            .find(|b| b.address.checked_add(b.size).is_none())
+        {
+            return Err(damaged(format!(
+                "block 0x{:x} of {} bytes (segment 0x{:x}) ends past 2^64",
+                b.address, b.size, s.address
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The data of the page for `device` of `snapshot` (`title` names the file).
 ///
 /// # Errors
+/// [`MemvizError::Damaged`] for a snapshot no allocator writes (see [`check_damage`]),
 /// [`MemvizError::Empty`] when the snapshot has nothing on any device,
 /// [`MemvizError::NoSuchDevice`] when `device` is given and has nothing.
 pub fn page_data(
@@ -229,10 +322,12 @@ pub fn page_data(
     path: &Path,
     device: Option<usize>,
 ) -> Result<PageData, MemvizError> {
+    check_damage(snapshot, path)?;
     let devices = devices(snapshot);
     let Some(&first) = devices.first() else {
         return Err(MemvizError::Empty {
             path: path.to_owned(),
+            history: None,
         });
     };
     let device = match device {
@@ -273,6 +368,7 @@ pub fn page_data(
         allocated_bytes,
         timeline: timeline::build(snapshot, device),
         segments: segments::build(snapshot, device),
+        history_recorded: None,
     })
 }
 
@@ -297,11 +393,15 @@ pub fn render(data: &PageData) -> String {
 /// # Errors
 /// Every [`MemvizError`].
 pub fn run(args: MemvizArgs) -> anyhow::Result<()> {
-    let snapshot = load(&args.snapshot)?;
+    let (snapshot, history) = load(&args.snapshot)?;
     if crate::paths::same_file(&args.snapshot, &args.output) {
         return Err(MemvizError::OutputIsInput { path: args.output }.into());
     }
-    let data = page_data(&snapshot, &args.snapshot, args.device)?;
+    let mut data = page_data(&snapshot, &args.snapshot, args.device).map_err(|e| match e {
+        MemvizError::Empty { path, .. } => MemvizError::Empty { path, history },
+        e => e,
+    })?;
+    data.history_recorded = history;
     let html = render(&data);
     std::fs::write(&args.output, &html).map_err(|source| MemvizError::Write {
         path: args.output.clone(),
@@ -310,8 +410,13 @@ pub fn run(args: MemvizArgs) -> anyhow::Result<()> {
     let t = &data.timeline;
     let count =
         |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    let history = match history {
+        Some(true) => "; history was recorded",
+        Some(false) => "; history was not recorded (an empty timeline says nothing)",
+        None => "",
+    };
     println!(
-        "wrote {} ({} KiB): device {}, {}, {}, {}; timeline of {} in {}, {} of {} drawn one by one",
+        "wrote {} ({} KiB): device {}, {}, {}, {}; timeline of {} in {}, {} of {} drawn one by one{history}",
         args.output.display(),
         html.len().div_ceil(1024),
         data.device,

@@ -6,7 +6,9 @@
 //! of such neighbours are merged into one entry (state [`STATE_MERGED`], with their count and
 //! allocated bytes) until the run is a pixel wide, so a segment holds at most about
 //! 2 × [`SEGMENT_COLUMNS`] entries however many blocks it has. Blocks a pixel wide or more are
-//! kept as they are.
+//! kept as they are. A pixel is 1/[`SEGMENT_COLUMNS`] of the segment's span: the larger of its
+//! `total_size` and its blocks' summed sizes, so a damaged segment (`total_size` 0, or smaller
+//! than its blocks: newcomer defect 17, where every block was kept) is bounded the same way.
 
 use berth_alloc::snapshot::{BlockState, MemorySnapshot, SegmentInfo};
 use serde::Serialize;
@@ -96,7 +98,13 @@ impl Run {
 }
 
 fn row(seg: &SegmentInfo) -> SegmentRow {
-    let min_bytes = seg.total_size / SEGMENT_COLUMNS;
+    // The span bounds the entries even for a damaged segment (Note [Segment downsampling]).
+    let blocks_bytes = seg
+        .blocks
+        .iter()
+        .map(|b| b.size)
+        .fold(0, u64::saturating_add);
+    let min_bytes = (seg.total_size.max(blocks_bytes) / SEGMENT_COLUMNS).max(1);
     let mut blocks = Vec::new();
     let mut run = Run::default();
     for b in &seg.blocks {
@@ -152,6 +160,24 @@ pub fn build(snapshot: &MemorySnapshot, device: usize) -> Vec<SegmentRow> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_damaged_segment_of_size_zero_is_downsampled_too() {
+        // Newcomer defect 17 (gen_pickles.py's snap-zero-total-many-blocks): total_size 0 and
+        // 100,000 blocks of 512 bytes gave 100,000 entries.
+        let mut s = seg(vec![(512, BlockState::ActiveAllocated); 100_000]);
+        s.total_size = 0;
+        let r = row(&s);
+        assert!(
+            r.blocks.len() <= 2 * SEGMENT_COLUMNS as usize + 1,
+            "{}",
+            r.blocks.len()
+        );
+        assert_eq!(r.block_count, 100_000);
+        // Every block is accounted for: the merged counts add up.
+        assert_eq!(r.blocks.iter().map(|e| e[4]).sum::<u64>(), 100_000);
+    }
+
     use berth_alloc::backend::StreamId;
     use berth_alloc::snapshot::{BlockInfo, SegmentType};
 

@@ -23,6 +23,8 @@ pub(crate) struct LoadedTrace {
     pub(crate) segment_addresses: Vec<u64>,
     /// PyTorch's own figures, if the trace carries them.
     pub(crate) recorded: Option<Recorded>,
+    /// The allocator configuration the trace was recorded with (`alloc_conf`), if it says.
+    pub(crate) alloc_conf: Option<String>,
 }
 
 /// How [`load`] checks and keeps the events.
@@ -38,27 +40,30 @@ pub(crate) struct LoadOptions {
     pub(crate) snapshot_device: Option<usize>,
 }
 
-/// The leading byte of every pickle of protocol 2 or later (`PROTO`), which
-/// `torch.cuda.memory._dump_snapshot` writes.
-const PICKLE_PROTO: u8 = 0x80;
-
-/// Reads and compiles a JSON trace (streaming) or a snapshot pickle (recognized by its leading
-/// protocol byte 0x80, or named `.pickle` / `.pkl`).
+/// Reads and compiles a JSON trace (streaming) or a snapshot pickle (recognized by its first
+/// byte, [`berth_alloc::pickle::starts_like_pickle`]: any protocol, as memviz reads them; or
+/// named `.pickle` / `.pkl`).
 pub(crate) fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedTrace> {
     let cannot_read =
         |e: std::io::Error| UsageError(format!("cannot read trace {}: {e}", path.display()));
-    // A pipe or other stream (`/dev/stdin`, `<(zcat …)`) can be read only once: read it whole
-    // here. A regular file is sniffed by its first byte, then streamed from the start.
+    let read_whole = || {
+        berth_alloc::input::read_capped(path, berth_alloc::input::max_input_bytes())
+            .map_err(|e| UsageError(format!("trace {e}")))
+    };
+    // A pipe or other stream (`/dev/stdin`, `<(zcat …)`) can be read only once: its first
+    // byte decides, then a pickle is read whole up to the input cap and JSON is streamed on
+    // (Note [Bounded reads]: `/dev/zero` was read until killed; now its first byte is no
+    // pickle and no JSON). A regular file is sniffed by its first byte, then streamed from
+    // the start.
     let mut piped = match std::fs::metadata(path) {
-        Ok(m) if !m.is_file() && !m.is_dir() => Some(std::fs::read(path).map_err(cannot_read)?),
+        Ok(m) if !m.is_file() && !m.is_dir() => {
+            Some(std::fs::File::open(path).map_err(cannot_read)?)
+        }
         _ => None,
     };
     let mut first = [0u8; 1];
-    let n = match &piped {
-        Some(bytes) => {
-            first[0] = bytes.first().copied().unwrap_or(0);
-            bytes.len().min(1)
-        }
+    let n = match &mut piped {
+        Some(stream) => stream.read(&mut first).map_err(cannot_read)?,
         None => std::fs::File::open(path)
             .and_then(|mut f| f.read(&mut first))
             .map_err(cannot_read)?,
@@ -90,7 +95,7 @@ pub(crate) fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedT
             err.to_string()
         })
     };
-    let is_pickle = n == 1 && first[0] == PICKLE_PROTO;
+    let is_pickle = n == 1 && berth_alloc::pickle::starts_like_pickle(first[0]);
     let (events, stats, alloc_conf) = if is_pickle || named_pickle {
         if !is_pickle {
             let found = if n == 0 {
@@ -100,15 +105,21 @@ pub(crate) fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedT
             };
             return Err(UsageError(format!(
                 "{}: not a valid PyTorch snapshot pickle: {found}, not the pickle protocol byte \
-                 0x80; expected a snapshot written by torch.cuda.memory._dump_snapshot, or a \
-                 JSON trace (.json or .json.gz) such as scripts/traces/record_traces.py records",
+                 0x80 nor a protocol-0/1 pickle's first opcode; expected a snapshot written by \
+                 torch.cuda.memory._dump_snapshot, or a JSON trace (.json or .json.gz) such as scripts/traces/record_traces.py records",
                 path.display()
             ))
             .into());
         }
         let bytes = match piped.take() {
-            Some(bytes) => bytes,
-            None => std::fs::read(path).map_err(cannot_read)?,
+            Some(stream) => berth_alloc::input::read_rest_capped(
+                stream,
+                path,
+                first[..n].to_vec(),
+                berth_alloc::input::max_input_bytes(),
+            )
+            .map_err(|e| UsageError(format!("trace {e}")))?,
+            None => read_whole()?,
         };
         let snapshot = berth_alloc::pickle::load_snapshot(&bytes).map_err(|e| {
             UsageError(format!(
@@ -131,8 +142,18 @@ pub(crate) fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedT
         }
         (trace.events.len(), trace.stats, trace.alloc_conf)
     } else {
-        let info = match &piped {
-            Some(bytes) => parse_trace_into(&bytes[..], &mut sink),
+        if let Some(device) = options.snapshot_device {
+            // Newcomer defect 18: the flag was silently ignored for JSON traces.
+            return Err(UsageError(format!(
+                "--snapshot-device {device}: {} is a JSON trace, which holds one device's \
+                 events; --snapshot-device picks a device of a snapshot pickle. Drop it, or \
+                 pass the snapshot pickle",
+                path.display()
+            ))
+            .into());
+        }
+        let info = match piped.take() {
+            Some(stream) => parse_trace_into((&first[..n]).chain(stream), &mut sink),
             None => read_trace_into(path, &mut sink),
         }
         .map_err(|e| load_error(path, e, unknown_free.get()))?;
@@ -143,6 +164,7 @@ pub(crate) fn load(path: &Path, options: &LoadOptions) -> anyhow::Result<LoadedT
         events,
         segment_addresses,
         recorded: Recorded::from_stats(&stats, alloc_conf.as_deref()),
+        alloc_conf: alloc_conf.filter(|c| !c.trim().is_empty()),
     })
 }
 

@@ -46,7 +46,7 @@ pub struct ReplayArgs {
     pub policy: String,
     /// Simulated device memory in bytes (suffixes KiB, MiB, GiB, TiB, PiB allowed); default: an
     /// H200's 150109880320. Only with `--device sim`.
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
     pub capacity: Option<String>,
     /// Hand out the segment addresses the trace recorded (its `segment_alloc` rows) instead of
     /// increasing ones: PyTorch breaks ties between equal-size free blocks by address. Only
@@ -68,7 +68,8 @@ pub struct ReplayArgs {
     pub skip_unknown_frees: bool,
     /// Which device's history to replay from a snapshot pickle (its `device_traces[N]`).
     /// Default: the only device with a history; a snapshot with several needs this.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = crate::whole_usize("--snapshot-device", "the device index", 0, 0))]
     pub snapshot_device: Option<usize>,
 }
 
@@ -103,6 +104,42 @@ fn replay_conf() -> Result<AllocatorConfig, UsageError> {
             conf.conf_string
         );
     }
+    Ok(conf)
+}
+
+/// The configuration `trace` replays with: the user's (`BERTH_ALLOC_CONF` or PyTorch's
+/// variables) when one is set; else the `alloc_conf` the trace was recorded with, if any,
+/// said on standard error (newcomer defect 18: it was unused); else the default.
+///
+/// # Errors
+/// A [`UsageError`] when the recorded `alloc_conf` does not parse, saying how to override it.
+fn trace_conf(
+    name: &str,
+    trace: &LoadedTrace,
+    user: &AllocatorConfig,
+) -> Result<AllocatorConfig, UsageError> {
+    let recorded = match &trace.alloc_conf {
+        Some(c) if AllocatorConfig::env_variable().is_none() => c,
+        _ => return Ok(user.clone()),
+    };
+    let (conf, skipped) = AllocatorConfig::parse_pytorch(recorded).map_err(|e| {
+        UsageError(format!(
+            "{name}: the trace's recorded alloc_conf '{recorded}' does not parse ({e}); set \
+             BERTH_ALLOC_CONF to replay it with other settings"
+        ))
+    })?;
+    let skipped = if skipped.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " ({} not implemented by berth, skipped)",
+            skipped.join(", ")
+        )
+    };
+    eprintln!(
+        "berth: note: {name}: replaying with the trace's recorded alloc_conf '{recorded}'{skipped}, \
+         as no BERTH_ALLOC_CONF is set; set it to override"
+    );
     Ok(conf)
 }
 
@@ -169,6 +206,55 @@ fn parse_capacity(s: &str) -> Result<u64, UsageError> {
         .ok_or_else(|| UsageError(format!("invalid --capacity '{s}': expected a positive number of bytes up to {max} (64 PiB), such as 80000000000 or 80GiB")))
 }
 
+/// Refuses a `--capacity` whose address reservations cannot all fit in the simulator's
+/// address space for the traces' streams, under the policies that reserve address space per
+/// stream: expandable segments reserve 9/8 of the capacity for each stream and pool (two pools),
+/// `paged` twice the capacity for each stream (newcomer defect 10: with `--capacity` ≥ 32 PiB,
+/// both ran out of address space after a few dozen streams, with contradictory errors).
+///
+/// # Errors
+/// A [`UsageError`] naming the largest capacity that fits and the trace with the most streams.
+fn check_address_space(
+    capacity: u64,
+    policies: &[Policy],
+    traces: &[(String, LoadedTrace)],
+) -> Result<(), UsageError> {
+    let Some(policy) = policies
+        .iter()
+        .find(|p| matches!(p, Policy::Expandable | Policy::Paged))
+    else {
+        return Ok(());
+    };
+    let Some((name, trace)) = traces.iter().max_by_key(|(_, t)| t.compiled.streams()) else {
+        return Ok(());
+    };
+    let max = max_capacity_for_streams(trace.compiled.streams());
+    if capacity <= max {
+        return Ok(());
+    }
+    Err(UsageError(format!(
+        "--capacity {capacity} ({}): {name} allocates on {} streams, and the {} policy reserves \
+         address space for each (expandable segments 9/8 of the capacity per stream and pool, \
+         paged twice the capacity per stream); the simulator's {} bytes of address space hold \
+         them for a capacity of at most {max} bytes ({}); pass --capacity {max} or less",
+        format_size(capacity),
+        trace.compiled.streams(),
+        policy.name(),
+        berth_alloc::backend::sim::ADDRESS_SPACE_BYTES,
+        format_size(max),
+    )))
+}
+
+/// The largest simulated capacity, in bytes (whole MiB), whose per-stream reservations fit in
+/// the simulator's address space for `streams` streams: each stream takes at most 9/4 of the
+/// capacity (two expandable pools of 9/8; `paged` takes 2) plus 64 MiB of rounding and gaps.
+fn max_capacity_for_streams(streams: usize) -> u64 {
+    let space = berth_alloc::backend::sim::ADDRESS_SPACE_BYTES;
+    let per_stream = space / (streams.max(1) as u64);
+    let cap = per_stream.saturating_sub(64 << 20) / 9 * 4;
+    (cap >> 20 << 20).min(berth_alloc::backend::sim::MAX_SIM_CAPACITY)
+}
+
 /// One replay's result.
 struct Row {
     /// Which trace (position among the arguments): rows of one trace share it.
@@ -184,8 +270,8 @@ struct Row {
     report: ReplayReport,
     /// The cold pass's ns per operation.
     cold_ns_per_op: f64,
-    /// The replay error when this policy ran out of memory (then `report` holds only the
-    /// trace's peak requested bytes).
+    /// The replay error when this policy ran out of memory or failed otherwise (then `report`
+    /// holds only the trace's peak requested bytes).
     out_of_memory: Option<OutOfMemory>,
 }
 
@@ -193,6 +279,8 @@ struct Row {
 struct OutOfMemory {
     short: String,
     full: String,
+    /// Whether the failure was an out-of-memory (else another allocator error).
+    oom: bool,
 }
 
 /// Checks `--device`: `None` for `sim`, the CUDA device index for `cuda:N`. The flags of the
@@ -263,10 +351,17 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         .zip(&args.traces)
         .map(|(label, p)| Ok((label, load(p, &options)?)))
         .collect::<anyhow::Result<_>>()?;
+    if cuda.is_none() {
+        check_address_space(capacity, &policies, &traces)?;
+    }
     let conf = replay_conf()?;
     if let Some(index) = cuda {
         return crate::replay_cuda::run(index, &traces, &policies, &conf, args.json);
     }
+    let trace_confs: Vec<AllocatorConfig> = traces
+        .iter()
+        .map(|(name, t)| trace_conf(name, t, &conf))
+        .collect::<Result<_, _>>()?;
     let total: u64 =
         traces.iter().map(|(_, t)| t.events as u64).sum::<u64>() * policies.len() as u64;
     let bar = progress_bar(total, args.json);
@@ -278,7 +373,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
             if args.real_addrs {
                 sim = sim.with_addresses(trace.segment_addresses.clone());
             }
-            let alloc = replay_allocator(policy, sim, &conf)?;
+            let alloc = replay_allocator(policy, sim, &trace_confs[group])?;
             // A policy that runs out of memory gets a row saying so, and the others still run
             // ("which policies fit in --capacity?"); any other error stops the replay.
             let (report, cold_ns_per_op, out_of_memory) =
@@ -305,12 +400,29 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
                                 format_size(e.size)
                             ),
                             full: e.to_string(),
+                            oom: true,
                         }),
                     ),
-                    Err(e) => {
-                        return Err(anyhow::Error::new(e)
-                            .context(format!("replaying {name} with policy {}", policy.name())))
-                    }
+                    // Any other error gets its row too: the other policies' rows are kept, and
+                    // the run fails at the end (newcomer defect 10 lost the whole table).
+                    Err(e) => (
+                        ReplayReport {
+                            peak_requested: trace.compiled.peak_requested(),
+                            ..ReplayReport::default()
+                        },
+                        0.0,
+                        Some(OutOfMemory {
+                            short: format!(
+                                "failed at trace event #{} ({} of {}): {}",
+                                e.index,
+                                e.action,
+                                format_size(e.size),
+                                e.source
+                            ),
+                            full: e.to_string(),
+                            oom: false,
+                        }),
+                    ),
                 };
             bar.inc(trace.events as u64);
             rows.push(Row {
@@ -357,6 +469,13 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
             row.trace,
             row.policy.name(),
             e.full
+        ),
+        _ if oom.iter().any(|(_, e)| !e.oom) => anyhow::bail!(
+            "replay failed: {} (the rows above say where and why)",
+            oom.iter()
+                .map(|(r, _)| format!("{} on {}", r.policy.name(), r.trace))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
         _ => anyhow::bail!(
             "out of memory: {} (the rows above say where; pass a larger --capacity: the default is \

@@ -7,6 +7,7 @@
 //! reserved bytes without allocating anything (see [`meta`]).
 
 mod data;
+mod fit;
 mod meta;
 mod mlp;
 mod profile;
@@ -264,6 +265,9 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
         }
         return meta::run(&args);
     }
+    // Newcomer defect 7: what training needs, against what the device has, before anything
+    // is allocated.
+    fit::check_fits(args.hidden, args.batch_size, device)?;
     check_distinct_outputs(&[
         ("--save", args.save.as_deref()),
         ("--profile", args.profile.as_deref()),
@@ -518,8 +522,13 @@ pub fn train_on(
     let memory = mem.finish(device)?;
     if let (Some(i), Some(path)) = (snapshot_device, &args.memory_snapshot) {
         let snapshot = berth::cuda::memory_snapshot(i)?;
-        std::fs::write(path, berth::alloc::pickle::dump_snapshot(&snapshot))
-            .with_context(|| format!("writing the memory snapshot to {}", path.display()))?;
+        std::fs::write(
+            path,
+            // History is recorded for the whole run (above): the file says so (Note
+            // [Snapshot history flag]).
+            berth::alloc::pickle::dump_snapshot_with_history(&snapshot, true),
+        )
+        .with_context(|| format!("writing the memory snapshot to {}", path.display()))?;
     }
     let waits = report::host_waits() - waits_before;
     let state_dict = model.state_dict()?;

@@ -73,29 +73,34 @@ pub fn save_state_dict(state: &StateDict, path: impl AsRef<Path>) -> Result<()> 
     })
 }
 
-/// Read a safetensors file into a state dict of CPU tensors.
+/// Read a safetensors file into a state dict of CPU tensors. At most
+/// [`berth_alloc::input::max_input_bytes`] bytes are read (1 GiB unless
+/// `BERTH_MAX_INPUT_BYTES` says otherwise), so a stream such as `/dev/zero` fails at the cap.
 ///
 /// # Errors
-/// [`Error::Io`]; a corrupt file; an unsupported dtype.
+/// [`Error::Input`] when the file cannot be read or is over the cap; a corrupt file; an
+/// unsupported dtype.
 pub fn load_state_dict_file(path: impl AsRef<Path>) -> Result<StateDict> {
     let path = path.as_ref();
-    let buf = std::fs::read(path).map_err(|source| Error::Io {
-        op: "load_state_dict_file",
-        path: path.display().to_string(),
-        source,
-    })?;
+    let buf = berth_alloc::input::read_capped(path, berth_alloc::input::max_input_bytes())?;
     load_state_dict_bytes(&buf)
 }
 
 /// [`load_state_dict_file`] for the bytes of a safetensors file already in memory.
 ///
 /// # Errors
-/// A corrupt file; an unsupported dtype; host allocation failure.
+/// A corrupt file; an unsupported dtype; [`Error::NumelOverflow`] /
+/// [`Error::StorageSizeOverflow`] for a shape whose element count or contiguous strides
+/// overflow (as every constructor checks: [`crate::layout::checked_numel`]); host allocation
+/// failure.
 pub fn load_state_dict_bytes(buf: &[u8]) -> Result<StateDict> {
     let st = SafeTensors::deserialize(buf)?;
     let mut out = StateDict::new();
     for (name, view) in st.iter() {
         let dtype = from_st(view.dtype(), name)?;
+        // The shape every other constructor checks (newcomer defect 12: [0, 2^40, 2^40]
+        // passed here with saturated strides): PyTorch's numel and stride overflow checks.
+        crate::layout::checked_nbytes(view.shape(), dtype, "load_state_dict")?;
         let storage = crate::Storage::try_host_from_bytes(view.data())?;
         let t = Tensor::from_contiguous(storage, view.shape(), dtype);
         debug_assert_eq!(t.device(), Device::Cpu);

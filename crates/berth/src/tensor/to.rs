@@ -33,7 +33,10 @@ pub struct ToOptions {
 
 impl Tensor {
     /// Move and/or convert (`Tensor.to(device, dtype, non_blocking, copy)`); see the module
-    /// rules. The result keeps `requires_grad` unless `dtype` is not floating-point (only
+    /// rules. The two flags are positional as in PyTorch's signature, where Python callers
+    /// name them; in Rust prefer [`Tensor::to_with`] with [`ToOptions`]
+    /// (`ToOptions { copy: true, ..Default::default() }`), which names them, or
+    /// [`Tensor::to_device`] / [`Tensor::to_dtype`] when both are false. The result keeps `requires_grad` unless `dtype` is not floating-point (only
     /// floating-point tensors can require gradients, as in PyTorch). Integer to integer
     /// conversions are exact and wrap as C++'s casts (`2^53 + 1` as i32 is 1).
     ///
@@ -167,7 +170,9 @@ impl Tensor {
     }
 
     /// The elements in row-major order (`Tensor.tolist()` flattened). Device tensors are
-    /// copied to the host first.
+    /// copied to the host first. `T` must be the tensor's dtype: unlike `tolist()`, which
+    /// converts every element to a Python number, this does not convert (a silent f32 → f64
+    /// widening would hide a dtype mistake); [`Tensor::to_vec_f64`] is the converting read.
     ///
     /// # Errors
     /// 1. [`Error::ElementType`] when `T` is not the tensor's dtype.

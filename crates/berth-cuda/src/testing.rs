@@ -191,6 +191,7 @@ mod tests {
                 let opens_at_gate = [
                     "require_gpu(",
                     "require_gpus(",
+                    "require_nccl(",
                     "gpu(\"",
                     "driver_library_present(",
                 ]

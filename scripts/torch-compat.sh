@@ -48,4 +48,9 @@ if [ -z "${COMPAT_CHECKS:-}" ] || [[ "${COMPAT_CHECKS}" == *refused_swap* ]]; th
   "$PY" crates/berth-torch/tests/compat/refused_swap.py | tee "$OUT/refused_swap.jsonl"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
+# Sleep and wake through the installed package, over a simulated device (no GPU needed).
+if [ -z "${COMPAT_CHECKS:-}" ]; then
+  "$PY" crates/berth-torch/tests/sleep_smoke.py 2>&1 | tail -1 | tee "$OUT/sleep_smoke.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
 exit "$rc"

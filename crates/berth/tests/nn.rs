@@ -163,6 +163,41 @@ fn module_to_device_and_to_empty() {
     );
 }
 
+/// PyTorch's way out of meta: build on meta (no memory), `to_empty(device)`, then re-run each
+/// module's initialisation (`reset_parameters`): the values a model built on the device from
+/// the same generator state would have, with the dtype, device and `requires_grad` kept.
+#[test]
+fn to_empty_then_reset_parameters_gives_the_models_initial_values() {
+    let build = |device: Device, seed: u64| {
+        let mut g = Generator::new(seed);
+        Sequential::new()
+            .push(Linear::new_with(4, 3, true, DType::F32, device, &mut g).unwrap())
+            .push(ReLU)
+            .push(Linear::new_with(3, 2, false, DType::F32, device, &mut g).unwrap())
+    };
+    let reference = build(Device::Cpu, 7);
+    let mut m = build(Device::Meta, 99);
+    m.to_empty(Device::Cpu).unwrap();
+    m.reset_parameters(&mut Generator::new(7)).unwrap();
+    let (want, got) = (reference.named_parameters(), m.named_parameters());
+    assert_eq!(got.len(), 3, "two weights and one bias");
+    for ((wn, w), (gn, g)) in want.iter().zip(&got) {
+        assert_eq!(wn, gn);
+        assert_eq!(g.device(), Device::Cpu);
+        assert!(g.requires_grad(), "{gn} keeps requires_grad");
+        assert_eq!(
+            w.to_vec::<f32>().unwrap(),
+            g.to_vec::<f32>().unwrap(),
+            "{gn}"
+        );
+    }
+    // Drawn again from another state, the values change (and stay in PyTorch's bound 1/sqrt(4)).
+    m.reset_parameters(&mut Generator::new(8)).unwrap();
+    let w = m.named_parameters()[0].1.to_vec::<f32>().unwrap();
+    assert_ne!(w, want[0].1.to_vec::<f32>().unwrap());
+    assert!(w.iter().all(|v| v.abs() <= 0.5), "{w:?}");
+}
+
 #[test]
 fn linear_with_zero_features_works_as_in_torch() {
     let x = Tensor::ones(&[5, 784], DType::F32, Device::Cpu).unwrap();

@@ -39,6 +39,20 @@ impl Linear {
         device: Device,
         g: &mut Generator,
     ) -> Result<Linear> {
+        let (weight, bias) = Linear::draw(in_features, out_features, bias, dtype, device, g)?;
+        Ok(Linear { weight, bias })
+    }
+
+    /// Weight and bias drawn from `U(−1/√in, 1/√in)` (PyTorch's `Linear.reset_parameters`), in
+    /// that order from `g`, on `device` as `dtype`.
+    fn draw(
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        dtype: DType,
+        device: Device,
+        g: &mut Generator,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let bound = if in_features > 0 {
             1.0 / (in_features as f64).sqrt()
         } else {
@@ -65,7 +79,7 @@ impl Linear {
         } else {
             None
         };
-        Ok(Linear { weight, bias })
+        Ok((weight, bias))
     }
 
     /// `in_features`.
@@ -102,5 +116,19 @@ impl Module for Linear {
             v.push(("bias".to_string(), b));
         }
         v
+    }
+
+    fn reset_parameters(&mut self, g: &mut Generator) -> Result<()> {
+        let (weight, bias) = Linear::draw(
+            self.in_features(),
+            self.out_features(),
+            self.bias.is_some(),
+            self.weight.dtype(),
+            self.weight.device(),
+            g,
+        )?;
+        self.weight = weight;
+        self.bias = bias;
+        Ok(())
     }
 }

@@ -69,6 +69,20 @@ pub trait Module {
         Ok(())
     }
 
+    /// Draws every parameter again from its initialisation, in place of its current values, on
+    /// its current device and dtype (PyTorch's per-module `reset_parameters()`, called for each
+    /// submodule). The way to give a model built on meta real values after
+    /// [`Module::to_empty`]: `to_empty(device)` then `reset_parameters(&mut g)`, as PyTorch's
+    /// <https://pytorch.org/docs/stable/meta.html> describes. Modules without parameters do
+    /// nothing.
+    ///
+    /// # Errors
+    /// Parameters on the meta device stay on meta (drawing is free there); device errors.
+    fn reset_parameters(&mut self, g: &mut crate::random::Generator) -> Result<()> {
+        let _ = g;
+        Ok(())
+    }
+
     /// The parameters as CPU tensors, by name (`Module.state_dict()`); CPU parameters are
     /// shared (detached aliases), device parameters copied.
     ///

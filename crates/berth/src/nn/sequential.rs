@@ -77,6 +77,12 @@ impl Module for Sequential {
         v
     }
 
+    fn reset_parameters(&mut self, g: &mut crate::random::Generator) -> Result<()> {
+        self.layers
+            .iter_mut()
+            .try_for_each(|l| l.reset_parameters(g))
+    }
+
     fn named_parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
         let mut v = Vec::new();
         for (i, l) in self.layers.iter_mut().enumerate() {

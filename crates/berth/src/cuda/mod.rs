@@ -38,6 +38,8 @@
 //! - backends for benchmarks and replays: [`CudaBackend`] (and its module [`backend`]),
 //!   [`CudaHostBackend`];
 //! - errors: [`CudaError`], [`KernelError`];
+//! - sleep and wake of tagged memory under `paged` ([`sleep`]: `TagGuard`, `sleep`, `wake`,
+//!   `sleep_stats`), for berth's own tensors as for `berth_torch`;
 //! - the GPU gate for tests: [`testing`].
 //!
 //! Everything else of berth-cuda (its byte copies, host mappings, registries, CUPTI tracing,
@@ -57,7 +59,7 @@ pub use berth_cuda::{
     DeviceGuard, DeviceProperties, Event, HostWaitHook, KernelError, Stream, StreamGuard,
     SyncDebugMode,
 };
-pub use berth_cuda::{backend, memory, testing};
+pub use berth_cuda::{backend, memory, sleep, testing};
 // The transfer and pinning code reaches these as `super::...`.
 pub(crate) use berth_cuda::{copy, hostmem, pinned, sync_point};
 

@@ -102,6 +102,28 @@ pub fn nccl_unavailable_reason() -> Option<String> {
     raw::nccl_loaded().err().map(|e| e.to_string())
 }
 
+/// The gate for tests that need a GPU and NCCL: as [`crate::testing::require_gpu`], then
+/// `true` when NCCL loads; otherwise prints `skipping <test>: <reason>` and returns `false`.
+///
+/// # Panics
+/// When `BERTH_REQUIRE_GPU=1` is set and there is no GPU or NCCL does not load: on the machine
+/// that must run the GPU tests a missing NCCL is a failure, not a skip.
+pub fn require_nccl(test: &str) -> bool {
+    if !crate::testing::require_gpu(test) {
+        return false;
+    }
+    match nccl_unavailable_reason() {
+        None => true,
+        Some(reason) => {
+            if crate::testing::gpu_required() {
+                panic!("{test}: BERTH_REQUIRE_GPU=1 but NCCL does not load: {reason}");
+            }
+            println!("skipping {test}: {reason}");
+            false
+        }
+    }
+}
+
 /// A new NCCL unique id (`ncclGetUniqueId`): made on rank 0 and handed to every rank (through
 /// the rendezvous store) before [`Communicator::init_rank`].
 ///
@@ -373,7 +395,7 @@ mod tests {
     #[test]
     #[ignore = "needs a CUDA GPU and NCCL: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without a GPU)"]
     fn world_size_one_runs_every_collective() {
-        if !crate::testing::require_nccl("nccl world_size_one_runs_every_collective") {
+        if !require_nccl("nccl world_size_one_runs_every_collective") {
             return;
         }
         let stream = Stream::new(0, 0).unwrap();

@@ -109,28 +109,6 @@ pub fn require_gpus(test: &str, n: usize) -> bool {
     }
 }
 
-/// The gate for tests that need a GPU and NCCL: as [`require_gpu`], then `true` when NCCL
-/// loads; otherwise prints `skipping <test>: <reason>` and returns `false`.
-///
-/// # Panics
-/// When `BERTH_REQUIRE_GPU=1` is set and there is no GPU or NCCL does not load: on the machine
-/// that must run the GPU tests a missing NCCL is a failure, not a skip.
-pub fn require_nccl(test: &str) -> bool {
-    if !require_gpu(test) {
-        return false;
-    }
-    match crate::nccl::nccl_unavailable_reason() {
-        None => true,
-        Some(reason) => {
-            if gpu_required() {
-                panic!("{test}: BERTH_REQUIRE_GPU=1 but NCCL does not load: {reason}");
-            }
-            println!("skipping {test}: {reason}");
-            false
-        }
-    }
-}
-
 /// Keeps `stream` busy for `ms` milliseconds without a kernel: queues a host function that
 /// sleeps (`cuLaunchHostFunc`). Work queued after it waits; the host does not. For tests of
 /// asynchronous copies and events (such as <https://github.com/pytorch/pytorch/issues/86264>

@@ -35,7 +35,7 @@ fn without_a_gpu_or_nccl_init_is_a_typed_error() {
 #[test]
 #[ignore = "needs a CUDA GPU and NCCL: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without a GPU)"]
 fn world_size_one_runs_every_collective() {
-    if !berth_cuda::testing::require_nccl("process group world_size_one_runs_every_collective") {
+    if !berth_cuda::nccl::require_nccl("process group world_size_one_runs_every_collective") {
         return;
     }
     let pg = ProcessGroup::init(world_of_one(), Duration::from_secs(30)).unwrap();

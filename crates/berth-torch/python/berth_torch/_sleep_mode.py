@@ -36,7 +36,8 @@ The rules:
 """
 import contextlib
 
-from . import _native
+# The package imports this module last, after defining `_device`.
+from . import _device, _native
 
 
 def _tags(tags, what):
@@ -73,7 +74,6 @@ def sleep(tags, offload=(), device=None):
     Raises ``ValueError`` for an unknown tag or an ``offload`` tag not in ``tags``,
     ``RuntimeError`` for a tag already asleep, no pinned host memory (nothing was released), a
     policy other than ``paged``, or a CUDA graph being captured."""
-    from . import _device
     released, offloaded = _native.sleep(_device(device), _tags(tags, "sleep"),
                                         _tags(offload, "sleep(offload=...)"))
     return {"released_bytes": released, "offloaded_bytes": offloaded}
@@ -85,7 +85,6 @@ def wake(tags, device=None):
 
     Raises ``ValueError`` for an unknown tag, ``RuntimeError`` for a tag that is awake or when
     the device memory cannot be had (every tag stays asleep, backups kept)."""
-    from . import _device
     mapped, restored = _native.wake(_device(device), _tags(tags, "wake"))
     return {"mapped_bytes": mapped, "restored_bytes": restored}
 
@@ -94,7 +93,6 @@ def sleep_stats(device=None):
     """``{"sleeping_bytes", "sleeping_allocated_bytes", "offloaded_bytes", "sleeping_tags"}``
     of ``device``: device bytes given back by sleeping tags, the live bytes of their tensors,
     the pinned host bytes holding backups, and the sleeping tags (sorted)."""
-    from . import _device
     released, allocated, offloaded, tags = _native.sleep_stats(_device(device))
     return {"sleeping_bytes": released, "sleeping_allocated_bytes": allocated,
             "offloaded_bytes": offloaded, "sleeping_tags": list(tags)}

@@ -92,7 +92,7 @@ pub mod warnings;
 
 pub use allocator::{Allocation, AllocationOwner, DeviceAllocator, OomObserver};
 pub use backend::{
-    DevicePtr, DeviceStream, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend,
+    CopyTicket, DevicePtr, DeviceStream, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend,
 };
 pub use config::AllocatorConfig;
 pub use error::{AllocError, BackendError, ConfigError, OomHint, PolicyError};
@@ -101,6 +101,8 @@ pub use host::{HostAllocation, HostAllocator, HostBackend, HostCachingAllocator}
 pub use ids::{MempoolId, StreamFilter};
 pub use paged::{PagedBestFit, PagedTuning};
 pub use policy::Policy;
-pub use snapshot::{BlockInfo, BlockState, MemorySnapshot, SegmentInfo, TraceAction, TraceEntry};
+pub use snapshot::{
+    BlockInfo, BlockState, MemorySnapshot, SegmentInfo, SleepingTag, TraceAction, TraceEntry,
+};
 pub use stats::{MemoryStats, Stat, StatKind};
 pub use tags::{SleepReport, SleepStats, WakeReport};

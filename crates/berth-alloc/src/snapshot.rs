@@ -252,12 +252,37 @@ pub struct MemorySnapshot {
     pub device_traces: Vec<Vec<TraceEntry>>,
     /// The allocator's configuration.
     pub allocator_settings: AllocatorConfig,
+    /// The tags asleep when the snapshot was taken (`Note [Sleep and wake]` in
+    /// [`crate::paged`]), sorted by tag: their memory is in no segment (it was given back to
+    /// the driver), so it is listed here apart. Empty for every policy but `paged`. Written
+    /// to pickles under the key `berth_sleeping`, which PyTorch's tools ignore.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub sleeping: Vec<SleepingTag>,
+}
+
+/// A sleeping tag in a [`MemorySnapshot`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct SleepingTag {
+    /// The tag's name.
+    pub tag: String,
+    /// Device memory the tag gave back to the driver, in bytes.
+    pub released_bytes: u64,
+    /// Its live blocks (still owned by their tensors), in bytes.
+    pub allocated_bytes: u64,
+    /// Host memory holding its backups, in bytes (0 when slept without offload).
+    pub offloaded_bytes: u64,
 }
 
 impl MemorySnapshot {
     /// Total bytes of all segments.
     pub fn total_reserved(&self) -> u64 {
         self.segments.iter().map(|s| s.total_size).sum()
+    }
+
+    /// Device bytes given back by sleeping tags (in no segment).
+    pub fn sleeping_bytes(&self) -> u64 {
+        self.sleeping.iter().map(|t| t.released_bytes).sum()
     }
 }
 

@@ -15,6 +15,7 @@
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::AllocError;
 
@@ -75,22 +76,34 @@ impl Drop for TagGuard {
     }
 }
 
-/// What a `sleep` did.
+/// What a `sleep` did, and where its time went.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SleepReport {
     /// Device memory unmapped and given back, in bytes.
     pub released_bytes: u64,
     /// Live bytes copied to host memory (the offloaded tags' live blocks, 512-byte rounded).
     pub offloaded_bytes: u64,
+    /// Time spent waiting for the device's queued work before anything was copied.
+    pub synchronize_time: Duration,
+    /// Time spent getting (page-locking) the host memory of the backups.
+    pub host_memory_time: Duration,
+    /// Time of the copies to the host and the unmapping, which overlap: a unit is unmapped as
+    /// soon as the copies of its blocks are complete.
+    pub copy_and_release_time: Duration,
 }
 
-/// What a `wake` did.
+/// What a `wake` did, and where its time went.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WakeReport {
     /// Device memory mapped back, in bytes.
     pub mapped_bytes: u64,
     /// Bytes copied back from host memory into blocks still live.
     pub restored_bytes: u64,
+    /// Time of mapping and of the copies back, which overlap: a block's copy is queued as
+    /// soon as the units under it are mapped.
+    pub map_and_copy_time: Duration,
+    /// Time spent freeing the backups' host memory afterwards.
+    pub free_host_memory_time: Duration,
 }
 
 /// The sleeping figures of an allocator, apart from [`crate::MemoryStats`] (`Note [Sleep and

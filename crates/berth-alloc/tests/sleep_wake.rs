@@ -82,11 +82,37 @@ fn sleep_releases_a_tags_pages_and_wake_restores_them_at_the_same_addresses() {
         .sleep(&["weights", "kv_cache"], &["weights"], d.host())
         .unwrap();
     assert_eq!(
-        r,
-        berth_alloc::SleepReport {
-            released_bytes: 52 * MIB,
-            offloaded_bytes: 10 * MIB + 3072,
-        }
+        (r.released_bytes, r.offloaded_bytes),
+        (52 * MIB, 10 * MIB + 3072)
+    );
+    // The two weight blocks are adjacent: one backup buffer, one copy.
+    assert_eq!(d.host.counts().alloc_pinned, 1, "one host buffer per tag");
+    // The snapshot lists the sleeping tags apart from its (mapped) segments.
+    let snap = d.paged.snapshot();
+    assert_eq!(snap.total_reserved(), 6 * MIB);
+    assert_eq!(snap.sleeping_bytes(), 52 * MIB);
+    assert_eq!(
+        snap.sleeping,
+        vec![
+            berth_alloc::SleepingTag {
+                tag: "kv_cache".into(),
+                released_bytes: 40 * MIB,
+                allocated_bytes: 40 * MIB,
+                offloaded_bytes: 0,
+            },
+            berth_alloc::SleepingTag {
+                tag: "weights".into(),
+                released_bytes: 12 * MIB,
+                allocated_bytes: 10 * MIB + 3072,
+                offloaded_bytes: 10 * MIB + 3072,
+            },
+        ]
+    );
+    let back = berth_alloc::pickle::load_snapshot(&berth_alloc::pickle::dump_snapshot(&snap));
+    assert_eq!(
+        back.unwrap().sleeping,
+        snap.sleeping,
+        "kept through a pickle"
     );
     assert_eq!(d.reserved(), 6 * MIB, "only the untagged pages stay");
     assert_eq!(d.sim.used_bytes(), 6 * MIB);

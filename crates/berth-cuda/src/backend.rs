@@ -9,10 +9,11 @@
 //! crate-private driver-error mapping of [`CudaError`]) and reaches the policy as the retryable
 //! [`BackendError::OutOfMemory`].
 
+use crate::copy_queue::CopyQueue;
 use crate::ffi::{self, Attribute};
 use crate::CudaError;
 use berth_alloc::{
-    BackendError, DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend,
+    BackendError, CopyTicket, DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -175,6 +176,8 @@ struct Vmm {
     /// Unmapped handles whose `cuMemRelease` failed: still held from the driver, retried at
     /// every unmap and on drop (locked after `mapped`, never before).
     unreleased: Mutex<Vec<Mapping>>,
+    /// Host↔device copies of sleep and wake not yet waited for.
+    copies: CopyQueue,
 }
 
 /// One live mapping: a physical handle mapped whole.
@@ -344,6 +347,7 @@ impl CudaBackend {
                 range_unmap: AtomicBool::new(true),
                 mapped: Mutex::default(),
                 unreleased: Mutex::default(),
+                copies: CopyQueue::default(),
             })
         });
         Ok(CudaBackend { device, vmm })
@@ -513,6 +517,51 @@ impl VirtualMemoryBackend for CudaBackend {
         // context is synchronized below, and no queued work uses `dst..dst + bytes`.
         unsafe { ffi::memcpy_htod_async(self.device, dst.0, src.as_ptr(), bytes, 0) }?;
         Ok(ffi::ctx_synchronize(self.device)?)
+    }
+
+    /// `cuMemcpyDtoHAsync` on the legacy default stream and an event after it
+    /// (`crate::copy_queue`): sleep's copies, waited for a unit at a time.
+    unsafe fn queue_copy_to_host(
+        &self,
+        src: DevicePtr,
+        dst: std::ptr::NonNull<u8>,
+        bytes: usize,
+    ) -> Result<CopyTicket, BackendError> {
+        let vmm = self.vmm.as_ref().ok_or(BackendError::Other {
+            op: "queue_copy_to_host",
+            message: "this device has no virtual memory management".into(),
+        })?;
+        // SAFETY: the trait's contract, forwarded.
+        unsafe {
+            vmm.copies
+                .device_to_host(self.device, src.0, dst.as_ptr(), bytes)
+        }
+    }
+
+    /// `cuMemcpyHtoDAsync` on the legacy default stream and an event after it
+    /// (`crate::copy_queue`): wake's copies, queued as the units are mapped.
+    unsafe fn queue_copy_from_host(
+        &self,
+        dst: DevicePtr,
+        src: std::ptr::NonNull<u8>,
+        bytes: usize,
+    ) -> Result<CopyTicket, BackendError> {
+        let vmm = self.vmm.as_ref().ok_or(BackendError::Other {
+            op: "queue_copy_from_host",
+            message: "this device has no virtual memory management".into(),
+        })?;
+        // SAFETY: the trait's contract, forwarded.
+        unsafe {
+            vmm.copies
+                .host_to_device(self.device, dst.0, src.as_ptr(), bytes)
+        }
+    }
+
+    fn wait_copies(&self, upto: CopyTicket) -> Result<(), BackendError> {
+        match &self.vmm {
+            Some(vmm) => vmm.copies.wait(upto),
+            None => Ok(()),
+        }
     }
 }
 

@@ -74,8 +74,10 @@
 
 pub mod activity;
 pub mod backend;
+mod backup_memory;
 mod context;
 pub mod copy;
+mod copy_queue;
 #[cfg(feature = "cuda")]
 pub mod cublas;
 mod device;

@@ -14,23 +14,71 @@
 //! (<https://github.com/vllm-project/vllm/blob/main/vllm/device_allocator/cumem.py>) and
 //! sglang's `torch_memory_saver`, over berth's own allocator.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use berth_alloc::host::{BackupMemory, SimHostBackend};
 pub use berth_alloc::tags::{current_tag, SleepReport, SleepStats, TagGuard, WakeReport};
 
+use crate::backup_memory::CudaBackupMemory;
 use crate::memory::{allocator, is_simulated, CudaDeviceArg};
-use crate::pinned::CudaHostBackend;
 use crate::CudaError;
 
-/// Host memory for the backups: page-locked CUDA host memory (in the calling thread's current
-/// device's context), or simulated host memory (up to 64 TiB) under
+/// The process's backup memory (`Note [Backup host memory]`), made in the context of the
+/// first device that offloads.
+static BACKUPS: Mutex<Option<Arc<CudaBackupMemory>>> = Mutex::new(None);
+
+fn backups_lock() -> MutexGuard<'static, Option<Arc<CudaBackupMemory>>> {
+    BACKUPS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Host memory for the backups: page-locked CUDA host memory
+/// (`Note [Backup host memory]`), or simulated host memory (up to 64 TiB) under
 /// [`crate::memory::simulate`].
 fn backup_memory() -> Result<Arc<dyn BackupMemory>, CudaError> {
     if is_simulated() {
         return Ok(Arc::new(SimHostBackend::new(1 << 46)));
     }
-    Ok(Arc::new(CudaHostBackend::new()?))
+    let mut b = backups_lock();
+    if let Some(m) = b.as_ref() {
+        return Ok(Arc::clone(m) as Arc<dyn BackupMemory>);
+    }
+    let device = crate::current_device()?;
+    crate::bind_context(device)?;
+    let m = Arc::new(CudaBackupMemory::new(device));
+    m.set_keep(KEEP.load(std::sync::atomic::Ordering::Relaxed));
+    *b = Some(Arc::clone(&m));
+    Ok(m)
+}
+
+/// Whether the host memory of backups freed by [`wake`] is kept page-locked for the next
+/// [`sleep`] (`true`) or given back to the system (`false`, the default). Keeping it makes
+/// every sleep after the first skip page-locking (which costs more than the copy itself:
+/// `Note [Backup host memory]`) at the price of holding that host memory while awake;
+/// [`kept_host_bytes`] says how much, [`release_host_memory`] frees it.
+pub fn keep_host_memory(keep: bool) {
+    if let Some(m) = backups_lock().as_ref() {
+        m.set_keep(keep);
+    }
+    KEEP.store(keep, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The setting of [`keep_host_memory`], applied to the backup memory when it is made.
+static KEEP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Host memory kept page-locked by [`keep_host_memory`] and not in use by a sleeping tag, in
+/// bytes.
+pub fn kept_host_bytes() -> u64 {
+    backups_lock().as_ref().map_or(0, |m| m.kept_bytes())
+}
+
+/// Frees the host memory kept by [`keep_host_memory`]; returns the bytes freed. Backups of
+/// tags still asleep are not touched.
+///
+/// # Errors
+/// [`CudaError::Driver`] when unregistering or freeing fails (those buffers stay kept).
+pub fn release_host_memory() -> Result<u64, CudaError> {
+    let m = backups_lock().clone();
+    m.map_or(Ok(0), |m| m.release_kept())
 }
 
 /// Puts the tags `tags` of `device` to sleep: the live blocks of the tags in `offload` (a

@@ -214,25 +214,64 @@ fn current_tag() -> Option<String> {
     berth_cuda::sleep::current_tag().map(|t| t.to_string())
 }
 
-/// Sleeps `tags` of `device`, offloading `offload`: `(released_bytes, offloaded_bytes)`.
+/// Sleeps `tags` of `device`, offloading `offload`: `(released_bytes, offloaded_bytes,
+/// synchronize_s, host_memory_s, copy_and_release_s)`.
 #[pyfunction]
-fn sleep(device: i32, tags: Vec<String>, offload: Vec<String>) -> PyResult<(u64, u64)> {
+fn sleep(
+    device: i32,
+    tags: Vec<String>,
+    offload: Vec<String>,
+) -> PyResult<(u64, u64, f64, f64, f64)> {
     installed()?;
     let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
     let offload: Vec<&str> = offload.iter().map(String::as_str).collect();
     berth_cuda::sleep::sleep(device, &tags, &offload)
-        .map(|r| (r.released_bytes, r.offloaded_bytes))
+        .map(|r| {
+            (
+                r.released_bytes,
+                r.offloaded_bytes,
+                r.synchronize_time.as_secs_f64(),
+                r.host_memory_time.as_secs_f64(),
+                r.copy_and_release_time.as_secs_f64(),
+            )
+        })
         .map_err(sleep_to_py)
 }
 
-/// Wakes `tags` of `device`: `(mapped_bytes, restored_bytes)`.
+/// Wakes `tags` of `device`: `(mapped_bytes, restored_bytes, map_and_copy_s,
+/// free_host_memory_s)`.
 #[pyfunction]
-fn wake(device: i32, tags: Vec<String>) -> PyResult<(u64, u64)> {
+fn wake(device: i32, tags: Vec<String>) -> PyResult<(u64, u64, f64, f64)> {
     installed()?;
     let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
     berth_cuda::sleep::wake(device, &tags)
-        .map(|r| (r.mapped_bytes, r.restored_bytes))
+        .map(|r| {
+            (
+                r.mapped_bytes,
+                r.restored_bytes,
+                r.map_and_copy_time.as_secs_f64(),
+                r.free_host_memory_time.as_secs_f64(),
+            )
+        })
         .map_err(sleep_to_py)
+}
+
+/// Keeps the backups' pinned host memory between sleeps (`true`) or frees it at wake.
+#[pyfunction]
+fn keep_host_memory(keep: bool) {
+    berth_cuda::sleep::keep_host_memory(keep);
+}
+
+/// Pinned host memory kept for the next sleep, in bytes.
+#[pyfunction]
+fn kept_host_bytes() -> u64 {
+    berth_cuda::sleep::kept_host_bytes()
+}
+
+/// Frees the kept pinned host memory; the bytes freed.
+#[pyfunction]
+fn release_host_memory() -> PyResult<u64> {
+    berth_cuda::sleep::release_host_memory().map_err(cuda_to_py)
 }
 
 /// `device`'s sleeping figures: `(sleeping_bytes, sleeping_allocated_bytes, offloaded_bytes,
@@ -291,6 +330,9 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sleep, m)?)?;
     m.add_function(wrap_pyfunction!(wake, m)?)?;
     m.add_function(wrap_pyfunction!(sleep_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(keep_host_memory, m)?)?;
+    m.add_function(wrap_pyfunction!(kept_host_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(release_host_memory, m)?)?;
     m.add(
         "POLICY_NAMES",
         berth_alloc::Policy::ALL

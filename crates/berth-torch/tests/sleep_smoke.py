@@ -48,6 +48,7 @@ reserved = berth_torch.memory_reserved(0)
 
 r = berth_torch.sleep(["weights", "kv_cache"], offload="weights")
 assert r["released_bytes"] >= 320 * MiB and r["offloaded_bytes"] == 64 * MiB, r
+assert all(r[k] >= 0.0 for k in ("synchronize_s", "host_memory_s", "copy_and_release_s")), r
 assert berth_torch.memory_reserved(0) == reserved - r["released_bytes"]
 st = berth_torch.sleep_stats()
 assert st["sleeping_tags"] == ["kv_cache", "weights"] and st["offloaded_bytes"] == 64 * MiB, st
@@ -63,6 +64,11 @@ raises(TypeError, berth_torch.sleep, [1])
 
 m = berth_torch.wake(["weights", "kv_cache"])
 assert m["mapped_bytes"] == r["released_bytes"], m
+assert m["restored_bytes"] == 64 * MiB and m["map_and_copy_s"] >= 0.0, m
+# Simulated backups are not pinned memory: nothing is kept.
+berth_torch.keep_host_memory(True)
+assert berth_torch.kept_host_bytes() == 0 and berth_torch.release_host_memory() == 0
+berth_torch.keep_host_memory(False)
 assert berth_torch.sleeping_bytes() == 0 and berth_torch.memory_reserved(0) == reserved
 raises(RuntimeError, berth_torch.wake, "weights")
 print("sleep smoke: ok")

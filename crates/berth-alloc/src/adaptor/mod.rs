@@ -72,6 +72,35 @@ macro_rules! forward_vm_to_inner {
             // SAFETY: forwarded unchanged; the caller upholds `copy_from_host`'s contract.
             unsafe { vm.copy_from_host(dst, src, bytes) }
         }
+
+        unsafe fn queue_copy_to_host(
+            &self,
+            src: DevicePtr,
+            dst: std::ptr::NonNull<u8>,
+            bytes: usize,
+        ) -> Result<crate::backend::CopyTicket, BackendError> {
+            let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
+            // SAFETY: forwarded unchanged; the caller upholds the contract.
+            unsafe { vm.queue_copy_to_host(src, dst, bytes) }
+        }
+
+        unsafe fn queue_copy_from_host(
+            &self,
+            dst: DevicePtr,
+            src: std::ptr::NonNull<u8>,
+            bytes: usize,
+        ) -> Result<crate::backend::CopyTicket, BackendError> {
+            let vm = self.inner.as_virtual().ok_or_else(super::no_vm)?;
+            // SAFETY: forwarded unchanged; the caller upholds the contract.
+            unsafe { vm.queue_copy_from_host(dst, src, bytes) }
+        }
+
+        fn wait_copies(&self, upto: crate::backend::CopyTicket) -> Result<(), BackendError> {
+            self.inner
+                .as_virtual()
+                .ok_or_else(super::no_vm)?
+                .wait_copies(upto)
+        }
     };
 }
 

@@ -296,4 +296,72 @@ pub trait VirtualMemoryBackend: Send + Sync {
             message: "this backend cannot copy host memory to the device".into(),
         })
     }
+    /// Queues a copy of `bytes` bytes of device memory at `src` to host memory at `dst` and
+    /// returns its ticket: the copy is complete once [`VirtualMemoryBackend::wait_copies`] of
+    /// this ticket (or a later one) returns. Queued copies run in the order they were queued,
+    /// one after another, on one copy queue (on CUDA: `cuMemcpyDtoHAsync` on the legacy
+    /// default stream, an event after each). How `paged`'s sleep overlaps its copies with the
+    /// unmapping of the units already copied (`Note [Sleep and wake]` in `crate::paged`).
+    /// Default: [`VirtualMemoryBackend::copy_to_host`], complete on return.
+    ///
+    /// # Safety
+    /// 1. `dst` is valid for writes of `bytes` bytes until the copy is complete.
+    /// 2. No queued work still writes `[src, src + bytes)`, and nothing unmaps it before the
+    ///    copy is complete.
+    ///
+    /// # Errors
+    /// As [`VirtualMemoryBackend::copy_to_host`] (a failure found only when the copy runs is
+    /// reported by [`VirtualMemoryBackend::wait_copies`]).
+    unsafe fn queue_copy_to_host(
+        &self,
+        src: DevicePtr,
+        dst: std::ptr::NonNull<u8>,
+        bytes: usize,
+    ) -> Result<CopyTicket, BackendError> {
+        // SAFETY: the caller upholds `copy_to_host`'s contract, which is weaker than ours.
+        unsafe { self.copy_to_host(src, dst, bytes) }?;
+        Ok(CopyTicket::DONE)
+    }
+    /// Queues a copy of `bytes` bytes of host memory at `src` to device memory at `dst`, as
+    /// [`VirtualMemoryBackend::queue_copy_to_host`] does the other way (on CUDA:
+    /// `cuMemcpyHtoDAsync`): how `paged`'s wake overlaps its copies with mapping the next
+    /// units. Default: [`VirtualMemoryBackend::copy_from_host`], complete on return.
+    ///
+    /// # Safety
+    /// 1. `src` is valid for reads of `bytes` bytes until the copy is complete.
+    /// 2. `[dst, dst + bytes)` is mapped, no queued work uses it, and nothing unmaps it
+    ///    before the copy is complete.
+    ///
+    /// # Errors
+    /// As [`VirtualMemoryBackend::queue_copy_to_host`].
+    unsafe fn queue_copy_from_host(
+        &self,
+        dst: DevicePtr,
+        src: std::ptr::NonNull<u8>,
+        bytes: usize,
+    ) -> Result<CopyTicket, BackendError> {
+        // SAFETY: the caller upholds `copy_from_host`'s contract, which is weaker than ours.
+        unsafe { self.copy_from_host(dst, src, bytes) }?;
+        Ok(CopyTicket::DONE)
+    }
+    /// Waits until every copy queued up to and including `upto` is complete.
+    /// Default: nothing to wait for (the default copies complete on return).
+    ///
+    /// # Errors
+    /// [`BackendError::Driver`] when a copy failed (the copies after it may not have run).
+    fn wait_copies(&self, upto: CopyTicket) -> Result<(), BackendError> {
+        let _ = upto;
+        Ok(())
+    }
+}
+
+/// The place of a queued copy in a backend's copy queue
+/// ([`VirtualMemoryBackend::queue_copy_to_host`]): waiting for a ticket waits for every copy
+/// queued up to it. Tickets grow in queue order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CopyTicket(pub u64);
+
+impl CopyTicket {
+    /// The ticket of a copy that was complete when it was queued.
+    pub const DONE: CopyTicket = CopyTicket(0);
 }

@@ -135,6 +135,7 @@ impl<E> State<E> {
             segments,
             device_traces,
             allocator_settings: self.cfg.clone(),
+            sleeping: Vec::new(),
         }
     }
 

@@ -16,13 +16,18 @@
 //!    without host memory, and any call during a capture;
 //! 2. completes pending frees and synchronizes every stream of the policy (and every stream a
 //!    block of the tags was used on), so no queued work touches what goes;
-//! 3. for the tags in `offload`, allocates host memory for every live block first, then copies
-//!    the blocks out ([`crate::VirtualMemoryBackend::copy_to_host`]): if host memory runs out
-//!    ([`AllocError::OffloadFailed`]) or a copy fails, the backups made are freed and nothing
-//!    is released;
-//! 4. unmaps every mapping unit of the tags' arenas, live blocks or not, and remembers the
-//!    units. Virtual ranges stay reserved, so pointers, tensors and CUDA graphs taken before
-//!    keep their addresses. Blocks of tags not offloaded lose their contents.
+//! 3. for the tags in `offload`, allocates one host buffer per tag for all its live blocks
+//!    first (page-locking is paid once per tag, not per block): if host memory runs out
+//!    ([`AllocError::OffloadFailed`]) the buffers made are freed and nothing is released;
+//!    then queues every block's copy, by address, on the backend's copy queue
+//!    ([`crate::VirtualMemoryBackend::queue_copy_to_host`]);
+//! 4. unmaps every mapping unit of the tags' arenas, live blocks or not, by address, and
+//!    remembers the units; a unit of an offloaded tag is unmapped as soon as the copies of
+//!    the blocks below its end are complete, so unmapping overlaps the copies still running.
+//!    Virtual ranges stay reserved, so pointers, tensors and CUDA graphs taken before keep
+//!    their addresses. Blocks of tags not offloaded lose their contents. If a copy or an
+//!    unmap fails, every tag named sleeps with what was released so far (wake maps it back)
+//!    and keeps the backups known complete; the blocks of the others are still on the device.
 //!
 //! While a tag sleeps, allocating in it is [`AllocError::TagAsleep`], naming the tag; freeing its
 //! blocks works (their backups are then not copied back). Its units are in no list that
@@ -30,27 +35,33 @@
 //!
 //! `wake(tags)` refuses a tag that is awake ([`AllocError::NotAsleep`]); maps every unit back
 //! exactly as it was (same addresses, same unit boundaries, so later unmaps never split a
-//! mapping), first unmapping free cached units elsewhere when the device's free memory is
-//! short; then copies the backups of blocks still live back and frees them. All or nothing:
-//! if a map or a copy fails, the units mapped by this call are unmapped again and every tag
-//! stays asleep with its backups ([`AllocError::WakeFailed`]).
+//! mapping), by address, first unmapping free cached units elsewhere when the device's free
+//! memory is short; after each unit it queues the copies back of the live blocks that end
+//! below it ([`crate::VirtualMemoryBackend::queue_copy_from_host`]), so mapping overlaps the
+//! copies; then waits for them and frees the backups. All or nothing: if a map or a copy
+//! fails, the units mapped by this call are unmapped again and every tag stays asleep with
+//! its backups ([`AllocError::WakeFailed`]).
 //!
 //! Statistics: `reserved_bytes` drops by what sleep released (each unit is a `segment_unmap`
 //! in the history) and rises again on wake; `allocated_bytes` keeps counting the live blocks
 //! of sleeping tags (they exist: their owners still hold them), so it can exceed
 //! `reserved_bytes` while a tag sleeps. [`SleepStats`] gives the sleeping figures apart.
-//! Snapshots show only mapped memory: a sleeping tag's blocks are absent from them.
+//! Snapshots list mapped memory in their segments and the sleeping tags apart
+//! ([`crate::snapshot::MemorySnapshot::sleeping`]: released, live and offloaded bytes per tag).
 //!
 //! If the allocator is dropped while a tag sleeps, the backups' host memory is freed.
 
 use std::collections::HashMap;
+use std::ptr::NonNull;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::state::{backend_err, vm, State};
 use super::tag_table::{Backup, HostBuf, Sleeping};
-use crate::backend::{DevicePtr, MemoryBackend, StreamId};
-use crate::error::AllocError;
+use crate::backend::{CopyTicket, DevicePtr, MemoryBackend, StreamId};
+use crate::error::{AllocError, BackendError};
 use crate::host::BackupMemory;
+use crate::snapshot::SleepingTag;
 use crate::tags::{SleepReport, SleepStats, WakeReport};
 
 impl<E> State<E> {
@@ -95,6 +106,7 @@ impl<E> State<E> {
         }
 
         // 2. Nothing queued may still touch what goes.
+        let started = Instant::now();
         self.sync_pending(backend)?;
         let mut streams: Vec<StreamId> = self.arenas.iter().map(|a| a.stream).collect();
         for (_, l) in self.live.iter() {
@@ -109,14 +121,17 @@ impl<E> State<E> {
             backend.sync_fence(&ev).map_err(backend_err(s))?;
         }
 
-        // 3. Every backup's host memory first, so that running out releases nothing.
-        let mut blocks: Vec<(u32, u64, u64, StreamId)> = self
+        let synchronize_time = started.elapsed();
+
+        // 3. Every backup's host memory first, so that running out releases nothing: one
+        // buffer per tag, the blocks laid out in it by address.
+        let timer = Instant::now();
+        let mut blocks: Vec<(u32, u64, u64)> = self
             .live
             .iter()
             .filter_map(|(&a, l)| {
                 let arena = &self.arenas[l.arena];
-                off.contains(&arena.tag)
-                    .then_some((arena.tag, a, l.size, arena.stream))
+                off.contains(&arena.tag).then_some((arena.tag, a, l.size))
             })
             .collect();
         blocks.sort_unstable_by_key(|b| b.1);
@@ -127,27 +142,30 @@ impl<E> State<E> {
                 let s = Sleeping {
                     units: Vec::new(),
                     backups: Vec::new(),
+                    buf: None,
                     host: off.contains(&t).then(|| host.clone()).flatten(),
                 };
                 (t, s)
             })
             .collect();
+        for &(tag, addr, size) in &blocks {
+            let s = sleeping.get_mut(&tag).expect("slept tag");
+            let offset = s.backups.last().map_or(0, |b| b.offset + b.size);
+            s.backups.push(Backup { addr, size, offset });
+        }
         if let Some(h) = &host {
-            for &(tag, addr, size, _) in &blocks {
-                match h.alloc_backup(size as usize) {
-                    Ok(p) => sleeping
-                        .get_mut(&tag)
-                        .expect("slept tag")
-                        .backups
-                        .push(Backup {
-                            addr,
-                            size,
-                            buf: HostBuf(p),
-                        }),
-                    // Dropping `sleeping` frees the backups made so far.
+            for &t in &off {
+                let s = sleeping.get_mut(&t).expect("slept tag");
+                let bytes: u64 = s.backups.iter().map(|b| b.size).sum();
+                if bytes == 0 {
+                    continue;
+                }
+                match h.alloc_backup(bytes as usize) {
+                    Ok(p) => s.buf = Some((HostBuf(p), bytes)),
+                    // Dropping `sleeping` frees the buffers made so far.
                     Err(source) => {
                         return Err(AllocError::OffloadFailed {
-                            tag: self.tags.name(tag),
+                            tag: self.tags.name(t),
                             bytes: need,
                             source,
                         })
@@ -155,23 +173,57 @@ impl<E> State<E> {
                 }
             }
         }
-        for s in sleeping.values() {
-            for b in &s.backups {
-                let stream = self.arenas[self.live.get(&b.addr).expect("live").arena].stream;
-                // SAFETY: 1. `b.buf` holds `b.size` bytes. 2. Every stream was synchronized
-                // above and the lock keeps new work from being allocated here.
-                unsafe { vm(backend).copy_to_host(DevicePtr(b.addr), b.buf.0, b.size as usize) }
-                    .map_err(backend_err(stream))?;
+        let host_memory_time = timer.elapsed();
+
+        // Queue the copies by address, one per run of adjacent blocks of one tag (adjacent
+        // in its buffer too); `done[i]`: (start of run `i`, the ticket of its copy).
+        let timer = Instant::now();
+        let mut runs: Vec<(u32, u64, u64)> = Vec::new(); // (tag, start, end)
+        for &(tag, addr, size) in &blocks {
+            match runs.last_mut() {
+                Some(r) if r.0 == tag && r.2 == addr => r.2 = addr + size,
+                _ => runs.push((tag, addr, addr + size)),
+            }
+        }
+        let mut done: Vec<(u64, CopyTicket)> = Vec::with_capacity(runs.len());
+        for &(tag, start, end) in &runs {
+            let s = &sleeping[&tag];
+            let b = &s.backups[s.backups.partition_point(|b| b.addr < start)];
+            let dst = s.backup_ptr(b).expect("offloaded tags have a buffer");
+            // SAFETY: 1. the run's blocks are adjacent in the tag's buffer from `dst` on
+            // (laid out by address), which lives until the copies are waited for (every path
+            // below waits before dropping `sleeping`). 2. Every stream was synchronized above,
+            // the lock keeps new work from being allocated here, and a unit is unmapped only
+            // after its copies are complete.
+            let queued = unsafe {
+                vm(backend).queue_copy_to_host(DevicePtr(start), dst, (end - start) as usize)
+            };
+            match queued {
+                Ok(t) => done.push((start, t)),
+                Err(source) => {
+                    if let Some(&(_, t)) = done.last() {
+                        // Nothing may still write the buffers when they are freed.
+                        let _ = vm(backend).wait_copies(t);
+                    }
+                    return Err(AllocError::Backend {
+                        stream: StreamId::DEFAULT,
+                        source,
+                    });
+                }
             }
         }
 
-        // 4. Release every unit of the tags, live blocks or not.
+        // 4. Release every unit of the tags, live blocks or not, by address; a unit of an
+        // offloaded tag once the copies of the blocks that start below its end are complete.
         let mut report = SleepReport {
             released_bytes: 0,
             offloaded_bytes: need,
+            synchronize_time,
+            host_memory_time,
+            copy_and_release_time: Duration::ZERO,
         };
+        let mut units: Vec<(u32, u64, u64, StreamId)> = Vec::new();
         for &t in &ids {
-            let mut units = Vec::new();
             for i in self.tag_arenas(t) {
                 let stream = self.arenas[i].stream;
                 for &(b, n) in &self.arenas[i].reservations {
@@ -179,22 +231,74 @@ impl<E> State<E> {
                         self.units
                             .within(b, b + n)
                             .into_iter()
-                            .map(|(a, e)| (a, e, stream)),
+                            .map(|(a, e)| (t, a, e, stream)),
                     );
                 }
             }
-            let mut s = sleeping.remove(&t).expect("slept tag");
-            for (a, e, stream) in units {
-                if let Err(err) = self.unmap_run(backend, a, e, stream) {
-                    self.tags.asleep.insert(t, s);
-                    return Err(err);
+        }
+        units.sort_unstable_by_key(|u| u.1);
+        let mut confirmed = 0; // runs whose copies are known complete
+        let mut failure = None;
+        for &(t, a, e, stream) in &units {
+            if off.contains(&t) {
+                let upto = done.partition_point(|&(addr, _)| addr < e);
+                if upto > confirmed {
+                    if let Err(source) = vm(backend).wait_copies(done[upto - 1].1) {
+                        failure = Some(AllocError::Backend {
+                            stream: StreamId::DEFAULT,
+                            source,
+                        });
+                        break;
+                    }
+                    confirmed = upto;
                 }
-                s.units.push((a, e, stream));
-                report.released_bytes += e - a;
             }
+            if let Err(err) = self.unmap_run(backend, a, e, stream) {
+                failure = Some(err);
+                break;
+            }
+            sleeping
+                .get_mut(&t)
+                .expect("slept tag")
+                .units
+                .push((a, e, stream));
+            report.released_bytes += e - a;
+        }
+        if failure.is_none() {
+            if let Some(&(_, t)) = done.last() {
+                // Blocks above the last unit of an offloaded tag (none in practice: every
+                // block lies in its tag's units) are waited for here.
+                if let Err(source) = vm(backend).wait_copies(t) {
+                    failure = Some(AllocError::Backend {
+                        stream: StreamId::DEFAULT,
+                        source,
+                    });
+                } else {
+                    confirmed = done.len();
+                }
+            }
+        }
+        if failure.is_some() {
+            if let Some(&(_, t)) = done.last() {
+                // Nothing may still write the buffers when they are freed.
+                let _ = vm(backend).wait_copies(t);
+            }
+            // Backups not known complete are dropped: their blocks lie in units not released,
+            // whose contents are still on the device.
+            let below = done.get(confirmed).map_or(u64::MAX, |&(start, _)| start);
+            for s in sleeping.values_mut() {
+                s.backups.retain(|b| b.addr < below);
+            }
+        }
+        // Every tag sleeps with what it released (after a failure too: wake maps it back).
+        for (t, s) in sleeping {
             self.tags.asleep.insert(t, s);
         }
-        Ok(report)
+        report.copy_and_release_time = timer.elapsed();
+        match failure {
+            Some(err) => Err(err),
+            None => Ok(report),
+        }
     }
 
     /// Wakes `tags`: maps their units back and restores their backups
@@ -220,7 +324,7 @@ impl<E> State<E> {
                 tag: self.tags.name(t),
             });
         }
-        let units: Vec<(u32, u64, u64, StreamId)> = ids
+        let mut units: Vec<(u32, u64, u64, StreamId)> = ids
             .iter()
             .flat_map(|&t| {
                 self.tags.asleep[&t]
@@ -229,6 +333,7 @@ impl<E> State<E> {
                     .map(move |&(a, b, s)| (t, a, b, s))
             })
             .collect();
+        units.sort_unstable_by_key(|u| u.1);
         let need: u64 = units.iter().map(|u| u.2 - u.1).sum();
         // Free cached units elsewhere first when the device is short.
         if let Ok(info) = backend.mem_info() {
@@ -236,9 +341,37 @@ impl<E> State<E> {
                 self.reclaim(backend, need - info.free_bytes, (0, 0))?;
             }
         }
+        // The backups of blocks still live (a block freed while asleep has no owner left),
+        // by address: (tag, addr, end, source).
+        let timer = Instant::now();
+        let mut restores: Vec<(u32, u64, u64, NonNull<u8>)> = Vec::new();
+        for &t in &ids {
+            let s = &self.tags.asleep[&t];
+            for bk in &s.backups {
+                if self.live.get(&bk.addr).is_some_and(|l| l.size == bk.size) {
+                    let src = s.backup_ptr(bk).expect("a tag with backups has a buffer");
+                    restores.push((t, bk.addr, bk.addr + bk.size, src));
+                }
+            }
+        }
+        restores.sort_unstable_by_key(|r| r.1);
+        // One copy per run of blocks adjacent both on the device and in the buffer.
+        restores.dedup_by(|next, run| {
+            let adjacent = run.0 == next.0
+                && run.2 == next.1
+                && run.3.as_ptr().wrapping_add((run.2 - run.1) as usize) == next.3.as_ptr();
+            if adjacent {
+                run.2 = next.2;
+            }
+            adjacent
+        });
+        // Map by address; after each unit, queue the copies of the blocks that end below it.
         let mut mapped: Vec<(u64, u64, StreamId)> = Vec::with_capacity(units.len());
         let mut failed = None;
-        for &(t, a, b, s) in &units {
+        let mut queued = 0;
+        let mut last = None;
+        let mut restored = 0;
+        'map: for &(t, a, b, s) in &units {
             match vm(backend).map(DevicePtr(a), (b - a) as usize, s) {
                 Ok(()) => {
                     self.note_mapped(a, b, s);
@@ -249,25 +382,42 @@ impl<E> State<E> {
                     break;
                 }
             }
-        }
-        let mut restored = 0;
-        if failed.is_none() {
-            'copy: for &t in &ids {
-                for bk in &self.tags.asleep[&t].backups {
-                    if self.live.get(&bk.addr).is_none_or(|l| l.size != bk.size) {
-                        continue; // freed while asleep
-                    }
-                    // SAFETY: 1. `bk.buf` holds `bk.size` bytes. 2. The units under the block
-                    // were just mapped; no work was queued on them since.
-                    let r = unsafe {
-                        vm(backend).copy_from_host(DevicePtr(bk.addr), bk.buf.0, bk.size as usize)
-                    };
-                    if let Err(source) = r {
-                        failed = Some((t, source));
-                        break 'copy;
-                    }
-                    restored += bk.size;
+            while let Some(&(rt, addr, end, src)) = restores.get(queued) {
+                if end > b {
+                    break;
                 }
+                // SAFETY: 1. `src` holds `end - addr` bytes of the tag's backup buffer, freed
+                // only after the copies are waited for below. 2. The units under the block
+                // were just mapped; no work was queued on them since.
+                match unsafe {
+                    vm(backend).queue_copy_from_host(DevicePtr(addr), src, (end - addr) as usize)
+                } {
+                    Ok(ticket) => last = Some(ticket),
+                    Err(source) => {
+                        failed = Some((rt, source));
+                        break 'map;
+                    }
+                }
+                restored += end - addr;
+                queued += 1;
+            }
+        }
+        if failed.is_none() && queued < restores.len() {
+            // A block not covered by its tag's units: the table is inconsistent.
+            failed = Some((
+                restores[queued].0,
+                BackendError::Other {
+                    op: "wake",
+                    message: format!(
+                        "the backup at {:#x} lies outside the units of its tag",
+                        restores[queued].1
+                    ),
+                },
+            ));
+        }
+        if let Some(t) = last {
+            if let Err(source) = vm(backend).wait_copies(t) {
+                failed = failed.or(Some((restores[0].0, source)));
             }
         }
         if let Some((t, source)) = failed {
@@ -281,6 +431,8 @@ impl<E> State<E> {
                 source,
             });
         }
+        let map_and_copy_time = timer.elapsed();
+        let timer = Instant::now();
         let mut errors = Vec::new();
         for t in ids {
             if let Some(mut s) = self.tags.asleep.remove(&t) {
@@ -291,9 +443,33 @@ impl<E> State<E> {
             WakeReport {
                 mapped_bytes: need,
                 restored_bytes: restored,
+                map_and_copy_time,
+                free_host_memory_time: timer.elapsed(),
             },
             errors,
         ))
+    }
+
+    /// The sleeping tags, by name, for a snapshot.
+    pub(crate) fn sleeping_tags(&self) -> Vec<SleepingTag> {
+        let mut out: Vec<SleepingTag> = self
+            .tags
+            .asleep
+            .iter()
+            .map(|(&t, s)| SleepingTag {
+                tag: self.tags.name(t),
+                released_bytes: s.unit_bytes(),
+                allocated_bytes: self
+                    .live
+                    .iter()
+                    .filter(|(_, l)| self.arenas[l.arena].tag == t)
+                    .map(|(_, l)| l.size)
+                    .sum(),
+                offloaded_bytes: s.backup_bytes(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.tag.cmp(&b.tag));
+        out
     }
 
     /// The sleeping figures.
@@ -317,13 +493,7 @@ impl<E> State<E> {
         SleepStats {
             sleeping_bytes: self.tags.asleep.values().map(Sleeping::unit_bytes).sum(),
             sleeping_allocated_bytes,
-            offloaded_bytes: self
-                .tags
-                .asleep
-                .values()
-                .flat_map(|s| &s.backups)
-                .map(|b| b.size)
-                .sum(),
+            offloaded_bytes: self.tags.asleep.values().map(Sleeping::backup_bytes).sum(),
             sleeping_tags: tags,
         }
     }

@@ -117,6 +117,7 @@ impl<E> State<E> {
             segments,
             device_traces: vec![trace],
             allocator_settings: AllocatorConfig::default(),
+            sleeping: self.sleeping_tags(),
         }
     }
 }

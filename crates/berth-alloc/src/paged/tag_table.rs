@@ -18,19 +18,23 @@ unsafe impl Send for HostBuf {}
 // SAFETY: as for `Send`: no shared access happens outside the lock.
 unsafe impl Sync for HostBuf {}
 
-/// One live block's contents in host memory.
+/// One live block's contents in host memory, at `offset` in its tag's buffer.
 pub(super) struct Backup {
     pub(super) addr: u64,
     pub(super) size: u64,
-    pub(super) buf: HostBuf,
+    pub(super) offset: u64,
 }
 
 /// A sleeping tag.
 pub(super) struct Sleeping {
     /// The mapping units it released, with the stream each was mapped for.
     pub(super) units: Vec<(u64, u64, StreamId)>,
+    /// Its live blocks' backups, by address, all in `buf`.
     pub(super) backups: Vec<Backup>,
-    /// Where `backups` live.
+    /// The one host buffer of the tag's backups and its size in bytes (one allocation per
+    /// tag, not per block: page-locking is paid once, and the copies are large).
+    pub(super) buf: Option<(HostBuf, u64)>,
+    /// Where `buf` lives.
     pub(super) host: Option<Arc<dyn BackupMemory>>,
 }
 
@@ -39,23 +43,33 @@ impl Sleeping {
         self.units.iter().map(|&(a, b, _)| b - a).sum()
     }
 
-    /// Frees every backup; the failures, by stream-less backend errors.
+    /// Host memory holding backups, in bytes.
+    pub(super) fn backup_bytes(&self) -> u64 {
+        self.buf.as_ref().map_or(0, |b| b.1)
+    }
+
+    /// Where backup `b` lives.
+    pub(super) fn backup_ptr(&self, b: &Backup) -> Option<NonNull<u8>> {
+        let (buf, _) = self.buf.as_ref()?;
+        // SAFETY: `offset + size` is within the buffer: `sleep` lays the backups out in it.
+        NonNull::new(unsafe { buf.0.as_ptr().add(b.offset as usize) })
+    }
+
+    /// Frees the backups' buffer; the failure, as a stream-less backend error.
     pub(super) fn free_backups(&mut self) -> Vec<AllocError> {
-        let mut errors = Vec::new();
-        let Some(host) = &self.host else {
-            return errors;
+        self.backups.clear();
+        let (Some(host), Some((buf, bytes))) = (&self.host, self.buf.take()) else {
+            return Vec::new();
         };
-        for b in self.backups.drain(..) {
-            // SAFETY: 1. the buffer came from `host.alloc_backup(b.size)` and is freed once (it
-            // is drained). 2. Copies are synchronous: none still uses it.
-            if let Err(source) = unsafe { host.free_backup(b.buf.0, b.size as usize) } {
-                errors.push(AllocError::Backend {
-                    stream: StreamId::DEFAULT,
-                    source,
-                });
-            }
+        // SAFETY: 1. the buffer came from `host.alloc_backup(bytes)` and is freed once (it was
+        // taken). 2. Every copy using it was waited for before the tag went to sleep or woke.
+        match unsafe { host.free_backup(buf.0, bytes as usize) } {
+            Ok(()) => Vec::new(),
+            Err(source) => vec![AllocError::Backend {
+                stream: StreamId::DEFAULT,
+                source,
+            }],
         }
-        errors
     }
 }
 

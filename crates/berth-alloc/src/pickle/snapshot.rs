@@ -15,7 +15,8 @@ use super::writer::to_vec;
 use crate::backend::StreamId;
 use crate::config::{AllocatorConfig, ROUNDUP_INTERVALS};
 use crate::snapshot::{
-    BlockInfo, BlockState, MemorySnapshot, SegmentInfo, SegmentType, TraceAction, TraceEntry,
+    BlockInfo, BlockState, MemorySnapshot, SegmentInfo, SegmentType, SleepingTag, TraceAction,
+    TraceEntry,
 };
 
 /// Encodes `snapshot` as the bytes of a `_dump_snapshot` pickle.
@@ -29,6 +30,7 @@ use crate::snapshot::{
 ///     segments: vec![],
 ///     device_traces: vec![vec![]],
 ///     allocator_settings: AllocatorConfig::default(),
+///     sleeping: vec![],
 /// };
 /// assert_eq!(load_snapshot(&dump_snapshot(&s))?, s);
 /// # Ok::<(), berth_alloc::pickle::PickleError>(())
@@ -101,7 +103,7 @@ pub fn snapshot_to_value(snapshot: &MemorySnapshot) -> PickleValue {
         .iter()
         .map(|t| PickleValue::List(t.iter().map(trace_entry_to_value).collect()))
         .collect();
-    PickleValue::dict([
+    let mut value = PickleValue::dict([
         ("segments", PickleValue::List(segments)),
         ("device_traces", PickleValue::List(traces)),
         (
@@ -109,7 +111,14 @@ pub fn snapshot_to_value(snapshot: &MemorySnapshot) -> PickleValue {
             settings_to_value(&snapshot.allocator_settings),
         ),
         ("external_annotations", PickleValue::List(Vec::new())),
-    ])
+    ]);
+    if let (PickleValue::Dict(entries), false) = (&mut value, snapshot.sleeping.is_empty()) {
+        entries.push((
+            PickleValue::Str(SLEEPING_KEY.to_owned()),
+            PickleValue::List(snapshot.sleeping.iter().map(sleeping_to_value).collect()),
+        ));
+    }
+    value
 }
 
 fn segment_to_value(s: &SegmentInfo) -> PickleValue {
@@ -322,10 +331,41 @@ pub fn snapshot_from_value(value: &PickleValue) -> Result<MemorySnapshot, Pickle
         Some(s) => settings_from(&s)?,
         None => AllocatorConfig::default(),
     };
+    let sleeping = match root.opt_key(SLEEPING_KEY) {
+        Some(t) => t
+            .items()?
+            .iter()
+            .map(sleeping_from)
+            .collect::<Result<Vec<_>, _>>()?,
+        None => Vec::new(),
+    };
     Ok(MemorySnapshot {
         segments,
         device_traces,
         allocator_settings,
+        sleeping,
+    })
+}
+
+/// The key of a snapshot's sleeping tags ([`MemorySnapshot::sleeping`]), written only when
+/// some tag sleeps.
+pub const SLEEPING_KEY: &str = "berth_sleeping";
+
+fn sleeping_to_value(t: &SleepingTag) -> PickleValue {
+    PickleValue::dict([
+        ("tag", PickleValue::Str(t.tag.clone())),
+        ("released_bytes", t.released_bytes.into()),
+        ("allocated_bytes", t.allocated_bytes.into()),
+        ("offloaded_bytes", t.offloaded_bytes.into()),
+    ])
+}
+
+fn sleeping_from(f: &Field<'_>) -> Result<SleepingTag, PickleError> {
+    Ok(SleepingTag {
+        tag: f.key("tag")?.str()?.to_owned(),
+        released_bytes: f.key("released_bytes")?.u64()?,
+        allocated_bytes: f.key("allocated_bytes")?.u64()?,
+        offloaded_bytes: f.key("offloaded_bytes")?.u64()?,
     })
 }
 

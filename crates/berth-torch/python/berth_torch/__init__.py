@@ -41,6 +41,7 @@ __all__ = [
     "reset_accumulated_memory_stats", "memory_summary", "empty_cache", "record_memory_history",
     "snapshot", "dump_snapshot", "set_per_process_memory_fraction", "check_errors",
     "full_allocator", "region", "current_tag", "sleep", "wake", "sleep_stats", "sleeping_bytes",
+    "keep_host_memory", "kept_host_bytes", "release_host_memory",
 ]
 
 POLICY_NAMES = tuple(_native.POLICY_NAMES)
@@ -263,7 +264,10 @@ def check_errors():
 
 
 # Sleep and wake of tagged memory (paged): berth_torch.region, sleep, wake, sleeping_bytes.
-from ._sleep_mode import current_tag, region, sleep, sleep_stats, sleeping_bytes, wake  # noqa: E402
+from ._sleep_mode import (  # noqa: E402
+    current_tag, keep_host_memory, kept_host_bytes, region, release_host_memory, sleep,
+    sleep_stats, sleeping_bytes, wake,
+)
 
 # BERTH_TORCH_ALLOCATOR=<policy>: install at import, so a program needs only the import.
 if os.environ.get("BERTH_TORCH_ALLOCATOR"):

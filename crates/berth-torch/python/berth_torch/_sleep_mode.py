@@ -1,5 +1,5 @@
 """Sleep and wake of tagged GPU memory under berth's ``paged`` policy (berth_torch.region,
-sleep, wake, sleeping_bytes, sleep_stats).
+sleep, wake, sleeping_bytes, sleep_stats, keep_host_memory).
 
 Serving and reinforcement-learning stacks hand GPU memory between phases: vLLM's sleep mode
 (https://github.com/vllm-project/vllm/blob/main/vllm/device_allocator/cumem.py) and sglang's
@@ -68,25 +68,51 @@ def current_tag():
 
 def sleep(tags, offload=(), device=None):
     """Puts ``tags`` (a name or a list) to sleep on ``device``: the live tensors of the tags in
-    ``offload`` are copied to pinned host memory, then every page of every tag is given back to
-    the driver. Returns ``{"released_bytes", "offloaded_bytes"}``.
+    ``offload`` are copied to pinned host memory (one buffer per tag), then every page of every
+    tag is given back to the driver, each page as soon as its copies are done. Returns
+    ``{"released_bytes", "offloaded_bytes", "synchronize_s", "host_memory_s",
+    "copy_and_release_s"}``: the bytes, and where the time went (waiting for queued work,
+    page-locking host memory, the copies with the release).
 
     Raises ``ValueError`` for an unknown tag or an ``offload`` tag not in ``tags``,
     ``RuntimeError`` for a tag already asleep, no pinned host memory (nothing was released), a
     policy other than ``paged``, or a CUDA graph being captured."""
-    released, offloaded = _native.sleep(_device(device), _tags(tags, "sleep"),
-                                        _tags(offload, "sleep(offload=...)"))
-    return {"released_bytes": released, "offloaded_bytes": offloaded}
+    released, offloaded, sync_s, host_s, copy_s = _native.sleep(
+        _device(device), _tags(tags, "sleep"), _tags(offload, "sleep(offload=...)"))
+    return {"released_bytes": released, "offloaded_bytes": offloaded,
+            "synchronize_s": sync_s, "host_memory_s": host_s, "copy_and_release_s": copy_s}
 
 
 def wake(tags, device=None):
     """Wakes ``tags`` on ``device``: device memory at the same addresses again, the offloaded
-    contents copied back. Returns ``{"mapped_bytes", "restored_bytes"}``.
+    contents copied back (each tensor's copy starts as soon as its pages are mapped). Returns
+    ``{"mapped_bytes", "restored_bytes", "map_and_copy_s", "free_host_memory_s"}``.
 
     Raises ``ValueError`` for an unknown tag, ``RuntimeError`` for a tag that is awake or when
     the device memory cannot be had (every tag stays asleep, backups kept)."""
-    mapped, restored = _native.wake(_device(device), _tags(tags, "wake"))
-    return {"mapped_bytes": mapped, "restored_bytes": restored}
+    mapped, restored, map_s, free_s = _native.wake(_device(device), _tags(tags, "wake"))
+    return {"mapped_bytes": mapped, "restored_bytes": restored,
+            "map_and_copy_s": map_s, "free_host_memory_s": free_s}
+
+
+def keep_host_memory(keep=True):
+    """Whether the pinned host memory of backups freed at ``wake`` is kept for the next
+    ``sleep`` (default: not kept, it goes back to the system at wake). Page-locking host memory
+    costs more than the copy itself, so a loop that sleeps and wakes every iteration runs every
+    sleep after the first faster with ``keep_host_memory(True)``, holding that host memory
+    while awake: ``kept_host_bytes()`` says how much, ``release_host_memory()`` frees it."""
+    _native.keep_host_memory(bool(keep))
+
+
+def kept_host_bytes():
+    """Pinned host bytes kept by ``keep_host_memory(True)`` for the next sleep."""
+    return _native.kept_host_bytes()
+
+
+def release_host_memory():
+    """Frees the pinned host memory kept by ``keep_host_memory(True)``; returns the bytes freed.
+    The backups of tags still asleep are not touched."""
+    return _native.release_host_memory()
 
 
 def sleep_stats(device=None):

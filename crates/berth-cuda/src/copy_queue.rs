@@ -13,10 +13,11 @@ use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 
 use berth_alloc::backend::CopyTicket;
-use berth_alloc::{BackendError, StreamId};
+use berth_alloc::BackendError;
 
-use crate::backend::CudaFence;
+use crate::event::Event;
 use crate::ffi;
+use crate::stream::Stream;
 
 /// The legacy default stream, where the copies run.
 const COPY_STREAM: u64 = 0;
@@ -32,7 +33,7 @@ struct Pending {
     /// The ticket of the last copy queued.
     last: u64,
     /// `(ticket, event after that copy)`, by ticket.
-    events: VecDeque<(u64, CudaFence)>,
+    events: VecDeque<(u64, Event)>,
 }
 
 impl CopyQueue {
@@ -49,7 +50,8 @@ impl CopyQueue {
     ) -> Result<CopyTicket, BackendError> {
         let mut p = self.lock();
         copy()?;
-        let ev = CudaFence::record(device, StreamId(COPY_STREAM))?;
+        let ev = Event::new(false);
+        ev.record_on(&Stream::default_stream(device)?)?;
         p.last += 1;
         let t = p.last;
         p.events.push_back((t, ev));

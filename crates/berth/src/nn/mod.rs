@@ -127,19 +127,19 @@ pub trait Module {
     /// Copy values from `state` into the parameters and persistent buffers (strict, as
     /// PyTorch's default): every parameter and persistent buffer must be present with the same
     /// shape and no extra key may exist (a key naming a non-persistent buffer is an extra key,
-    /// as in PyTorch). Values are
-    /// converted to each parameter's dtype and device. Nothing is changed when a check fails:
-    /// the keys, the shapes, and what a copy would refuse (a parameter on the meta device, a
-    /// meta value for a parameter with memory, a parameter whose elements share memory) are
-    /// checked for every parameter before the first is written. Only a device failure during
-    /// the copies themselves (out of memory for a converted value, a failed transfer) can
-    /// leave some parameters written.
+    /// as in PyTorch). Values are converted to each tensor's dtype and device. Nothing is
+    /// changed when a check fails: the keys, the shapes, and what a copy would refuse (a tensor
+    /// on the meta device, a meta value for a tensor with memory, a tensor whose elements share
+    /// memory) are checked for every parameter and persistent buffer before the first is
+    /// written. Only a device failure during the copies themselves (out of memory for a
+    /// converted value, a failed transfer) can leave some of them written.
     ///
     /// # Errors
-    /// [`crate::Error::MissingKey`], [`crate::Error::UnexpectedKeys`], [`crate::Error::StateDictShape`];
-    /// [`crate::Error::LoadIntoMeta`] for a parameter on the meta device (load with
-    /// [`LoadOptions::assign`] instead); [`crate::Error::MetaNoData`] for a meta value and a parameter
-    /// with memory; [`crate::Error::InternalOverlap`]; device errors.
+    /// [`crate::Error::MissingKey`], [`crate::Error::UnexpectedKeys`],
+    /// [`crate::Error::StateDictShape`]; [`crate::Error::LoadIntoMeta`] for a parameter or
+    /// persistent buffer on the meta device (load with [`LoadOptions::assign`] instead);
+    /// [`crate::Error::MetaNoData`] for a meta value and a tensor with memory;
+    /// [`crate::Error::InternalOverlap`]; device errors.
     fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
         self.load_state_dict_with(state, LoadOptions::default())
             .map(|_| ())
@@ -147,9 +147,9 @@ pub trait Module {
 
     /// [`Module::load_state_dict`] with PyTorch's `strict` and `assign` options
     /// (`load_state_dict(state_dict, strict, assign)`): not strict, the keys that do not match
-    /// are returned (a size mismatch is still an error); with `assign`, each parameter becomes
-    /// the checkpoint's tensor (its device and dtype), which is how a model built on the meta
-    /// device is loaded.
+    /// are returned (a size mismatch is still an error); with `assign`, each parameter and
+    /// persistent buffer becomes the checkpoint's tensor (its device and dtype; a parameter
+    /// keeps its `requires_grad`), which is how a model built on the meta device is loaded.
     ///
     /// # Errors
     /// As [`Module::load_state_dict`]; with `assign`, only the key and shape errors.

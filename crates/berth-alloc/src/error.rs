@@ -12,8 +12,10 @@ use crate::stats::format_size;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BackendError {
-    /// The device has not got `bytes` bytes available now (`CUDA_ERROR_OUT_OF_MEMORY`).
-    #[error("device out of memory: {op} of {bytes} bytes failed")]
+    /// The device has not got `bytes` bytes available now (`CUDA_ERROR_OUT_OF_MEMORY`); for
+    /// `op` `"reserve"`, no free virtual address range of `bytes` bytes is left (address space,
+    /// not device memory, and worded so).
+    #[error("{}", backend_oom_message(op, *bytes))]
     OutOfMemory {
         /// The backend call that failed (`"malloc"`, `"map"`).
         op: &'static str,
@@ -62,6 +64,21 @@ pub enum BackendError {
         /// What went wrong, in the driver's words.
         message: String,
     },
+}
+
+/// [`BackendError::OutOfMemory`]'s message: a failed `reserve` ran out of address space, which
+/// says nothing about device memory (newcomer defect 10 read "device out of memory" while the
+/// device was empty).
+fn backend_oom_message(op: &str, bytes: u64) -> String {
+    if op == "reserve" {
+        format!(
+            "address space exhausted: reserve of {bytes} bytes ({}) failed: no free virtual \
+             address range that large is left (device memory may be free)",
+            format_size(bytes)
+        )
+    } else {
+        format!("device out of memory: {op} of {bytes} bytes failed")
+    }
 }
 
 impl BackendError {

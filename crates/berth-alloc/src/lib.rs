@@ -35,8 +35,8 @@
 //! - `Note [Size classes]`: `src/size_class.rs`
 //! - `Note [Spin lock]`: `src/sync.rs`
 //! - `Note [Host block reuse]`: `src/host/mod.rs`
-//! - `Note [Paged best fit]`, `Note [Mapping units]`, `Note [Lock discipline]`,
-//!   ``Note [`record_stream` and deferred free]``: `src/paged/mod.rs`
+//! - `Note [Paged best fit]`, `Note [Mapping units]`, `Note [Paged address space]`,
+//!   `Note [Lock discipline]`, ``Note [`record_stream` and deferred free]``: `src/paged/mod.rs`
 //! - `Note [Constant-time arena]`: `src/paged/arena.rs`
 //! - `Note [Pickle reader arena]`, `Note [Pickle memory budget]`: `src/pickle/reader.rs`
 //! - `Note [Bounded reads]`: `src/input.rs`

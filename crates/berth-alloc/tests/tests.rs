@@ -16,6 +16,7 @@ mod invariants;
 #[cfg(loom)]
 mod loom;
 mod paged;
+mod paged_huge;
 mod pickle;
 mod pickle_bad_input;
 mod policy;

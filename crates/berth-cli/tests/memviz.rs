@@ -548,3 +548,58 @@ fn memviz_says_whether_history_was_recorded() {
     let html = std::fs::read_to_string(&out).unwrap();
     assert_eq!(embedded(&html)["history_recorded"], Value::Bool(false));
 }
+
+/// Issue 32, item 4: the page itself says, under its title and without JavaScript, whether
+/// allocation history was being recorded when the snapshot was taken (yes, no, or unknown for
+/// a snapshot without berth's `berth_history_recorded` key, as PyTorch's are), so an empty
+/// timeline is not read as "no allocations".
+#[test]
+fn the_page_states_whether_history_was_recorded() {
+    use berth_alloc::pickle::dump_snapshot_with_history;
+    let dir = temp_dir("history-page");
+    let live = MemorySnapshot {
+        segments: vec![seg(0, 1 << 20, &[(512, BlockState::ActiveAllocated)])],
+        ..MemorySnapshot::default()
+    };
+    let cases = [
+        (
+            Some(true),
+            r#"<p id="history" class="history yes">Allocation history: <strong>recorded</strong>."#,
+        ),
+        (
+            Some(false),
+            r#"<p id="history" class="history no">Allocation history: <strong>not recorded</strong>."#,
+        ),
+        (
+            None,
+            r#"<p id="history" class="history unknown">Allocation history: <strong>unknown</strong>."#,
+        ),
+    ];
+    for (recorded, want) in cases {
+        let p = dir.join(format!("live-{recorded:?}.pickle"));
+        let bytes = match recorded {
+            Some(r) => dump_snapshot_with_history(&live, r),
+            None => dump_snapshot(&live),
+        };
+        std::fs::write(&p, bytes).unwrap();
+        let out = dir.join(format!("live-{recorded:?}.html"));
+        let html = memviz(&p, &out);
+        assert_self_contained(&html);
+        let at = html
+            .find(want)
+            .unwrap_or_else(|| panic!("{recorded:?}: {want}"));
+        assert_eq!(html.matches(r#"id="history""#).count(), 1);
+        // Near the top: in the header, before the first view.
+        let first_view = html.find(r#"<section id="timeline-section">"#).unwrap();
+        assert!(at < first_view && html[..at].contains("<header>"));
+        assert_eq!(
+            embedded(&html)["history_recorded"],
+            recorded.map_or(Value::Null, Value::Bool)
+        );
+    }
+    // PyTorch's own snapshot file is the unknown case.
+    let out = dir.join("real.html");
+    let html = memviz(&real_pickle(), &out);
+    assert!(html.contains(r#"class="history unknown""#));
+    assert!(html.contains("may mean that history was off, not that nothing was allocated"));
+}

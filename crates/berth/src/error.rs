@@ -330,12 +330,13 @@ pub enum Error {
         got: Vec<usize>,
     },
 
-    /// `load_state_dict` (without `assign`) into a parameter on the meta device: the copy would
-    /// load nothing (PyTorch warns "copying from a non-meta parameter ... to a meta parameter
-    /// ... is a no-op" and reports success: <https://github.com/pytorch/pytorch/issues/102212>).
-    #[error("load_state_dict: parameter {key} is on the meta device, so copying into it would load nothing; load with LoadOptions {{ assign: true, .. }} (PyTorch's assign=True) to take the checkpoint's tensors, or call to_empty(device) first")]
+    /// `load_state_dict` (without `assign`) into a parameter or persistent buffer on the meta
+    /// device: the copy would load nothing (PyTorch warns "copying from a non-meta parameter
+    /// ... to a meta parameter ... is a no-op" and reports success:
+    /// <https://github.com/pytorch/pytorch/issues/102212>).
+    #[error("load_state_dict: {key} (a parameter or persistent buffer) is on the meta device, so copying into it would load nothing; load with LoadOptions {{ assign: true, .. }} (PyTorch's assign=True) to take the checkpoint's tensors, or call to_empty(device) first")]
     LoadIntoMeta {
-        /// The parameter name.
+        /// The parameter's or buffer's dotted name.
         key: String,
     },
 

@@ -21,6 +21,7 @@ mod index;
 mod integers;
 mod meta;
 mod nn;
+mod nn_buffers;
 mod ops;
 mod optim;
 mod sizes;

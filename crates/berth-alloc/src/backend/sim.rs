@@ -31,8 +31,9 @@ const ADDR_LIMIT: u64 = 1 << 62;
 
 /// Bytes of address space a [`SimBackend`] hands out, segments and reservations together
 /// (`2^62 − 2^40`). Expandable segments reserve 9/8 of the capacity for each stream and pool,
-/// `paged` twice the capacity for each stream, so a capacity near [`MAX_SIM_CAPACITY`] leaves
-/// room for a few dozen streams only.
+/// `paged` twice the capacity for each stream while the address space lasts (then less:
+/// `Note [Paged address space]`), so a capacity near [`MAX_SIM_CAPACITY`] leaves room for a
+/// few dozen streams only of such reservations.
 pub const ADDRESS_SPACE_BYTES: u64 = ADDR_LIMIT - BASE_ADDR;
 
 /// The largest capacity a [`SimBackend`] simulates (2^56 bytes, 64 PiB); larger capacities are

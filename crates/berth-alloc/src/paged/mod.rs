@@ -187,6 +187,23 @@
 //! nothing back (`Note [VMM handles]` in `berth-cuda`), so the mapped units are exactly the
 //! physical memory this policy holds: its `reserved_bytes`.
 //!
+//! # Note [Paged address space]
+//! A stream's arena starts with one reservation of twice the device's memory (2^40 bytes when
+//! the backend does not say), so one stream can place anything the device holds. Address space
+//! is finite too: the simulator's is 2^62 bytes, so at its largest capacity (64 PiB) only 31
+//! such reservations fit, and the 32nd stream failed with a backend error, while a GPU's
+//! 47-bit or 57-bit range ends likewise after enough streams (newcomer defect 10: with
+//! `--capacity` ≥ 32 PiB a 64-stream trace failed). When the backend has no range of that
+//! size left, the arena reserves only the request's own pages, and a later request that does
+//! not fit its arena reserves again the same way (a full-size try, then its pages: two calls).
+//! Taking a half, a quarter, ... of the full size instead gave each new stream half of what
+//! was left, which ran out after 30 more streams where pages alone serve millions. Only when
+//! not even the request's pages can be reserved is it an [`AllocError::Backend`] error (the
+//! reservation's `OutOfMemory` from the backend: address space, not device memory, so no
+//! out-of-memory, as expandable segments report it). While
+//! the address space lasts nothing changes: the first reservation of each stream is as
+//! before, so every committed trace replays to the same figures.
+//!
 //! # Note [`record_stream` and deferred free]
 //! A block used on other streams (`record_stream`) is not returned to its extent on free:
 //! one event is recorded per such stream and the block waits in a pending list until every

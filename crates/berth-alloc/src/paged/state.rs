@@ -182,6 +182,7 @@ impl<E> State<E> {
         backend: &B,
         stream: StreamId,
         tag: u32,
+        size: u64,
     ) -> Result<usize, AllocError> {
         // The pool that serves `stream` now: the general one (0) unless a private pool is
         // being allocated to for it (`Note [Private pools in paged]`).
@@ -196,11 +197,10 @@ impl<E> State<E> {
         if let Some(&i) = self.arena_of.get(&(stream, pair, tag)) {
             return Ok(i);
         }
-        let base = vm(backend)
-            .reserve(self.va_bytes as usize)
-            .map_err(backend_err(stream))?;
+        let min = page_up(size, self.pages.page);
+        let (base, len) = self.reserve_fitting(backend, self.va_bytes, min, stream)?;
         let mut arena = Arena::new(stream, pair, tag);
-        arena.add_reservation(base.0, self.va_bytes);
+        arena.add_reservation(base, len);
         let i = match self.retired.pop() {
             Some(i) => {
                 self.arenas[i] = arena;
@@ -213,6 +213,31 @@ impl<E> State<E> {
         };
         self.arena_of.insert((stream, pair, tag), i);
         Ok(i)
+    }
+
+    /// Reserves `want` bytes of address space for `stream` or, when the backend has no range
+    /// that large left, only `min` (the request's pages): `(base, bytes reserved)` (`Note
+    /// [Paged address space]` in [`super`]). At most two backend calls.
+    ///
+    /// # Errors
+    /// [`AllocError::Backend`] with the backend's error when not even `min` bytes can be
+    /// reserved, or when the backend fails otherwise.
+    fn reserve_fitting<B: MemoryBackend<Fence = E>>(
+        &self,
+        backend: &B,
+        want: u64,
+        min: u64,
+        stream: StreamId,
+    ) -> Result<(u64, u64), AllocError> {
+        let want = want.max(min);
+        match vm(backend).reserve(want as usize) {
+            Ok(p) => Ok((p.0, want)),
+            Err(BackendError::OutOfMemory { .. }) if want > min => vm(backend)
+                .reserve(min as usize)
+                .map(|p| (p.0, min))
+                .map_err(backend_err(stream)),
+            Err(e) => Err(backend_err(stream)(e)),
+        }
     }
 
     /// Allocates `bytes` (> 0) on `stream`.
@@ -231,17 +256,15 @@ impl<E> State<E> {
         let size = bytes.div_ceil(MIN_BLOCK) * MIN_BLOCK;
         // This thread's tag; an error when it is asleep (`Note [Sleep and wake]`).
         let tag = self.tags.current()?;
-        let ai = self.arena_for(backend, stream, tag)?;
+        let ai = self.arena_for(backend, stream, tag, size)?;
         let (addr, unmapped) = loop {
             if let Some(placed) = self.arenas[ai].place(size, &self.pages) {
                 break placed;
             }
             // The address space is fragmented: reserve another range for this stream.
-            let more = self.va_bytes.max(page_up(size, self.pages.page));
-            let base = vm(backend)
-                .reserve(more as usize)
-                .map_err(backend_err(stream))?;
-            self.arenas[ai].add_reservation(base.0, more);
+            let min = page_up(size, self.pages.page);
+            let (base, len) = self.reserve_fitting(backend, self.va_bytes.max(min), min, stream)?;
+            self.arenas[ai].add_reservation(base, len);
         };
         // `place` measured the unmapped pages: most blocks land on mapped memory.
         if unmapped > 0 {

@@ -383,9 +383,46 @@ fn embedded_json(data: &PageData) -> String {
 /// The whole HTML page for `data`.
 pub fn render(data: &PageData) -> String {
     TEMPLATE
+        .replacen(
+            "<!--BERTH_MEMVIZ_HISTORY-->",
+            &history_statement(data.history_recorded),
+            1,
+        )
         .replacen("/*BERTH_MEMVIZ_CSS*/", CSS, 1)
         .replacen("/*BERTH_MEMVIZ_JS*/", JS, 1)
         .replacen("/*BERTH_MEMVIZ_DATA*/", &embedded_json(data), 1)
+}
+
+/// The page's statement, under its title and written into the HTML itself (visible without
+/// JavaScript), of whether allocation history was being recorded when the snapshot was taken:
+/// `Some(true)` / `Some(false)` from berth's `berth_history_recorded` key, `None` (unknown)
+/// for PyTorch's snapshots, which do not carry it (Note [Snapshot history flag] in
+/// `berth_alloc::pickle`). So an empty timeline is not read as "no allocations".
+pub fn history_statement(history_recorded: Option<bool>) -> String {
+    let (class, text) = match history_recorded {
+        Some(true) => (
+            "yes",
+            "Allocation history: <strong>recorded</strong>. History was being recorded when \
+             this snapshot was taken, so the timeline holds every allocation and free since \
+             recording began.",
+        ),
+        Some(false) => (
+            "no",
+            "Allocation history: <strong>not recorded</strong>. History was not being \
+             recorded when this snapshot was taken, so an empty timeline does not mean that \
+             nothing was allocated; record it with \
+             <code>torch.cuda.memory._record_memory_history()</code> or \
+             <code>berth train --memory-snapshot</code>.",
+        ),
+        None => (
+            "unknown",
+            "Allocation history: <strong>unknown</strong>. This snapshot does not say whether \
+             history was being recorded when it was taken (PyTorch's snapshots do not; \
+             berth's carry <code>berth_history_recorded</code>), so an empty timeline may mean \
+             that history was off, not that nothing was allocated.",
+        ),
+    };
+    format!(r#"<p id="history" class="history {class}">{text}</p>"#)
 }
 
 /// Runs `berth memviz`.

@@ -5,9 +5,17 @@
 //! Where PyTorch has a trap berth does better: loading without `assign` into parameters on the
 //! meta device is an error ([`Error::LoadIntoMeta`]), not a success that loaded nothing
 //! (<https://github.com/pytorch/pytorch/issues/102212>,
-//! <https://github.com/huggingface/transformers/issues/37615>). berth's modules hold parameters
-//! only (no buffers, so none are non-persistent).
+//! <https://github.com/huggingface/transformers/issues/37615>).
+//!
+//! The keys are matched against the parameters and the persistent buffers
+//! ([`super::buffer::state_entries`]); a non-persistent buffer is never missing, and a key
+//! naming one is unexpected, as PyTorch's `_load_from_state_dict` reports it. PyTorch checks
+//! only the first name segment after each submodule's prefix, so it also lets pass a key equal
+//! to a submodule's path (`"0"`) or one that extends a parameter's name (`"0.weight.x"`); berth
+//! reports those as unexpected too: a key that names no parameter or persistent buffer loads
+//! nothing.
 
+use super::buffer::state_entries;
 use super::{Module, StateDict};
 use crate::{Error, Result};
 
@@ -36,9 +44,10 @@ impl Default for LoadOptions {
 /// The keys a non-strict load did not match (PyTorch's `_IncompatibleKeys`), sorted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IncompatibleKeys {
-    /// Parameters with no entry in the state dict (left as they were).
+    /// Parameters and persistent buffers with no entry in the state dict (left as they were).
     pub missing_keys: Vec<String>,
-    /// Entries with no parameter (ignored).
+    /// Entries with no parameter or persistent buffer (ignored), keys naming a non-persistent
+    /// buffer among them.
     pub unexpected_keys: Vec<String>,
 }
 
@@ -48,7 +57,7 @@ pub(super) fn load<M: Module + ?Sized>(
     state: &StateDict,
     options: LoadOptions,
 ) -> Result<IncompatibleKeys> {
-    let params = module.named_parameters();
+    let params = state_entries(module);
     let mut keys = IncompatibleKeys::default();
     for (name, p) in &params {
         let Some(s) = state.get(name) else {
@@ -100,12 +109,28 @@ pub(super) fn load<M: Module + ?Sized>(
     drop(params);
     for (name, p) in module.named_parameters_mut() {
         let Some(s) = state.get(&name) else { continue };
-        if options.assign {
-            *p = s.detach();
-        } else {
-            let src = s.to(p.device(), p.dtype(), false, false)?;
-            p.copy_(&src)?;
-        }
+        // With `assign`, a parameter keeps its `requires_grad` (PyTorch wraps the checkpoint's
+        // tensor as `Parameter(input_param, requires_grad=param.requires_grad)`).
+        write(p, s, options.assign, true)?;
+    }
+    for b in module.named_buffers_mut() {
+        let Some(s) = state.get(&b.name).filter(|_| b.persistent) else {
+            continue;
+        };
+        write(b.tensor, s, options.assign, false)?;
     }
     Ok(keys)
+}
+
+/// Loads `s` into `dst`: the checkpoint's tensor itself with `assign` (a parameter keeping its
+/// `requires_grad` when `keep_grad`), else its values converted to `dst`'s device and dtype.
+fn write(dst: &mut crate::Tensor, s: &crate::Tensor, assign: bool, keep_grad: bool) -> Result<()> {
+    if assign {
+        let requires_grad = keep_grad && dst.requires_grad();
+        *dst = s.detach().with_requires_grad(requires_grad)?;
+    } else {
+        let src = s.to(dst.device(), dst.dtype(), false, false)?;
+        dst.copy_(&src)?;
+    }
+    Ok(())
 }

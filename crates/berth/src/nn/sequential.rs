@@ -1,6 +1,6 @@
 //! `Sequential` and `ReLU`: compose modules (PyTorch's `nn.Sequential`, `nn.ReLU`).
 
-use super::Module;
+use super::{Module, NamedBuffer};
 use crate::{Result, Tensor};
 
 /// `max(x, 0)` as a module (no parameters).
@@ -19,7 +19,7 @@ impl Module for ReLU {
     }
 }
 
-/// Modules applied in order; parameters are named `"<index>.<name>"` as PyTorch.
+/// Modules applied in order; parameters and buffers are named `"<index>.<name>"` as PyTorch.
 #[derive(Default)]
 pub struct Sequential {
     layers: Vec<Box<dyn Module + Send + Sync>>,
@@ -72,6 +72,28 @@ impl Module for Sequential {
                 l.named_parameters()
                     .into_iter()
                     .map(|(n, t)| (format!("{i}.{n}"), t)),
+            );
+        }
+        v
+    }
+
+    fn named_buffers(&self) -> Vec<NamedBuffer<&Tensor>> {
+        let mut v = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            let prefix = i.to_string();
+            v.extend(l.named_buffers().into_iter().map(|b| b.prefixed(&prefix)));
+        }
+        v
+    }
+
+    fn named_buffers_mut(&mut self) -> Vec<NamedBuffer<&mut Tensor>> {
+        let mut v = Vec::new();
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let prefix = i.to_string();
+            v.extend(
+                l.named_buffers_mut()
+                    .into_iter()
+                    .map(|b| b.prefixed(&prefix)),
             );
         }
         v

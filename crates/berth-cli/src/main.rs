@@ -235,6 +235,8 @@ pub fn whole_usize(
 fn exit_code(err: &anyhow::Error) -> i32 {
     let input = |e: &(dyn std::error::Error + 'static)| {
         e.is::<UsageError>()
+            // A bad `berth train --devices` list.
+            || e.is::<train::devices::DevicesError>()
             // A malformed BERTH_ALLOC_CONF is bad input too.
             || e.is::<berth_alloc::ConfigError>()
             || e.downcast_ref::<memviz::MemvizError>()

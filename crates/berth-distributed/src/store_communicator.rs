@@ -1,11 +1,11 @@
-//! `StoreCommunicator`: collectives on CPU tensors through the job's [`TcpStore`], the role
+//! `StoreCommunicator`: collectives on CPU tensors through the job's [`TcpStore`](crate::TcpStore), the role
 //! gloo plays for CPU tensors in PyTorch (<https://pytorch.org/docs/stable/distributed.html#backends>):
 //! slow, but correct and deterministic, so that the data-parallel path runs with `--devices
 //! cpu,cpu` and on CI without a GPU, in real processes or in threads of one process.
 //!
 //! Note [Store all-reduce]: collective number `seq` (every rank counts its collectives, and
 //! all ranks issue the same ones in the same order) cuts the tensor into chunks of at most
-//! [`MAX_VALUE_BYTES`](crate::store::MAX_VALUE_BYTES); each rank sets `ar/<seq>/<chunk>/<rank>`
+//! [`MAX_VALUE_BYTES`]; each rank sets `ar/<seq>/<chunk>/<rank>`
 //! to its chunk's little-endian `f32` bytes, then reads every rank's chunks and sums them **in
 //! rank order** (`((x₀ + x₁) + x₂) + …`), so every rank computes bit-identical results, as
 //! NCCL's ring does for all of its ranks. Each rank then adds 1 to `ar/<seq>/read`; the rank

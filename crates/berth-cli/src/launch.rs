@@ -4,6 +4,7 @@
 //! without its elastic restarts: when one process fails, the others on this node are stopped
 //! and berth reports which rank failed.
 
+use std::ffi::{OsStr, OsString};
 use std::process::{Child, Command};
 use std::time::Duration;
 
@@ -58,23 +59,68 @@ pub fn run(a: LaunchArgs) -> anyhow::Result<()> {
         .command
         .split_first()
         .ok_or_else(|| UsageError("give the program to start after `--`".into()))?;
-    let mut children: Vec<(usize, Child)> = Vec::with_capacity(a.nproc_per_node);
-    for local in 0..a.nproc_per_node {
-        let rank = a.node_rank * a.nproc_per_node + local;
+    let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+    run_ranks(&RankSpawn {
+        nproc_per_node: a.nproc_per_node,
+        world_size: world,
+        node_rank: a.node_rank,
+        master_addr: &a.master_addr,
+        master_port: a.master_port,
+        program: program.as_ref(),
+        args: &args,
+    })
+}
+
+/// What [`run_ranks`] starts: `nproc_per_node` processes of `program args`, ranks
+/// `node_rank × nproc_per_node ..` of `world_size`, meeting at `master_addr:master_port`.
+/// `berth launch` and `berth train --devices` (which starts itself once per device) both
+/// start their ranks through it.
+#[derive(Debug)]
+pub struct RankSpawn<'a> {
+    /// Processes on this node.
+    pub nproc_per_node: usize,
+    /// Processes in the job (`WORLD_SIZE`).
+    pub world_size: usize,
+    /// This node's index.
+    pub node_rank: usize,
+    /// `MASTER_ADDR`.
+    pub master_addr: &'a str,
+    /// `MASTER_PORT`.
+    pub master_port: u16,
+    /// The program to start.
+    pub program: &'a OsStr,
+    /// Its arguments.
+    pub args: &'a [OsString],
+}
+
+/// Starts the processes of `spec` with torchrun's environment and waits for all of them;
+/// when one fails, stops the others and reports which rank failed.
+///
+/// # Errors
+/// A process that cannot be started, or one that exits unsuccessfully (naming its rank and
+/// status).
+pub fn run_ranks(spec: &RankSpawn<'_>) -> anyhow::Result<()> {
+    let program = spec.program;
+    let mut children: Vec<(usize, Child)> = Vec::with_capacity(spec.nproc_per_node);
+    for local in 0..spec.nproc_per_node {
+        let rank = spec.node_rank * spec.nproc_per_node + local;
         let child = Command::new(program)
-            .args(args)
+            .args(spec.args)
             .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", world.to_string())
+            .env("WORLD_SIZE", spec.world_size.to_string())
             .env("LOCAL_RANK", local.to_string())
-            .env("LOCAL_WORLD_SIZE", a.nproc_per_node.to_string())
-            .env("MASTER_ADDR", &a.master_addr)
-            .env("MASTER_PORT", a.master_port.to_string())
+            .env("LOCAL_WORLD_SIZE", spec.nproc_per_node.to_string())
+            .env("MASTER_ADDR", spec.master_addr)
+            .env("MASTER_PORT", spec.master_port.to_string())
             .spawn();
         match child {
             Ok(c) => children.push((rank, c)),
             Err(e) => {
                 stop(&mut children);
-                anyhow::bail!("cannot start rank {rank} ({program}): {e}");
+                anyhow::bail!(
+                    "cannot start rank {rank} ({}): {e}",
+                    program.to_string_lossy()
+                );
             }
         }
     }

@@ -11,7 +11,8 @@
 //! The top of the workspace: it depends on `berth` (devices, tensors, `nn`, the CUDA layer as
 //! `berth::cuda`), `berth-alloc` (with its `trace` feature, for `berth replay`), `berth-data`
 //! (the `DataLoader` of `train` and `bench dataloader`) and `berth-distributed` (the NCCL
-//! process group of `bench all-reduce`); nothing depends on it.
+//! process group of `bench all-reduce`, and DDP's reducer of `train --devices`); nothing
+//! depends on it.
 //!
 //! ```text
 //! berth-alloc  <-  berth-cuda  <-  berth  <-  berth-data         <-  berth-cli (this binary)
@@ -235,6 +236,8 @@ pub fn whole_usize(
 fn exit_code(err: &anyhow::Error) -> i32 {
     let input = |e: &(dyn std::error::Error + 'static)| {
         e.is::<UsageError>()
+            // A bad `berth train --devices` list.
+            || e.is::<train::devices::DevicesError>()
             // A malformed BERTH_ALLOC_CONF is bad input too.
             || e.is::<berth_alloc::ConfigError>()
             || e.downcast_ref::<memviz::MemvizError>()

@@ -119,6 +119,13 @@ pub enum DistError {
     /// A tensor operation failed.
     #[error(transparent)]
     Tensor(#[from] berth::Error),
+    /// DDP's reducer was used out of order: a gradient marked ready twice in one step, a step
+    /// finished before every gradient was ready, or a gradient of the wrong shape.
+    #[error("DDP reducer: {what}")]
+    Reduction {
+        /// What was wrong and what would be right.
+        what: String,
+    },
     /// A bucketing option is invalid.
     #[error("invalid bucket option {option}: {message}")]
     InvalidBucketOption {

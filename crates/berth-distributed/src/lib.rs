@@ -3,10 +3,11 @@
 //! ([`TcpStore`], hosted by rank 0 as [`StoreServer`]), the rendezvous that checks the job and
 //! exchanges a communicator's unique id ([`Rendezvous`]), the NCCL process group with its
 //! collectives on berth tensors (`ProcessGroup`, feature `cuda`), and
-//! `DistributedDataParallel`'s gradient bucketing ([`bucket`]).
-//!
-//! What is not here yet: the data-parallel training path (`berth train --devices`); see
-//! `docs/distributed.md`. The sampler that shards a dataset per rank is berth-data's
+//! `DistributedDataParallel`'s gradient bucketing ([`bucket`]) and bucketed reduction
+//! ([`Reducer`]) over any [`Communicator`]: the NCCL `ProcessGroup`, or the
+//! [`StoreCommunicator`] for CPU tensors (gloo's role), which lets CI run the data-parallel
+//! path without a GPU. `berth train --devices` is built on these; see `docs/distributed.md`.
+//! The sampler that shards a dataset per rank is berth-data's
 //! `DistributedSampler`: it needs only a rank and a world size, which [`Rendezvous`] gives.
 //!
 //! # Where this crate sits
@@ -26,22 +27,32 @@
 //! - Note [DDP buckets]: `src/bucket.rs` ([`bucket`]).
 //! - Note [Collective stream ordering]: `src/process_group.rs` (which stream each collective
 //!   runs on, how buffers stay alive: references, not `record_stream`).
+//! - Note [Store all-reduce]: `src/store_communicator.rs` ([`store_communicator`]).
+//! - Note [Gradient averaging], Note [Bucket launch order], Note [Bucket buffer lifetime]:
+//!   `src/reducer.rs` ([`reducer`]).
 
 #![deny(missing_docs)]
 
 pub mod bucket;
+pub mod communicator;
 mod env;
 mod error;
 #[cfg(feature = "cuda")]
 pub mod process_group;
+pub mod reducer;
 pub mod rendezvous;
 pub mod store;
+pub mod store_communicator;
+pub mod testing;
 
 #[cfg(feature = "cuda")]
 pub use berth_cuda::nccl::{nccl_unavailable_reason, nccl_version, ReduceOp};
+pub use communicator::{Communicator, PendingWork};
 pub use env::RendezvousEnv;
 pub use error::{DistError, Result};
 #[cfg(feature = "cuda")]
 pub use process_group::{ProcessGroup, Work};
+pub use reducer::{broadcast_parameters, Reducer};
 pub use rendezvous::{Rendezvous, DEFAULT_TIMEOUT};
 pub use store::{StoreServer, TcpStore};
+pub use store_communicator::{StoreCommunicator, StoreWork};

@@ -262,6 +262,40 @@ impl ProcessGroup {
     }
 }
 
+impl crate::communicator::Communicator for ProcessGroup {
+    type Work = Work;
+
+    fn rank(&self) -> usize {
+        ProcessGroup::rank(self)
+    }
+
+    fn world_size(&self) -> usize {
+        ProcessGroup::world_size(self)
+    }
+
+    fn rendezvous(&self) -> &Rendezvous {
+        &self.rdzv
+    }
+
+    fn all_reduce_sum(&self, t: &Tensor) -> Result<Work> {
+        self.all_reduce(t, ReduceOp::Sum)
+    }
+
+    fn broadcast(&self, t: &Tensor, src: usize) -> Result<()> {
+        ProcessGroup::broadcast(self, t, src)?.wait()
+    }
+
+    fn finish(self) -> Result<()> {
+        ProcessGroup::finish(self)
+    }
+}
+
+impl crate::communicator::PendingWork for Work {
+    fn wait(self) -> Result<()> {
+        Work::wait(self)
+    }
+}
+
 /// A collective in flight (PyTorch's `Work`): holds its tensors until the compute stream is
 /// ordered after it (Note [Collective stream ordering]).
 #[derive(Debug)]

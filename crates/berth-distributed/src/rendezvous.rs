@@ -120,6 +120,12 @@ impl Rendezvous {
         self.env.local_rank
     }
 
+    /// How long waits on other ranks last before they fail (the timeout given to
+    /// [`join`](Self::join)).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// The store shared by the job.
     pub fn store(&self) -> &TcpStore {
         &self.store

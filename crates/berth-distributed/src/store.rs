@@ -7,7 +7,8 @@
 //! `SET key value` (reply: one acknowledgement byte, so that a value set is visible to every
 //! client once `set` returns), `GET key` (reply: a presence byte, then the value), `ADD key i64` (reply:
 //! the new value, as PyTorch's `add`, creating the key at 0), `SET_IF_ABSENT key value` (reply:
-//! the value now stored, as PyTorch's `compare_set` with an empty expected value). Waiting for a
+//! the value now stored, as PyTorch's `compare_set` with an empty expected value), `DELETE key`
+//! (reply: a byte, 1 when the key existed, as PyTorch's `delete_key`). Waiting for a
 //! key is done by the client, polling `GET` every [`POLL_INTERVAL`] until its timeout:
 //! PyTorch's store waits on the server instead, which saves the polls but needs a per-key
 //! waiter list; a rendezvous of a few ranks polls a handful of keys for a few seconds, so the
@@ -34,6 +35,7 @@ const OP_SET: u8 = 1;
 const OP_GET: u8 = 2;
 const OP_ADD: u8 = 3;
 const OP_SET_IF_ABSENT: u8 = 4;
+const OP_DELETE: u8 = 5;
 
 type Map = Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>;
 
@@ -163,7 +165,7 @@ fn serve_one(conn: &mut TcpStream, map: &Map) -> std::io::Result<Vec<u8>> {
             conn.read_exact(&mut delta)?;
             delta
         }
-        OP_GET => Vec::new(),
+        OP_GET | OP_DELETE => Vec::new(),
         _ => {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
@@ -185,6 +187,7 @@ fn serve_one(conn: &mut TcpStream, map: &Map) -> std::io::Result<Vec<u8>> {
             }
             None => reply.push(0),
         },
+        OP_DELETE => reply.push(u8::from(map.remove(&key).is_some())),
         OP_ADD => {
             let delta = <[u8; 8]>::try_from(body.as_slice()).map_or(0, i64::from_le_bytes);
             let current = map
@@ -289,11 +292,12 @@ impl TcpStore {
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         conn.write_all(&msg).map_err(io)?;
         match op {
-            OP_SET => {
-                // The acknowledgement: once `set` returns, every client sees the value.
+            OP_SET | OP_DELETE => {
+                // The acknowledgement: once `set` returns, every client sees the value (once
+                // `delete_key` returns, none does); for a delete it says whether the key existed.
                 let mut ack = [0u8; 1];
                 conn.read_exact(&mut ack).map_err(io)?;
-                Ok(Vec::new())
+                Ok(ack.to_vec())
             }
             OP_ADD => {
                 let mut buf = vec![0u8; reply_fixed];
@@ -329,6 +333,14 @@ impl TcpStore {
         let mut body = Vec::with_capacity(value.len() + 4);
         put_field(&mut body, value);
         self.request(OP_SET, key, &body, 0).map(drop)
+    }
+
+    /// Removes `key`; returns whether it was set (PyTorch's `delete_key`).
+    ///
+    /// # Errors
+    /// As [`set`](Self::set).
+    pub fn delete_key(&self, key: &str) -> Result<bool> {
+        Ok(self.request(OP_DELETE, key, &[], 0)? == [1])
     }
 
     /// The value under `key`, or `None` when it is not set (never waits).
@@ -390,6 +402,24 @@ impl TcpStore {
     }
 }
 
+/// A TCP port of 127.0.0.1 that was free a moment ago (bound to port 0, then released): the
+/// `MASTER_PORT` for a local job, as torchrun's `--standalone` picks one.
+///
+/// # Errors
+/// [`DistError::Listen`] when no port can be bound.
+pub fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| DistError::Listen {
+        addr: "127.0.0.1:0".into(),
+        source,
+    })?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|source| DistError::Listen {
+            addr: "127.0.0.1:0".into(),
+            source,
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,6 +439,9 @@ mod tests {
         assert_eq!(b.set_if_absent("k", b"second").unwrap(), b"first");
         a.set("empty", &[]).unwrap();
         assert_eq!(b.try_get("empty").unwrap(), Some(vec![]));
+        assert!(b.delete_key("id").unwrap());
+        assert_eq!(a.try_get("id").unwrap(), None);
+        assert!(!a.delete_key("id").unwrap());
     }
 
     #[test]

@@ -206,3 +206,27 @@ pub fn to_device(batch: (Tensor, Tensor), device: Device) -> berth::Result<(Tens
     let y = y.to(device, y.dtype(), true, false)?;
     Ok((prepare(&x)?, y))
 }
+
+/// A data-parallel rank's training loader: this rank's shard from `sampler` (a
+/// [`berth_data::DistributedSampler`]; keep a clone to call `set_epoch` on), `batch_size`
+/// images per local batch, `workers` threads, pinned batches on CUDA.
+///
+/// # Errors
+/// DataLoader option errors.
+pub fn sharded_loader(
+    ds: &FashionSplit,
+    batch_size: usize,
+    workers: usize,
+    sampler: berth_data::DistributedSampler,
+    device: Device,
+) -> anyhow::Result<FashionLoader> {
+    let mut b = DataLoader::builder(Arc::clone(ds))
+        .batch_size(batch_size)
+        .sampler(sampler)
+        .num_workers(workers as isize)
+        .pin_memory(device.is_cuda());
+    if workers > 0 {
+        b = b.persistent_workers(true);
+    }
+    Ok(b.build()?)
+}

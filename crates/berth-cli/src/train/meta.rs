@@ -207,6 +207,8 @@ mod tests {
 
     fn args(batch: usize, hidden: usize) -> TrainArgs {
         TrainArgs {
+            devices: None,
+            bucket_cap_mb: None,
             device: "meta".into(),
             epochs: 1,
             batch_size: batch,

@@ -106,14 +106,41 @@ impl Mlp {
     /// # Errors
     /// Shape or device mismatches between `x`, `acts` and `targets` (i64 class indices, `[batch]`).
     pub fn backward(&self, x: &Tensor, acts: &Activations, targets: &Tensor) -> Result<Gradients> {
+        let mut out: [Option<Tensor>; 4] = Default::default();
+        self.backward_with(x, acts, targets, |i, g| {
+            out[i] = Some(g.alias());
+            Ok::<(), berth::Error>(())
+        })?;
+        let [Some(w1), Some(b1), Some(w2), Some(b2)] = out else {
+            unreachable!("backward_with hands over all four gradients")
+        };
+        Ok(Gradients { w1, b1, w2, b2 })
+    }
+
+    /// [`backward`](Self::backward), handing each gradient to `ready(index, grad)` the moment
+    /// it is computed, `index` in [`Mlp::params`] order. They come in reverse parameter order,
+    /// `fc2.bias` (3), `fc2.weight` (2), `fc1.bias` (1), `fc1.weight` (0), as autograd makes
+    /// them ready: DDP's reducer launches a bucket's all-reduce while the rest of backward runs
+    /// (Note [Bucket launch order] in `berth_distributed::reducer`). Each gradient may be
+    /// dropped once `ready` returns.
+    ///
+    /// # Errors
+    /// As [`backward`](Self::backward); `ready`'s error, which stops the pass.
+    pub fn backward_with<E: From<berth::Error>>(
+        &self,
+        x: &Tensor,
+        acts: &Activations,
+        targets: &Tensor,
+        mut ready: impl FnMut(usize, &Tensor) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
         let g = acts.logits.cross_entropy_backward(targets)?;
-        let w2 = g.t()?.matmul(&acts.hidden)?;
-        let b2 = g.sum_dim(0, false)?;
+        ready(3, &g.sum_dim(0, false)?)?;
+        ready(2, &g.t()?.matmul(&acts.hidden)?)?;
         let dh = g.matmul(&self.fc2.weight)?;
         let dpre = dh.relu_backward(&acts.hidden_pre)?;
-        let w1 = dpre.t()?.matmul(x)?;
-        let b1 = dpre.sum_dim(0, false)?;
-        Ok(Gradients { w1, b1, w2, b2 })
+        ready(1, &dpre.sum_dim(0, false)?)?;
+        ready(0, &dpre.t()?.matmul(x)?)?;
+        Ok(())
     }
 }
 

@@ -7,6 +7,10 @@
 //! reserved bytes without allocating anything (see [`meta`]).
 
 mod data;
+mod ddp;
+#[cfg(test)]
+mod ddp_tests;
+pub mod devices;
 mod fit;
 mod meta;
 mod mlp;
@@ -36,6 +40,21 @@ pub struct TrainArgs {
     /// Device: `auto` (cuda:0 when present, else cpu), `cpu`, `cuda`, `cuda:i` or `meta`.
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// Data-parallel training (PyTorch's DDP), one process per listed device: `cuda:0,cuda:1`
+    /// (NCCL), or `cpu,cpu` (the same path over a TCP store, slow). `--batch-size` is the
+    /// global batch, split evenly over the devices. Starts the processes itself, or, under
+    /// `berth launch`/torchrun (`RANK` set), runs as the rank on device `LOCAL_RANK` of the list.
+    #[arg(long, value_name = "DEVICE,...", conflicts_with = "device")]
+    pub devices: Option<String>,
+    /// With `--devices`: DDP's gradient bucket size in MiB (`bucket_cap_mb`; default 25, after
+    /// a 1 MiB first bucket).
+    #[arg(
+        long,
+        value_name = "MIB",
+        requires = "devices",
+        allow_negative_numbers = true
+    )]
+    pub bucket_cap_mb: Option<f64>,
     /// Passes over the 60,000 training images (1 to 1,000,000).
     #[arg(long, default_value_t = 5, allow_negative_numbers = true,
           value_parser = crate::whole_usize("--epochs", "the number of epochs", 1, 5))]
@@ -248,6 +267,9 @@ fn check_train_args(a: &TrainArgs) -> anyhow::Result<()> {
 /// Runs `berth train`.
 pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
     check_train_args(&args)?;
+    if let Some(spec) = &args.devices {
+        return ddp::run(&args, spec);
+    }
     let device = resolve_device(&args.device)?;
     if args.memory_snapshot.is_some() && !device.is_cuda() {
         return Err(UsageError(format!(
@@ -319,7 +341,11 @@ pub fn run_train(args: TrainArgs) -> anyhow::Result<()> {
 /// exists, and one this process can open for writing now, so that a bad path fails before the
 /// training, not after it (`example` names a file to suggest). A file the check creates is
 /// removed again; an existing one is opened without truncating it.
-fn check_output_path(flag: &str, path: &std::path::Path, example: &str) -> Result<(), UsageError> {
+pub(crate) fn check_output_path(
+    flag: &str,
+    path: &std::path::Path,
+    example: &str,
+) -> Result<(), UsageError> {
     if path.is_dir() {
         return Err(UsageError(format!(
             "{flag} {}: that is a folder; give a file path such as {}",
@@ -542,6 +568,7 @@ pub fn train_on(
             waits as f64 / steps as f64
         },
         state_dict,
+        ranks: Vec::new(),
     })
 }
 

@@ -54,6 +54,10 @@ pub struct MemoryReport {
     pub summary: Option<String>,
     /// The CUDA allocator's policy (`paged`, `pytorch`, `expandable`), `None` on the CPU.
     pub policy: Option<String>,
+    /// Bytes of the device in use by every process at the end of the run, as the driver
+    /// counts them (`total − free` of `cudaMemGetInfo`, what `nvidia-smi` shows: the caching
+    /// allocator's reserved bytes, the CUDA context, NCCL's buffers); `None` on the CPU.
+    pub driver_used_bytes: Option<u64>,
 }
 
 impl MemoryReport {
@@ -86,6 +90,10 @@ impl MemoryStart {
                 peak_reserved: berth::cuda::max_memory_reserved(i)?,
                 summary: Some(berth::cuda::memory_summary(i, false)?),
                 policy: Some(berth::cuda::allocator_policy(i)?),
+                driver_used_bytes: {
+                    let (free, total) = berth::cuda::mem_get_info(i)?;
+                    Some(total.saturating_sub(free) as u64)
+                },
             },
             None => {
                 let peak = berth::storage::max_host_memory_allocated() as u64;
@@ -94,6 +102,7 @@ impl MemoryStart {
                     peak_reserved: peak,
                     summary: None,
                     policy: None,
+                    driver_used_bytes: None,
                 }
             }
         })
@@ -189,6 +198,53 @@ pub struct TrainReport {
     pub implicit_syncs_per_step: f64,
     /// The trained parameters as CPU tensors.
     pub state_dict: StateDict,
+    /// A data-parallel run's memory per rank, in rank order (rank 0's is also in `memory`);
+    /// empty for a run on one device.
+    pub ranks: Vec<RankMemory>,
+}
+
+/// One rank's memory report in a data-parallel run (`berth train --devices`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RankMemory {
+    /// The rank.
+    pub rank: usize,
+    /// Its device, as `cuda:1` or `cpu`.
+    pub device: String,
+    /// Peak bytes allocated to tensors ([`MemoryReport::peak_allocated`]).
+    pub peak_allocated: u64,
+    /// Peak bytes reserved ([`MemoryReport::peak_reserved`]).
+    pub peak_reserved: u64,
+    /// Bytes in use on the device per the driver ([`MemoryReport::driver_used_bytes`]).
+    pub driver_used_bytes: Option<u64>,
+}
+
+impl RankMemory {
+    /// Rank `rank`'s entry for its `memory` on `device`.
+    pub fn new(rank: usize, device: Device, memory: &MemoryReport) -> RankMemory {
+        RankMemory {
+            rank,
+            device: device.to_string(),
+            peak_allocated: memory.peak_allocated,
+            peak_reserved: memory.peak_reserved,
+            driver_used_bytes: memory.driver_used_bytes,
+        }
+    }
+
+    /// The rank's one-line report, labelled with its rank.
+    pub fn line(&self) -> String {
+        let driver = self.driver_used_bytes.map_or_else(String::new, |b| {
+            format!(", driver used {b} B ({:.1} MiB)", mib(b))
+        });
+        format!(
+            "rank {} memory on {}: peak allocated {} B ({:.1} MiB), peak reserved {} B ({:.1} MiB){driver}",
+            self.rank,
+            self.device,
+            self.peak_allocated,
+            mib(self.peak_allocated),
+            self.peak_reserved,
+            mib(self.peak_reserved)
+        )
+    }
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -213,6 +269,9 @@ impl TrainReport {
                 "peak_allocated": self.memory.peak_allocated,
                 "peak_reserved": self.memory.peak_reserved,
                 "allocator_policy": self.memory.policy,
+                "driver_used_bytes": self.memory.driver_used_bytes,
+                "world_size": self.ranks.len().max(1),
+                "ranks": self.ranks,
                 "implicit_syncs_per_step": self.implicit_syncs_per_step,
                 "per_epoch": self.epochs,
                 // Lossy: a path that is not UTF-8 still gets a JSON string (with U+FFFD).
@@ -236,6 +295,9 @@ impl TrainReport {
             self.memory.peak_reserved,
             mib(self.memory.peak_reserved)
         );
+        for r in &self.ranks {
+            println!("{}", r.line());
+        }
         println!("host syncs per step: {:.3}", self.implicit_syncs_per_step);
         if let Some(p) = saved {
             println!("saved the state dict (CPU copies) to {}", p.display());

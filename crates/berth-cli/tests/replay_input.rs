@@ -154,6 +154,7 @@ fn snapshot_pickle(histories: &[&[u64]]) -> Vec<u8> {
         segments: Vec::new(),
         device_traces,
         allocator_settings: berth_alloc::AllocatorConfig::default(),
+        sleeping: Vec::new(),
     })
 }
 

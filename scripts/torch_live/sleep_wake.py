@@ -100,7 +100,8 @@ held = r["released_bytes"]
 say(phase="sleep", released_bytes=held, offloaded_bytes=r["offloaded_bytes"],
     driver_used_before=u0, driver_used_after=u1, driver_freed=u0 - u1,
     freed_fraction=(u0 - u1) / held, seconds=sleep_s,
-    offload_over_bandwidth=sleep_s / (r["offloaded_bytes"] / bw), stats=berth_torch.sleep_stats())
+    offload_over_bandwidth=sleep_s / (r["offloaded_bytes"] / bw), stats=berth_torch.sleep_stats(),
+    report=r)
 check((u0 - u1) >= 0.99 * held, "sleep gives back >= 99% of the tags' bytes")
 try:
     with berth_torch.region("kv_cache"):
@@ -116,7 +117,7 @@ wake_s = time.perf_counter() - t
 u2 = used()
 say(phase="wake", mapped_bytes=w["mapped_bytes"], restored_bytes=w["restored_bytes"],
     seconds=wake_s, restore_over_bandwidth=wake_s / (w["restored_bytes"] / bw),
-    driver_used_after=u2)
+    driver_used_after=u2, report=w)
 check(u2 == u0, "after wake the driver holds what it held before sleep")
 with torch.no_grad():
     after = model(ids).logits
@@ -142,6 +143,31 @@ if per:
     check(max(p[0] for p in per) == min(p[0] for p in per), "no device growth asleep")
     check(max(p[1] for p in per) == min(p[1] for p in per), "no device growth awake")
     check(per[-1][2] - per[0][2] < (64 << 20), "host memory does not grow (< 64 MiB over the cycles)")
+# The offloaded weights alone, as a loop that sleeps every iteration runs them: host memory
+# freed at wake (the default), then kept between sleeps (keep_host_memory(True)).
+for keep in (False, True):
+    berth_torch.keep_host_memory(keep)
+    rounds = []
+    for _ in range(7):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        rs = berth_torch.sleep("weights", offload="weights")
+        ts = time.perf_counter() - t
+        t = time.perf_counter()
+        rw = berth_torch.wake("weights")
+        tw = time.perf_counter() - t
+        rounds.append((ts, tw, rs, rw))
+    med_s = sorted(x[0] for x in rounds[1:])[3]
+    med_w = sorted(x[1] for x in rounds[1:])[3]
+    size = rounds[-1][2]["offloaded_bytes"]
+    say(phase="weights_only", keep_host_memory=keep, offloaded_bytes=size,
+        sleep_s=[x[0] for x in rounds], wake_s=[x[1] for x in rounds],
+        median_sleep_over_bandwidth=med_s / (size / bw),
+        median_wake_over_bandwidth=med_w / (size / bw),
+        last_sleep=rounds[-1][2], last_wake=rounds[-1][3],
+        kept_host_bytes=berth_torch.kept_host_bytes())
+berth_torch.release_host_memory()
+berth_torch.keep_host_memory(False)
 with torch.no_grad():
     check(torch.equal(model(ids).logits, before), "the forward after the cycles is bit-identical")
 say(phase="done", failed=failed)

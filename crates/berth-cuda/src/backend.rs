@@ -333,6 +333,14 @@ impl Drop for Vmm {
 }
 
 impl CudaBackend {
+    /// The copy queue lives with the virtual-memory state: without it, `op` is refused.
+    fn copy_queue_of(&self, op: &'static str) -> Result<&Vmm, BackendError> {
+        self.vmm.as_deref().ok_or(BackendError::Other {
+            op,
+            message: "this device has no virtual memory management".into(),
+        })
+    }
+
     /// The backend of `device`; creates the device's primary context (the named device).
     ///
     /// # Errors
@@ -527,10 +535,7 @@ impl VirtualMemoryBackend for CudaBackend {
         dst: std::ptr::NonNull<u8>,
         bytes: usize,
     ) -> Result<CopyTicket, BackendError> {
-        let vmm = self.vmm.as_ref().ok_or(BackendError::Other {
-            op: "queue_copy_to_host",
-            message: "this device has no virtual memory management".into(),
-        })?;
+        let vmm = self.copy_queue_of("queue_copy_to_host")?;
         // SAFETY: the trait's contract, forwarded.
         unsafe {
             vmm.copies
@@ -546,10 +551,7 @@ impl VirtualMemoryBackend for CudaBackend {
         src: std::ptr::NonNull<u8>,
         bytes: usize,
     ) -> Result<CopyTicket, BackendError> {
-        let vmm = self.vmm.as_ref().ok_or(BackendError::Other {
-            op: "queue_copy_from_host",
-            message: "this device has no virtual memory management".into(),
-        })?;
+        let vmm = self.copy_queue_of("queue_copy_from_host")?;
         // SAFETY: the trait's contract, forwarded.
         unsafe {
             vmm.copies

@@ -562,11 +562,7 @@ pub fn train_on(
         device,
         epochs,
         memory,
-        implicit_syncs_per_step: if steps == 0 {
-            0.0
-        } else {
-            waits as f64 / steps as f64
-        },
+        implicit_syncs_per_step: report::syncs_per_step(waits, steps),
         state_dict,
         ranks: Vec::new(),
     })

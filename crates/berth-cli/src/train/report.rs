@@ -123,6 +123,16 @@ pub fn host_waits() -> u64 {
     berth::cuda::host_waits()
 }
 
+/// Host waits per training step (0 for a run of no steps): the report's
+/// `implicit_syncs_per_step`.
+pub fn syncs_per_step(waits: u64, steps: u64) -> f64 {
+    if steps == 0 {
+        0.0
+    } else {
+        waits as f64 / steps as f64
+    }
+}
+
 /// Times epochs: CUDA events on a CUDA device, the host clock elsewhere.
 pub struct EpochTimer {
     cuda: Option<(berth::cuda::Event, berth::cuda::Event)>,

@@ -85,7 +85,9 @@ pub struct SleepReport {
     pub offloaded_bytes: u64,
     /// Time spent waiting for the device's queued work before anything was copied.
     pub synchronize_time: Duration,
-    /// Time spent getting (page-locking) the host memory of the backups.
+    /// Time spent getting the host memory of the backups before the first copy is queued.
+    /// On the CUDA backend a new buffer is page-locked in chunks while the copies run, so
+    /// most of the locking shows in `copy_and_release_time`.
     pub host_memory_time: Duration,
     /// Time of the copies to the host and the unmapping, which overlap: a unit is unmapped as
     /// soon as the copies of its blocks are complete.

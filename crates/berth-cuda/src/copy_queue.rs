@@ -4,6 +4,10 @@
 //! are done, and its wake queues each block's copy as soon as the units under it are mapped
 //! (`Note [Sleep and wake]` in berth-alloc's `paged`).
 //!
+//! A copy to or from a backup buffer still being page-locked waits for the chunks under it
+//! and is queued as one copy per chunk (`Note [Registered in chunks]` in
+//! [`crate::backup_memory`]).
+//!
 //! The copies run on the legacy default stream, in queue order
 //! (<https://docs.nvidia.com/cuda/cuda-runtime-api/stream-sync-behavior.html>); sleep and
 //! wake synchronize every stream of the allocator before queueing, so nothing else touches
@@ -15,12 +19,24 @@ use std::sync::{Mutex, MutexGuard};
 use berth_alloc::backend::CopyTicket;
 use berth_alloc::BackendError;
 
+use crate::backup_memory::registered_pieces;
 use crate::event::Event;
 use crate::ffi;
 use crate::stream::Stream;
 
 /// The legacy default stream, where the copies run.
 const COPY_STREAM: u64 = 0;
+
+/// The error of piece `k` of a copy; when earlier pieces were queued, waits for them first,
+/// so that no copy still runs when the caller frees the buffers after the error.
+fn settle(device: usize, k: usize, e: crate::CudaError) -> crate::CudaError {
+    if k > 0 {
+        if let Ok(s) = Stream::default_stream(device) {
+            let _ = s.synchronize();
+        }
+    }
+    e
+}
 
 /// Queued copies not yet known complete, each with the event recorded after it.
 #[derive(Debug, Default)]
@@ -69,10 +85,19 @@ impl CopyQueue {
         dst: *mut u8,
         bytes: usize,
     ) -> Result<CopyTicket, BackendError> {
+        let pieces = registered_pieces(dst as usize, bytes)?;
         self.queue(device, || {
-            // SAFETY: the caller's contract: `dst` is writable host memory until the copy is
-            // waited for, `src` is mapped device memory nothing writes meanwhile.
-            unsafe { ffi::memcpy_dtoh_async(device, dst, src, bytes, COPY_STREAM) }
+            for (k, &(at, n)) in pieces.iter().enumerate() {
+                let off = at - dst as usize;
+                // SAFETY: the caller's contract: `dst` is writable host memory until the copy
+                // is waited for, `src` is mapped device memory nothing writes meanwhile; each
+                // piece lies inside both ranges.
+                unsafe {
+                    ffi::memcpy_dtoh_async(device, at as *mut u8, src + off as u64, n, COPY_STREAM)
+                }
+                .map_err(|e| settle(device, k, e))?;
+            }
+            Ok(())
         })
     }
 
@@ -87,10 +112,25 @@ impl CopyQueue {
         src: *const u8,
         bytes: usize,
     ) -> Result<CopyTicket, BackendError> {
+        let pieces = registered_pieces(src as usize, bytes)?;
         self.queue(device, || {
-            // SAFETY: the caller's contract: `src` is readable host memory until the copy is
-            // waited for, `dst` is mapped device memory nothing uses meanwhile.
-            unsafe { ffi::memcpy_htod_async(device, dst, src, bytes, COPY_STREAM) }
+            for (k, &(at, n)) in pieces.iter().enumerate() {
+                let off = at - src as usize;
+                // SAFETY: the caller's contract: `src` is readable host memory until the copy
+                // is waited for, `dst` is mapped device memory nothing uses meanwhile; each
+                // piece lies inside both ranges.
+                unsafe {
+                    ffi::memcpy_htod_async(
+                        device,
+                        dst + off as u64,
+                        at as *const u8,
+                        n,
+                        COPY_STREAM,
+                    )
+                }
+                .map_err(|e| settle(device, k, e))?;
+            }
+            Ok(())
         })
     }
 

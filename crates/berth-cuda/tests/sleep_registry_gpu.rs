@@ -88,8 +88,8 @@ fn sleep_wake_keeps_host_memory_when_asked_and_an_exit_while_asleep_leaks_nothin
     );
     let woke = sleep::wake(0, &["weights"]).unwrap();
     println!(
-        "host memory: first sleep {:?} (page-locking {:?}), second {:?}, third (kept buffer) \
-         {:?} (page-locking {:?}); wake {:?} + freeing {:?}",
+        "host memory: first sleep {:?} (getting host memory {:?}), second {:?}, third (kept \
+         buffer) {:?} (getting host memory {:?}); wake {:?} + freeing {:?}",
         first.copy_and_release_time + first.host_memory_time,
         first.host_memory_time,
         second.copy_and_release_time + second.host_memory_time,

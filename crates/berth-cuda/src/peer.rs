@@ -1,5 +1,5 @@
 //! Peer access between two devices: whether one device can read and write another's memory
-//! directly (over NVLink or PCIe), and switching that on and off for berth's primary contexts.
+//! directly (over the link between them), and switching that on and off for berth's primary contexts.
 //! PyTorch's `torch.cuda.can_device_access_peer` is [`can_access_peer`]; the rest follows the
 //! driver's peer-access calls
 //! (<https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__PEER__ACCESS.html>).

@@ -31,13 +31,14 @@
 //!    a success means it was off, and it is disabled again at once. The probe may grant access
 //!    for a moment but never takes it away from another user. It is not atomic: a thread that
 //!    changes the same pair meanwhile races with it.
-//! 5. **Which memory.** The grant covers `cuMemAlloc` memory (and memory allocated later).
-//!    Memory mapped with `cuMemMap` (berth's `paged` and `expandable` policies) is accessible to
-//!    the devices `cuMemSetAccess` names, which berth sets to the owning device only
-//!    (<https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__VA.html>); PyTorch's
+//! 5. **Which memory.** The grant covers `peer`'s `cuMemAlloc` memory. Memory mapped with
+//!    `cuMemMap` (berth's `paged` and `expandable` policies, the default `paged` included) is
+//!    accessible to the devices `cuMemSetAccess` names, which berth sets to the owning device
+//!    only (<https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__VA.html>); PyTorch's
 //!    expandable segments call `cuMemSetAccess` for each peer for that reason
-//!    (`ExpandableSegment::addPeer` in `c10/cuda/CUDACachingAllocator.cpp`). `berth bench p2p`
-//!    therefore copies between `cuMemAlloc` buffers.
+//!    (`ExpandableSegment::addPeer` in `c10/cuda/CUDACachingAllocator.cpp`). berth does not
+//!    yet: enabling peer access here does not open its policies' mapped memory to the peer.
+//!    `berth bench p2p` therefore copies between `cuMemAlloc` buffers.
 
 use crate::device::check_device;
 use crate::driver::driver;

@@ -226,7 +226,11 @@ fn peer_pair(a: &P2pArgs, s: usize, d: usize, src: u64, dst: u64) -> anyhow::Res
     let text = format!(
         "cuda:{s} -> cuda:{d}: cuDeviceCanAccessPeer {} both ways; peer access \
          (cuda:{d} to cuda:{s} / cuda:{s} to cuda:{d}) before {}, after {}",
-        if can { "1" } else { "not 1" },
+        if can {
+            "1"
+        } else {
+            "0 at least one way, not 1"
+        },
         before.words(),
         after.words()
     );
@@ -240,4 +244,31 @@ fn peer_pair(a: &P2pArgs, s: usize, d: usize, src: u64, dst: u64) -> anyhow::Res
         }),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PairAccess;
+
+    /// The pair line's JSON fields and text, which `tests/bench.rs` and readers rely on.
+    #[test]
+    fn pair_access_reads_the_same_in_json_and_text() {
+        let a = PairAccess {
+            dst_accesses_src: true,
+            src_accesses_dst: false,
+        };
+        assert_eq!(
+            serde_json::to_value(a).unwrap(),
+            serde_json::json!({ "dst_accesses_src": true, "src_accesses_dst": false })
+        );
+        assert_eq!(a.words(), "on/off");
+        assert_eq!(PairAccess::both(false).words(), "off/off");
+        assert_eq!(
+            PairAccess::both(true),
+            PairAccess {
+                dst_accesses_src: true,
+                src_accesses_dst: true
+            }
+        );
+    }
 }

@@ -1,5 +1,6 @@
 //! `berth bench` end to end, without a GPU: option errors (one line, status 2, before any
-//! work) and a quiet end in a closed pipe.
+//! work) and a quiet end in a closed pipe. On a GPU machine (`--include-ignored`): `bench p2p`'s
+//! rows on one GPU and on several.
 
 use std::process::{Command, Output, Stdio};
 
@@ -310,5 +311,136 @@ fn collective_benches_say_what_they_need() {
         );
         assert!(err.contains("GPU benchmarks need a CUDA device"), "{err}");
         assert!(out.stdout.is_empty(), "{bench}: nothing measured");
+    }
+}
+
+/// `bench p2p --help` names every row and what it measures.
+#[test]
+fn p2p_help_names_each_row() {
+    let out = berth(&["bench", "p2p", "--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for row in [
+        "device to device on cuda:N, M MiB (read + write)",
+        "peer copy cuda:S -> cuda:D, M MiB, peer access disabled",
+        "peer copy cuda:S -> cuda:D, M MiB, peer access enabled",
+        "cuDeviceCanAccessPeer",
+        "need two GPUs",
+    ] {
+        assert!(help.contains(row), "{row:?} missing from:\n{help}");
+    }
+}
+
+/// The JSON lines of a successful `berth <args>`.
+fn json_lines(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = berth(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?}: {err}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+/// The one line whose `key` is `value`.
+fn line_with<'a>(lines: &'a [serde_json::Value], key: &str, value: &str) -> &'a serde_json::Value {
+    let found: Vec<_> = lines.iter().filter(|v| v[key] == value).collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "one line with {key} = {value:?}: {lines:#?}"
+    );
+    found[0]
+}
+
+/// A figure in GB/s above zero.
+fn positive_gbps(row: &serde_json::Value) -> f64 {
+    assert_eq!(row["unit"], "GB/s", "{row}");
+    let v = row["value"].as_f64().unwrap_or(f64::NAN);
+    assert!(v > 0.0, "positive bandwidth: {row}");
+    v
+}
+
+/// `bench p2p --json` on a GPU machine: the device-to-device row of every GPU; with one GPU,
+/// the line saying peer copies need two (and no peer row); with several, for every ordered
+/// pair the row with peer access disabled and the row with it enabled (or, where
+/// `cuDeviceCanAccessPeer` says no, a line saying why not), each with positive bandwidth, and
+/// the pair's peer-access state back to what it was (off both ways, in a fresh process) after
+/// its rows.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without one)"]
+fn p2p_measures_each_gpu_and_every_pair_with_and_without_peer_access() {
+    if !berth_cuda::testing::require_gpu(
+        "p2p_measures_each_gpu_and_every_pair_with_and_without_peer_access",
+    ) {
+        return;
+    }
+    let lines = json_lines(&["bench", "p2p", "--json", "--reps", "2", "--mib", "16"]);
+    let n = berth::cuda::device_count();
+    for d in 0..n {
+        let row = line_with(
+            &lines,
+            "figure",
+            &format!("device to device on cuda:{d}, 16 MiB (read + write)"),
+        );
+        eprintln!("cuda:{d} device to device: {:.1} GB/s", positive_gbps(row));
+    }
+    if n == 1 {
+        let skipped = line_with(
+            &lines,
+            "skipped",
+            "peer copies need two GPUs; 1 visible: only the device-to-device row was measured",
+        );
+        assert_eq!(skipped["visible_gpus"], 1);
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        return;
+    }
+    let off = serde_json::json!({ "dst_accesses_src": false, "src_accesses_dst": false });
+    for s in 0..n {
+        for d in (0..n).filter(|&d| d != s) {
+            let pair = lines
+                .iter()
+                .find(|v| v.get("pair").is_some() && v["src"] == s && v["dst"] == d)
+                .unwrap_or_else(|| panic!("pair line for {s} -> {d}: {lines:#?}"));
+            assert_eq!(pair["peer_access_before"], off, "{pair}");
+            assert_eq!(pair["peer_access_after"], off, "restored: {pair}");
+            let can = pair["can_access_peer"].as_bool().unwrap();
+            let name = |state: &str| {
+                format!("peer copy cuda:{s} -> cuda:{d}, 16 MiB, peer access {state}")
+            };
+            let disabled = line_with(&lines, "figure", &name("disabled"));
+            assert_eq!(disabled["peer_access"], false);
+            assert_eq!(
+                (disabled["src"].clone(), disabled["dst"].clone()),
+                (s.into(), d.into())
+            );
+            assert_eq!(disabled["can_access_peer"], can);
+            let without = positive_gbps(disabled);
+            if can {
+                let enabled = line_with(&lines, "figure", &name("enabled"));
+                assert_eq!(enabled["peer_access"], true);
+                assert_eq!(
+                    (enabled["src"].clone(), enabled["dst"].clone()),
+                    (s.into(), d.into())
+                );
+                eprintln!(
+                    "cuda:{s} -> cuda:{d}: {without:.1} GB/s without peer access, {:.1} GB/s with",
+                    positive_gbps(enabled)
+                );
+            } else {
+                let skipped = line_with(
+                    &lines,
+                    "skipped",
+                    &format!(
+                        "{}: cuDeviceCanAccessPeer answers 0 for this pair",
+                        name("enabled")
+                    ),
+                );
+                assert_eq!(skipped["can_access_peer"], false);
+                eprintln!(
+                    "cuda:{s} -> cuda:{d}: {without:.1} GB/s without peer access; unsupported"
+                );
+            }
+        }
     }
 }

@@ -37,6 +37,10 @@ pub(crate) const REQUIRED_DRIVER_SYMBOLS: &[&str] = &[
     "cuCtxSynchronize",
     "cuCtxGetStreamPriorityRange",
     "cuMemGetInfo_v2",
+    // Peer access between devices (`peer.rs`).
+    "cuDeviceCanAccessPeer",
+    "cuCtxEnablePeerAccess",
+    "cuCtxDisablePeerAccess",
     // Streams and events.
     "cuStreamCreateWithPriority",
     "cuStreamSynchronize",

@@ -200,6 +200,30 @@ pub enum CudaError {
         message: String,
     },
 
+    /// A peer-access call named one device as both sides (`Note [Peer access]` in
+    /// `src/peer.rs`): peer access is a relation between two different devices.
+    #[error("{op}: cuda:{device} is both the device and its peer; name two different devices")]
+    SameDevice {
+        /// The operation, e.g. `"enable_peer_access"`.
+        op: &'static str,
+        /// The device given twice.
+        device: usize,
+    },
+
+    /// `device` cannot access `peer`'s memory directly: `cuDeviceCanAccessPeer` answers 0, or
+    /// `cuCtxEnablePeerAccess` failed with `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`. Final for this
+    /// pair of devices: copies between them still work, staged by the driver.
+    #[error(
+        "cuda:{device} cannot access memory of cuda:{peer} directly (peer access is not \
+         supported between them); copies between them still work without it"
+    )]
+    PeerAccessUnsupported {
+        /// The device that would access.
+        device: usize,
+        /// The device whose memory would be accessed.
+        peer: usize,
+    },
+
     /// An argument outside what the call accepts.
     #[error("{op}: invalid argument: {what}")]
     InvalidArgument {

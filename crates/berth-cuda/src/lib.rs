@@ -36,6 +36,7 @@
 //! - `driver.rs` — the gate (is the driver there, `cuInit`, device count);
 //! - `device.rs` — discovery, the current device;
 //! - `context.rs` — primary contexts, created lazily per named device;
+//! - `peer.rs` — peer access between two devices: can, enable, disable, is it on;
 //! - `stream.rs`, `event.rs` — [`Stream`] and [`Event`] with PyTorch's names;
 //! - `backend.rs` — device memory ([`CudaBackend`]: `cuMemAlloc` and virtual memory);
 //! - `pinned.rs` — pinned host memory ([`CudaHostBackend`]);
@@ -62,6 +63,7 @@
 //! # Design notes
 //! - `Note [VMM handles]`: `src/backend.rs`
 //! - `Note [Foreign contexts]`: `src/context.rs`
+//! - `Note [Peer access]`: `src/peer.rs` (one-way grants, no query in the driver, which memory)
 //! - `Note [One allocator registry]`: `src/memory.rs` (berth's tensors and `berth_torch` share it)
 //! - `Note [Filled first pins]`: `src/pinned.rs`
 //! - `Note [Streams are never destroyed]`: `src/stream.rs`
@@ -93,6 +95,7 @@ mod kernel_error;
 pub mod memory;
 #[cfg(feature = "cuda")]
 pub mod nccl;
+pub mod peer;
 #[doc(hidden)]
 pub mod pin_probe;
 pub mod pinned;

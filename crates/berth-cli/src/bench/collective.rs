@@ -1,6 +1,6 @@
-//! `berth bench all-reduce` and `berth bench p2p`: NCCL all-reduce bandwidth over message
-//! sizes, as nccl-tests' `all_reduce_perf` reports it, and device-to-device / peer copy
-//! bandwidth.
+//! `berth bench all-reduce`: NCCL all-reduce bandwidth over message sizes, as nccl-tests'
+//! `all_reduce_perf` reports it (copy bandwidth between GPUs is `berth bench p2p`, in
+//! `p2p.rs`).
 //!
 //! Bandwidths follow nccl-tests' `doc/PERFORMANCE.md`
 //! (<https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md>): `algbw = bytes /
@@ -9,7 +9,7 @@
 //! `busbw` is 0 by that formula (nothing crosses a link); the one-rank row still runs NCCL's
 //! code paths and gives the time and `algbw`.
 
-use berth::cuda::{self, Stream};
+use berth::cuda;
 use berth::{DType, Device, Tensor};
 
 use super::gpu::{check_reps, emit, gbps, require_gpu, time_events};
@@ -33,21 +33,6 @@ pub struct AllReduceArgs {
     /// Factor between sizes (nccl-tests' `-f`), at least 2.
     #[arg(long, default_value_t = 2, value_parser = crate::whole_usize("--factor", "the factor between sizes", 2, 2))]
     pub factor: usize,
-}
-
-/// Arguments of `berth bench p2p`.
-#[derive(clap::Args, Debug)]
-pub struct P2pArgs {
-    /// Print JSON lines.
-    #[arg(long)]
-    pub json: bool,
-    /// Repetitions per figure (the median is reported); at least 1.
-    #[arg(long, default_value_t = 10, allow_negative_numbers = true,
-          value_parser = crate::whole_usize("--reps", "the number of repetitions", 1, 10))]
-    pub reps: usize,
-    /// Copy size in MiB (1 GiB by default, as PyTorch's reference figure).
-    #[arg(long, default_value_t = 1024, value_parser = crate::whole_usize("--mib", "a size in MiB", 1, 1024))]
-    pub mib: usize,
 }
 
 /// torchrun's environment when this process was started under it, else a job of one rank
@@ -148,74 +133,5 @@ pub fn run_all_reduce(a: AllReduceArgs) -> anyhow::Result<()> {
         };
     }
     pg.finish()?;
-    Ok(())
-}
-
-/// Runs `berth bench p2p`: a device-to-device copy on each GPU, then a peer copy
-/// (`cuMemcpyPeerAsync`) for every ordered pair of GPUs. berth does not enable or disable peer access itself, so the pair rows are
-/// measured as the driver leaves it; the with/without comparison is not built.
-pub fn run_p2p(a: P2pArgs) -> anyhow::Result<()> {
-    check_reps(a.reps)?;
-    require_gpu()?;
-    let count = cuda::device_count();
-    let bytes = a.mib * (1 << 20);
-    for d in 0..count {
-        let stream = Stream::new(d, 0)?;
-        let src = Tensor::zeros(&[bytes / 4], DType::F32, Device::Cuda(d as u16))?;
-        let dst = Tensor::zeros(&[bytes / 4], DType::F32, Device::Cuda(d as u16))?;
-        let ms = time_events(&stream, a.reps, || {
-            // SAFETY: both tensors hold `bytes` bytes on device `d` and outlive the copy
-            // (time_events synchronises); nothing else uses them.
-            unsafe { cuda::transfer::copy_dtod_raw(d, dst.data_ptr(), src.data_ptr(), bytes)? };
-            Ok(())
-        })?;
-        emit(
-            a.json,
-            "p2p",
-            format!("device to device on cuda:{d}, {} MiB (read + write)", a.mib),
-            gbps(bytes, ms),
-            "GB/s",
-        );
-    }
-    if count < 2 {
-        println!(
-            "# peer copies need two GPUs; {count} visible: only the device-to-device row was measured"
-        );
-        return Ok(());
-    }
-    for s in 0..count {
-        let src = Tensor::zeros(&[bytes / 4], DType::F32, Device::Cuda(s as u16))?;
-        cuda::synchronize(s)?;
-        for d in (0..count).filter(|&d| d != s) {
-            let stream = Stream::new(d, 0)?;
-            let dst = Tensor::zeros(&[bytes / 4], DType::F32, Device::Cuda(d as u16))?;
-            cuda::synchronize(d)?;
-            let ms = time_events(&stream, a.reps, || {
-                // SAFETY: `src` (on `s`) and `dst` (on `d`) hold `bytes` bytes each, were
-                // written and synchronised above, and outlive the copy (time_events
-                // synchronises); nothing else writes them meanwhile.
-                unsafe {
-                    berth_cuda::copy::copy_peer_async(
-                        dst.data_ptr(),
-                        s,
-                        src.data_ptr(),
-                        bytes,
-                        &stream,
-                    )?
-                };
-                Ok(())
-            })?;
-            emit(
-                a.json,
-                "p2p",
-                format!(
-                    "peer copy cuda:{s} -> cuda:{d}, {} MiB (cuMemcpyPeerAsync; peer access as the driver leaves it)",
-                    a.mib
-                ),
-                gbps(bytes, ms),
-                "GB/s",
-            );
-        }
-    }
     Ok(())
 }

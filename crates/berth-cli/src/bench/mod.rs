@@ -5,6 +5,7 @@
 mod collective;
 mod dataloader;
 mod gpu;
+mod p2p;
 
 /// Arguments of `berth bench`.
 #[derive(clap::Args, Debug)]
@@ -27,8 +28,10 @@ enum Which {
     Sync(gpu::SyncArgs),
     /// NCCL all-reduce time, algbw and busbw over message sizes (nccl-tests' `all_reduce_perf`).
     AllReduce(collective::AllReduceArgs),
-    /// Device-to-device copy bandwidth on each GPU, and peer copies between every pair.
-    P2p(collective::P2pArgs),
+    /// Copy bandwidth on each GPU and between every ordered pair of GPUs, with peer access
+    /// disabled and enabled.
+    #[command(long_about = p2p::LONG_ABOUT)]
+    P2p(p2p::P2pArgs),
 }
 
 /// Runs `berth bench`.
@@ -40,6 +43,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Which::Overlap(a) => gpu::run_overlap(a),
         Which::Sync(a) => gpu::run_sync(a),
         Which::AllReduce(a) => collective::run_all_reduce(a),
-        Which::P2p(a) => collective::run_p2p(a),
+        Which::P2p(a) => p2p::run_p2p(a),
     }
 }

@@ -171,3 +171,69 @@ pub(crate) fn mem_get_info(device: usize) -> Result<(usize, usize), CudaError> {
     crate::context::bind(device)?;
     check("cuMemGetInfo", device, result::mem_get_info())
 }
+
+/// `cuDeviceCanAccessPeer`: whether `dev` (ordinal `device`) can access memory of `peer_dev`
+/// (ordinal `peer`) directly
+/// (<https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__PEER__ACCESS.html>). Creates no
+/// context.
+pub(crate) fn device_can_access_peer(
+    device: usize,
+    dev: i32,
+    peer_dev: i32,
+) -> Result<bool, CudaError> {
+    let mut can = 0;
+    // SAFETY: the driver validates both ordinals and writes only the out-value, a live local.
+    let r = unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev, peer_dev) }.result();
+    check("cuDeviceCanAccessPeer", device, r)?;
+    Ok(can != 0)
+}
+
+/// `cuCtxEnablePeerAccess(peer's primary context, 0)` with `device`'s primary context current:
+/// `device` may then access `peer`'s `cuMemAlloc` memory directly. Returns whether it already
+/// could (`CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`, the idempotent answer: nothing changed).
+///
+/// # Errors
+/// [`CudaError::PeerAccessUnsupported`] for `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`;
+/// [`CudaError::Driver`] otherwise (`CUDA_ERROR_TOO_MANY_PEERS`, ...).
+pub(crate) fn ctx_enable_peer_access(device: usize, peer: usize) -> Result<bool, CudaError> {
+    use sys::CUresult as R;
+    let peer_ctx = crate::context::bind(peer)? as usize as sys::CUcontext;
+    crate::context::bind(device)?;
+    // SAFETY: `peer_ctx` is a retained primary context, never released; flags must be 0.
+    match unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) }.result() {
+        Ok(()) => Ok(false),
+        Err(e) if e.0 == R::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
+        Err(e) if e.0 == R::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED => {
+            Err(CudaError::PeerAccessUnsupported { device, peer })
+        }
+        Err(e) => Err(CudaError::from_driver(
+            "cuCtxEnablePeerAccess",
+            e,
+            device,
+            0,
+        )),
+    }
+}
+
+/// `cuCtxDisablePeerAccess(peer's primary context)` with `device`'s primary context current.
+/// Returns whether access was enabled before (`CUDA_ERROR_PEER_ACCESS_NOT_ENABLED`, the
+/// idempotent answer, gives `false`: nothing changed).
+///
+/// # Errors
+/// [`CudaError::Driver`].
+pub(crate) fn ctx_disable_peer_access(device: usize, peer: usize) -> Result<bool, CudaError> {
+    use sys::CUresult as R;
+    let peer_ctx = crate::context::bind(peer)? as usize as sys::CUcontext;
+    crate::context::bind(device)?;
+    // SAFETY: `peer_ctx` is a retained primary context, never released.
+    match unsafe { sys::cuCtxDisablePeerAccess(peer_ctx) }.result() {
+        Ok(()) => Ok(true),
+        Err(e) if e.0 == R::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED => Ok(false),
+        Err(e) => Err(CudaError::from_driver(
+            "cuCtxDisablePeerAccess",
+            e,
+            device,
+            0,
+        )),
+    }
+}

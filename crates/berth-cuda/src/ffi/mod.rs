@@ -30,7 +30,7 @@
 //!   [`driver`](crate::driver) succeeded, which it never does without `cuda`.
 //!
 //! Files: `device.rs` (the driver library, its version and symbols, `cuInit`, device queries, primary contexts,
-//! `cuCtxSynchronize`, `cuMemGetInfo`), `stream.rs` (streams and events), `memory.rs` (device
+//! `cuCtxSynchronize`, `cuMemGetInfo`, peer access), `stream.rs` (streams and events), `memory.rs` (device
 //! memory, virtual memory, pinned host memory, copies), `twin.rs` (all of the above without
 //! `cuda`), `nvrtc.rs` (NVRTC: compile CUDA C to PTX), `module.rs` (`cuModuleLoadData`,
 //! `cuModuleGetFunction`, `cuModuleUnload`, `cuLaunchKernel`), `cublas.rs` (cuBLAS handles and

@@ -58,6 +58,15 @@ pub(crate) fn ctx_synchronize(_: usize) -> Result<(), CudaError> {
 pub(crate) fn mem_get_info(_: usize) -> Result<(usize, usize), CudaError> {
     no()
 }
+pub(crate) fn device_can_access_peer(_: usize, _: i32, _: i32) -> Result<bool, CudaError> {
+    no()
+}
+pub(crate) fn ctx_enable_peer_access(_: usize, _: usize) -> Result<bool, CudaError> {
+    no()
+}
+pub(crate) fn ctx_disable_peer_access(_: usize, _: usize) -> Result<bool, CudaError> {
+    no()
+}
 
 pub(crate) fn priority_range(_: usize) -> Result<(i32, i32), CudaError> {
     no()

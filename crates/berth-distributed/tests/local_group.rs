@@ -182,7 +182,8 @@ fn run_every_collective(devices: &[usize]) {
             ..
         })
     ));
-    let short = zeros(devices, len);
+    // Outputs of `len / 2` elements, where an all-gather needs `n × len`.
+    let short = zeros(devices, len / 2);
     assert!(matches!(
         g.all_gather(&short, &ts).unwrap_err(),
         DistError::InvalidTensor {

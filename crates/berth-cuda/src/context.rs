@@ -164,3 +164,42 @@ impl Drop for ForeignContextScope {
         }
     }
 }
+
+/// A scope around a library call that changes the current device behind berth's back (NCCL's
+/// `ncclCommInitAll` and `ncclGroupEnd` call `cudaSetDevice` for each device they touch;
+/// Note [Foreign contexts]): on drop the context current at entry is current again, and
+/// berth's per-thread cache is forgotten, so the next [`bind`] sets the context it needs.
+#[cfg(feature = "cuda")]
+pub(crate) struct RestoreContext {
+    device: usize,
+    ctx: u64,
+}
+
+/// Enters a [`RestoreContext`]; `device` names the call in a driver error.
+///
+/// # Errors
+/// [`CudaError::Unavailable`] or [`CudaError::Driver`] when `cuCtxGetCurrent` fails.
+#[cfg(feature = "cuda")]
+pub(crate) fn restore_context_after(device: usize) -> Result<RestoreContext, CudaError> {
+    let ctx = ffi::ctx_get_current(device)?;
+    Ok(RestoreContext { device, ctx })
+}
+
+#[cfg(feature = "cuda")]
+impl Drop for RestoreContext {
+    fn drop(&mut self) {
+        BOUND.with(|b| b.set(None));
+        match ffi::ctx_get_current(self.device) {
+            Ok(now) if now == self.ctx => {}
+            _ => {
+                // SAFETY: `self.ctx` was current on this thread at entry (or 0), and the scope's
+                // body (NCCL) destroys no context.
+                if let Err(e) = unsafe { ffi::ctx_restore(self.device, self.ctx) } {
+                    berth_alloc::warnings::warn_once("restore-context", || {
+                        format!("restoring the current CUDA context after an NCCL call failed: {e}")
+                    });
+                }
+            }
+        }
+    }
+}

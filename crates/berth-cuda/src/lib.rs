@@ -54,8 +54,9 @@
 //!   the caller's correlation ids), for the profiler;
 //! - `kernel.rs` — NVRTC compilation, the per-device module cache, launches (`cuda` only);
 //! - `cublas.rs` — one cuBLAS handle per device, the strided batched gemm (`cuda` only);
-//! - `nccl.rs` — NCCL communicators and collectives on device memory, NCCL loaded at run
-//!   time (`cuda` only);
+//! - `nccl.rs` — NCCL communicators (one rank per process, or one per device of this
+//!   process) and collectives on device memory, NCCL groups, NCCL loaded at run time (`cuda`
+//!   only);
 //! - `error.rs`, `kernel_error.rs` — [`CudaError`], [`KernelError`] (the error of `kernel`
 //!   and `cublas`);
 //! - `testing.rs` — the GPU gate for tests, a fake device count.
@@ -70,6 +71,8 @@
 //! - `Note [Activity tracing]`: `src/activity.rs` (device time from CUPTI, and what it costs)
 //! - `Note [Event pool]`: `src/event_pool.rs` (driver events reused, as PyTorch's `EventPool`)
 //! - `Note [Loading NCCL]`: `src/ffi/nccl.rs` (`libnccl.so.2`, which cudarc's loader misses)
+//! - `Note [One thread, several devices]`: `src/nccl.rs` (`ncclGroupStart` / `ncclGroupEnd`
+//!   around one thread's collectives on several devices)
 //!
 //! [`CudaFence`] follows berth-alloc's `Note [Fences and events]` (in
 //! [`berth_alloc::backend`]).

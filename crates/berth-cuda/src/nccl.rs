@@ -1,6 +1,8 @@
 //! NCCL communicators and collectives on device memory: one rank of a communicator per
-//! process and device, the unique id rank 0 makes, and `all_reduce`, `broadcast`,
-//! `all_gather`, `reduce_scatter` queued on a stream. NCCL is loaded at run time (Note
+//! process and device, the unique id rank 0 makes, or every rank in this process, one per
+//! device ([`Communicator::init_all`]); `all_reduce`, `broadcast`, `all_gather`,
+//! `reduce_scatter` queued on a stream; and [`group`], which lets one thread issue a
+//! collective on several devices (Note [One thread, several devices]). NCCL is loaded at run time (Note
 //! [Loading NCCL] in `src/ffi/nccl.rs`); without it every entry point answers
 //! [`CudaError::NcclUnavailable`], never a panic.
 //!
@@ -183,6 +185,46 @@ impl Communicator {
         })
     }
 
+    /// One communicator per device of `devices`, all driven by this process
+    /// (`ncclCommInitAll`): communicator `i` is rank `i` of `devices.len()`, on `devices[i]`.
+    /// This is NCCL's "multiple devices per process" mode
+    /// (<https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/communicators.html#creating-communicators-for-multiple-devices-per-process>):
+    /// every rank is in this process, so there is no unique id to hand around. One thread
+    /// issuing a collective on each of them must do so inside one [`group`] (Note [One thread,
+    /// several devices]).
+    ///
+    /// # Errors
+    /// Before any NCCL call: [`CudaError::InvalidArgument`] when `devices` is empty or lists a
+    /// device twice; [`CudaError::InvalidDevice`] for a device that is not visible;
+    /// [`CudaError::Unavailable`] without a driver; [`CudaError::NcclUnavailable`] when no NCCL
+    /// library loads. Then [`CudaError::Driver`] when a device's context cannot be made, and
+    /// [`CudaError::Nccl`] when NCCL fails.
+    pub fn init_all(devices: &[usize]) -> Result<Vec<Communicator>, CudaError> {
+        check_device_list("ncclCommInitAll", devices)?;
+        raw::nccl_loaded()?;
+        let _restore = crate::context::restore_context_after(devices[0])?;
+        // berth's primary contexts, retained before NCCL's runtime calls use them (the runtime
+        // shares the primary context: Note [Foreign contexts]).
+        for &d in devices {
+            crate::context::bind(d)?;
+        }
+        // In range for a C int: every device is below the visible count, itself a C int.
+        let list: Vec<i32> = devices.iter().map(|&d| d as i32).collect();
+        let comms = raw::comm_init_all(&list)?;
+        let world_size = devices.len();
+        Ok(comms
+            .into_iter()
+            .zip(devices)
+            .enumerate()
+            .map(|(rank, (comm, &device))| Communicator {
+                comm,
+                device,
+                rank,
+                world_size,
+            })
+            .collect())
+    }
+
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -324,6 +366,84 @@ impl Communicator {
     }
 }
 
+/// Checks a list of devices for [`Communicator::init_all`]: non-empty, no device twice,
+/// every device visible. Makes no NCCL call.
+///
+/// # Errors
+/// [`CudaError::InvalidArgument`] (naming the repeated device and both positions);
+/// [`CudaError::InvalidDevice`]; [`CudaError::Unavailable`].
+fn check_device_list(op: &'static str, devices: &[usize]) -> Result<(), CudaError> {
+    if devices.is_empty() {
+        return Err(CudaError::InvalidArgument {
+            op,
+            what: "the device list is empty; name at least one device, e.g. [0]".into(),
+        });
+    }
+    for (i, d) in devices.iter().enumerate() {
+        if let Some(j) = devices[..i].iter().position(|e| e == d) {
+            return Err(CudaError::InvalidArgument {
+                op,
+                what: format!(
+                    "cuda:{d} is listed twice (positions {j} and {i}); list each device once"
+                ),
+            });
+        }
+    }
+    for &d in devices {
+        crate::check_device(d)?;
+    }
+    Ok(())
+}
+
+/// Runs `launch` between `ncclGroupStart` and `ncclGroupEnd` (Note [One thread, several
+/// devices]): the collectives it queues are launched together when it returns, so one thread
+/// can issue a collective on every communicator of [`Communicator::init_all`].
+///
+/// Note [One thread, several devices]: an NCCL collective blocks until every rank has joined
+/// it, so a thread that calls `ncclAllReduce` on rank 0's communicator, then on rank 1's,
+/// would wait in the first call for a rank that it has not yet asked. NCCL's rule is to
+/// bracket the calls with `ncclGroupStart` / `ncclGroupEnd`; inside the group each call only
+/// queues its operation, and `ncclGroupEnd` launches them all
+/// (<https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/groups.html#management-of-multiple-gpus-from-one-thread>).
+/// `ncclGroupEnd` switches the current device for each communicator; berth restores the
+/// thread's context afterwards (Note [Foreign contexts]).
+///
+/// Every argument must be checked *before* the group: `ncclGroupEnd` is called whatever
+/// `launch` returns (NCCL's group state is per thread and must be closed), and NCCL launches
+/// what was queued unless one of its own calls failed, so an error of berth's own halfway
+/// through would leave some ranks launched without the others.
+///
+/// # Errors
+/// [`CudaError::NcclUnavailable`]; `launch`'s error; [`CudaError::Nccl`] from
+/// `ncclGroupStart` / `ncclGroupEnd` (an invalid call inside the group is reported here).
+pub fn group<T>(launch: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaError> {
+    raw::nccl_loaded()?;
+    let _restore = crate::context::restore_context_after(crate::current_device().unwrap_or(0))?;
+    raw::group_start()?;
+    let mut open = OpenGroup(true);
+    let launched = launch();
+    open.0 = false;
+    let ended = raw::group_end();
+    let value = launched?;
+    ended?;
+    Ok(value)
+}
+
+/// Ends a group on an unwinding path, so that NCCL's per-thread group state is closed.
+struct OpenGroup(bool);
+
+impl Drop for OpenGroup {
+    fn drop(&mut self) {
+        if self.0 {
+            if let Err(e) = raw::group_end() {
+                berth_alloc::warnings::warn_once("nccl-group-end", || {
+                    format!("ncclGroupEnd failed while unwinding from an NCCL group: {e}")
+                });
+            }
+        }
+    }
+}
+
 impl Drop for Communicator {
     fn drop(&mut self) {
         // SAFETY: the communicator is owned and used by nothing after this.
@@ -357,6 +477,42 @@ mod tests {
                 ),
                 "{err}"
             );
+        }
+    }
+
+    #[test]
+    fn init_all_refuses_bad_device_lists_before_any_nccl_call() {
+        // Checked before NCCL is even loaded: on a machine without NCCL these would otherwise
+        // be `NcclUnavailable`.
+        let err = Communicator::init_all(&[]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "ncclCommInitAll: invalid argument: the device list is empty; name at least one device, e.g. [0]"
+        );
+        let _two = crate::testing::fake_device_count(2);
+        let err = Communicator::init_all(&[1, 0, 1]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "ncclCommInitAll: invalid argument: cuda:1 is listed twice (positions 0 and 2); list each device once"
+        );
+        let err = Communicator::init_all(&[0, 2]).unwrap_err();
+        assert_eq!(err, CudaError::InvalidDevice { index: 2, count: 2 });
+    }
+
+    #[test]
+    fn init_all_without_a_driver_or_nccl_is_a_typed_error() {
+        if !crate::is_available() {
+            // No driver: the device check answers first.
+            let err = Communicator::init_all(&[0]).unwrap_err();
+            assert!(matches!(err, CudaError::Unavailable { .. }), "{err}");
+        }
+        if nccl_unavailable_reason().is_some() {
+            // Devices that pass the check, then no NCCL.
+            let _two = crate::testing::fake_device_count(2);
+            let err = Communicator::init_all(&[0, 1]).unwrap_err();
+            assert!(matches!(err, CudaError::NcclUnavailable { .. }), "{err}");
+            let err = group(|| Ok(())).unwrap_err();
+            assert!(matches!(err, CudaError::NcclUnavailable { .. }), "{err}");
         }
     }
 
@@ -449,6 +605,82 @@ mod tests {
             stream.synchronize().unwrap();
             crate::ffi::mem_free(0, a).unwrap();
             crate::ffi::mem_free(0, b).unwrap();
+        }
+    }
+    /// `ncclCommInitAll` over `[0]` (and `[0, 1]` where two GPUs are visible) and an
+    /// all-reduce on every communicator from this one thread inside a group.
+    #[test]
+    #[ignore = "needs a CUDA GPU and NCCL: run with --include-ignored (BERTH_REQUIRE_GPU=1 fails without a GPU)"]
+    fn init_all_runs_a_grouped_all_reduce() {
+        if !require_nccl("nccl init_all_runs_a_grouped_all_reduce") {
+            return;
+        }
+        let count = crate::device_count();
+        let lists: &[&[usize]] = if count >= 2 {
+            &[&[0], &[0, 1]]
+        } else {
+            &[&[0]]
+        };
+        if count < 2 {
+            println!("init_all_runs_a_grouped_all_reduce: one GPU visible, so [0, 1] is not run");
+        }
+        for &devices in lists {
+            let comms = Communicator::init_all(devices).unwrap();
+            let n = devices.len();
+            assert_eq!(
+                comms
+                    .iter()
+                    .map(|c| (c.rank(), c.world_size(), c.device()))
+                    .collect::<Vec<_>>(),
+                devices
+                    .iter()
+                    .enumerate()
+                    .map(|(r, &d)| (r, n, d))
+                    .collect::<Vec<_>>()
+            );
+            let len = 256;
+            let bytes = len * 4;
+            let streams: Vec<Stream> = devices
+                .iter()
+                .map(|&d| Stream::new(d, 0).unwrap())
+                .collect();
+            // Rank r holds r + 1 + i at element i: the sum over ranks is n(n+1)/2 + n·i.
+            let mut bufs = Vec::new();
+            for (r, (&d, s)) in devices.iter().zip(&streams).enumerate() {
+                let host: Vec<f32> = (0..len).map(|i| (r + 1 + i) as f32).collect();
+                let ptr = crate::ffi::mem_alloc(d, bytes).unwrap();
+                // SAFETY: `ptr` holds `bytes` bytes on `d`; `s` is synchronised before `host`
+                // is dropped.
+                unsafe {
+                    crate::copy::copy_htod_async(ptr, host.as_ptr().cast(), bytes, s).unwrap();
+                }
+                s.synchronize().unwrap();
+                bufs.push(ptr);
+            }
+            group(|| {
+                for ((c, s), &p) in comms.iter().zip(&streams).zip(&bufs) {
+                    // SAFETY: `p` holds `len` f32 on the communicator's device and is used by
+                    // nothing else until `s` is synchronised below; one thread, one group.
+                    unsafe { c.all_reduce(p, p, len, NcclDType::F32, ReduceOp::Sum, s)? };
+                }
+                Ok(())
+            })
+            .unwrap();
+            let want: Vec<f32> = (0..len).map(|i| (n * (n + 1) / 2 + n * i) as f32).collect();
+            for ((&d, s), &p) in devices.iter().zip(&streams).zip(&bufs) {
+                let mut out = vec![0f32; len];
+                // SAFETY: `p` holds `bytes` bytes; `s` is synchronised before `out` is read.
+                unsafe {
+                    crate::copy::copy_dtoh_async(out.as_mut_ptr().cast(), p, bytes, s).unwrap();
+                }
+                s.synchronize().unwrap();
+                assert_eq!(
+                    out, want,
+                    "grouped all_reduce(sum) over {devices:?}, on cuda:{d}"
+                );
+                // SAFETY: the stream is synchronised; nothing uses `p` after this.
+                unsafe { crate::ffi::mem_free(d, p).unwrap() };
+            }
         }
     }
 }

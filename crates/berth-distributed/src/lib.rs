@@ -2,7 +2,8 @@
 //! rendezvous environment ([`RendezvousEnv`]), a TCP key-value store like PyTorch's `TCPStore`
 //! ([`TcpStore`], hosted by rank 0 as [`StoreServer`]), the rendezvous that checks the job and
 //! exchanges a communicator's unique id ([`Rendezvous`]), the NCCL process group with its
-//! collectives on berth tensors (`ProcessGroup`, feature `cuda`), and
+//! collectives on berth tensors (`ProcessGroup`, one process per GPU, feature `cuda`), the
+//! group of one process driving several local GPUs (`LocalGroup`, feature `cuda`), and
 //! `DistributedDataParallel`'s gradient bucketing ([`bucket`]) and bucketed reduction
 //! ([`Reducer`]) over any [`Communicator`]: the NCCL `ProcessGroup`, or the
 //! [`StoreCommunicator`] for CPU tensors (gloo's role), which lets CI run the data-parallel
@@ -25,8 +26,10 @@
 //! - Note [Store protocol]: `src/store.rs` ([`store`]).
 //! - Note [Rendezvous steps]: `src/rendezvous.rs` ([`rendezvous`]).
 //! - Note [DDP buckets]: `src/bucket.rs` ([`bucket`]).
-//! - Note [Collective stream ordering]: `src/process_group.rs` (which stream each collective
-//!   runs on, how buffers stay alive: references, not `record_stream`).
+//! - Note [Collective stream ordering]: `src/collective.rs` (which stream each collective
+//!   runs on, how buffers stay alive: references, not `record_stream`; shared by
+//!   `ProcessGroup` and `LocalGroup`). Note [One thread, several devices], in
+//!   `berth_cuda::nccl`, is why `LocalGroup` issues its calls inside one NCCL group.
 //! - Note [Store all-reduce]: `src/store_communicator.rs` ([`store_communicator`]).
 //! - Note [Gradient averaging], Note [Bucket launch order], Note [Bucket buffer lifetime]:
 //!   `src/reducer.rs` ([`reducer`]).
@@ -34,9 +37,13 @@
 #![deny(missing_docs)]
 
 pub mod bucket;
+#[cfg(feature = "cuda")]
+mod collective;
 pub mod communicator;
 mod env;
 mod error;
+#[cfg(feature = "cuda")]
+pub mod local_group;
 #[cfg(feature = "cuda")]
 pub mod process_group;
 pub mod reducer;
@@ -47,11 +54,15 @@ pub mod testing;
 
 #[cfg(feature = "cuda")]
 pub use berth_cuda::nccl::{nccl_unavailable_reason, nccl_version, ReduceOp};
+#[cfg(feature = "cuda")]
+pub use collective::Work;
 pub use communicator::{Communicator, PendingWork};
 pub use env::RendezvousEnv;
 pub use error::{DistError, Result};
 #[cfg(feature = "cuda")]
-pub use process_group::{ProcessGroup, Work};
+pub use local_group::LocalGroup;
+#[cfg(feature = "cuda")]
+pub use process_group::ProcessGroup;
 pub use reducer::{broadcast_parameters, Reducer};
 pub use rendezvous::{Rendezvous, DEFAULT_TIMEOUT};
 pub use store::{StoreServer, TcpStore};

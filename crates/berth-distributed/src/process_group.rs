@@ -2,32 +2,17 @@
 //! `ProcessGroupNCCL` shape (`init_process_group("nccl")`, `all_reduce`, `broadcast`,
 //! `all_gather_into_tensor`, `reduce_scatter_tensor`, `barrier`, each returning a [`Work`]).
 //!
-//! Note [Collective stream ordering]: every collective runs on the group's own communication
-//! stream, as in PyTorch's `ProcessGroupNCCL`, so it can overlap compute. Ordering is by
-//! events, never by host waits: (1) an event recorded on the caller's current stream of the
-//! device (the compute stream) is waited by the communication stream, so the collective reads
-//! what compute wrote; (2) the NCCL call is queued on the communication stream; (3) an event
-//! recorded there ends the collective; (4) [`Work::wait`] makes the compute stream wait that
-//! event (the host does not block), so later compute sees the result.
-//!
-//! Buffers stay alive across the two streams by *reference*, FSDP2's approach, not by
-//! `record_stream`: the [`Work`] holds the tensors until the compute stream has been made to
-//! wait for the collective's end (at `wait`, or at drop if never waited). After that, every
-//! later use of the memory, including its reuse by the caching allocator after a free on the
-//! compute stream, is stream-ordered after the collective. `record_stream` would also be
-//! correct, but it makes the allocator hold each block until an event recorded at free time
-//! is seen completed, which grows reserved memory under a steady stream of collectives
-//! (PyTorch's reason for FSDP2's switch,
-//! <https://dev-discuss.pytorch.org/t/fsdp-cudacachingallocator-an-outsider-newb-perspective/1486>),
-//! and it costs an event query per block. Holding a reference costs nothing but the
-//! `Work` itself.
+//! Each collective is ordered with the compute stream by events and keeps its tensors alive
+//! by reference (Note [Collective stream ordering] in `src/collective.rs`, shared with
+//! [`LocalGroup`](crate::LocalGroup)).
 
 use std::time::Duration;
 
-use berth::cuda::{CudaError, Event, Stream};
+use berth::cuda::{CudaError, Stream};
 use berth::{DType, Device, Tensor};
 use berth_cuda::nccl::{unique_id, Communicator, NcclDType, ReduceOp};
 
+use crate::collective::{nccl_dtype, ordered, Work};
 use crate::env::RendezvousEnv;
 use crate::error::{DistError, Result};
 use crate::rendezvous::Rendezvous;
@@ -109,41 +94,18 @@ impl ProcessGroup {
                 ),
             });
         }
-        if !t.is_contiguous() {
-            return Err(DistError::InvalidTensor {
-                op,
-                what: "the tensor is not contiguous; call .contiguous() first".into(),
-            });
-        }
-        Ok(match t.dtype() {
-            DType::F32 => NcclDType::F32,
-            DType::F64 => NcclDType::F64,
-            DType::F16 => NcclDType::F16,
-            DType::BF16 => NcclDType::BF16,
-            DType::I64 => NcclDType::I64,
-            DType::I32 => NcclDType::I32,
-            DType::U8 | DType::Bool => NcclDType::U8,
-            other => {
-                return Err(DistError::InvalidTensor {
-                    op,
-                    what: format!("NCCL has no reduction for {other:?}"),
-                })
-            }
-        })
+        nccl_dtype(op, t)
     }
 
-    /// Steps (1) and (3)-(4) of Note [Collective stream ordering] around `launch` (step 2).
+    /// Note [Collective stream ordering] around `launch`, on this rank's communication stream.
     fn run(
         &self,
         keep: Vec<Tensor>,
         launch: impl FnOnce(&Stream) -> std::result::Result<(), CudaError>,
     ) -> Result<Work> {
-        let compute = berth::cuda::current_stream(self.device)?;
-        let ready = compute.record_event()?;
-        self.comm_stream.wait_event(&ready)?;
-        launch(&self.comm_stream)?;
-        let end = self.comm_stream.record_event()?;
-        Ok(Work { end, compute, keep })
+        ordered(std::slice::from_ref(&self.comm_stream), keep, || {
+            launch(&self.comm_stream)
+        })
     }
 
     /// All-reduces `t` in place over the ranks (`dist.all_reduce(t, op)`).
@@ -243,7 +205,7 @@ impl ProcessGroup {
     pub fn barrier(&self) -> Result<()> {
         let one = Tensor::zeros(&[1], DType::F32, Device::Cuda(self.device as u16))?;
         let work = self.all_reduce(&one, ReduceOp::Sum)?;
-        work.end.synchronize()?;
+        work.synchronize_host()?;
         work.wait()
     }
 }
@@ -287,56 +249,5 @@ impl crate::communicator::Communicator for ProcessGroup {
 
     fn finish(self) -> Result<()> {
         ProcessGroup::finish(self)
-    }
-}
-
-impl crate::communicator::PendingWork for Work {
-    fn wait(self) -> Result<()> {
-        Work::wait(self)
-    }
-}
-
-/// A collective in flight (PyTorch's `Work`): holds its tensors until the compute stream is
-/// ordered after it (Note [Collective stream ordering]).
-#[derive(Debug)]
-#[must_use = "call wait() so that the compute stream sees the collective's result"]
-pub struct Work {
-    end: Event,
-    compute: Stream,
-    keep: Vec<Tensor>,
-}
-
-impl Work {
-    /// Makes the compute stream (the current stream when the collective was issued) wait for
-    /// the collective; returns at once (`work.wait()`).
-    ///
-    /// # Errors
-    /// [`DistError::Cuda`] when the driver fails.
-    pub fn wait(mut self) -> Result<()> {
-        let r = self.compute.wait_event(&self.end);
-        self.keep.clear();
-        r.map_err(DistError::from)
-    }
-
-    /// Whether the collective has finished on the GPU (`work.is_completed()`).
-    ///
-    /// # Errors
-    /// [`DistError::Cuda`].
-    pub fn is_completed(&self) -> Result<bool> {
-        Ok(self.end.query()?)
-    }
-}
-
-impl Drop for Work {
-    fn drop(&mut self) {
-        if self.keep.is_empty() {
-            return;
-        }
-        // Never waited: order the compute stream anyway before the tensors are let go.
-        if let Err(e) = self.compute.wait_event(&self.end) {
-            berth::alloc::warnings::warn_once("work-drop-wait", || {
-                format!("a collective's Work was dropped without wait() and ordering the compute stream after it failed: {e}")
-            });
-        }
     }
 }

@@ -28,6 +28,9 @@ struct Nccl {
     get_version: unsafe extern "C" fn(*mut c_int) -> c_int,
     get_unique_id: unsafe extern "C" fn(*mut ncclUniqueId) -> c_int,
     comm_init_rank: unsafe extern "C" fn(*mut ncclComm_t, c_int, ncclUniqueId, c_int) -> c_int,
+    comm_init_all: unsafe extern "C" fn(*mut ncclComm_t, c_int, *const c_int) -> c_int,
+    group_start: unsafe extern "C" fn() -> c_int,
+    group_end: unsafe extern "C" fn() -> c_int,
     comm_destroy: unsafe extern "C" fn(ncclComm_t) -> c_int,
     get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
     all_reduce: unsafe extern "C" fn(
@@ -96,6 +99,9 @@ fn resolve(lib: libloading::Library) -> Result<Nccl, libloading::Error> {
             get_version: *lib.get(b"ncclGetVersion\0")?,
             get_unique_id: *lib.get(b"ncclGetUniqueId\0")?,
             comm_init_rank: *lib.get(b"ncclCommInitRank\0")?,
+            comm_init_all: *lib.get(b"ncclCommInitAll\0")?,
+            group_start: *lib.get(b"ncclGroupStart\0")?,
+            group_end: *lib.get(b"ncclGroupEnd\0")?,
             comm_destroy: *lib.get(b"ncclCommDestroy\0")?,
             get_error_string: *lib.get(b"ncclGetErrorString\0")?,
             all_reduce: *lib.get(b"ncclAllReduce\0")?,
@@ -172,10 +178,49 @@ pub(crate) fn comm_init_rank(nranks: i32, id: &[u8; 128], rank: i32) -> Result<u
     Ok(comm as usize as u64)
 }
 
+/// `ncclCommInitAll`: one communicator per device of `devices`, all in this process, rank `i`
+/// on `devices[i]`
+/// (<https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/comms.html#ncclcomminitall>).
+/// NCCL switches the current device while it runs; the caller restores berth's context.
+///
+/// The caller has checked that `devices` is non-empty, has no duplicates and names visible
+/// devices (NCCL checks too, with less telling errors).
+pub(crate) fn comm_init_all(devices: &[c_int]) -> Result<Vec<u64>, CudaError> {
+    let n = nccl()?;
+    let ndev = c_int::try_from(devices.len()).map_err(|_| CudaError::InvalidArgument {
+        op: "ncclCommInitAll",
+        what: format!("{} devices do not fit NCCL's int count", devices.len()),
+    })?;
+    let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); devices.len()];
+    // SAFETY: `comms` has room for `ndev` communicators and `devices` holds `ndev` ints.
+    check("ncclCommInitAll", unsafe {
+        (n.comm_init_all)(comms.as_mut_ptr(), ndev, devices.as_ptr())
+    })?;
+    Ok(comms.into_iter().map(|c| c as usize as u64).collect())
+}
+
+/// `ncclGroupStart`: NCCL calls on this thread until the matching [`group_end`] are queued
+/// and launched together
+/// (<https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/group.html#ncclgroupstart>).
+pub(crate) fn group_start() -> Result<(), CudaError> {
+    let n = nccl()?;
+    // SAFETY: no arguments; NCCL keeps the group depth per thread.
+    check("ncclGroupStart", unsafe { (n.group_start)() })
+}
+
+/// `ncclGroupEnd`: launches what was queued since the matching [`group_start`]
+/// (<https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/group.html#ncclgroupend>).
+/// NCCL switches the current device while it launches; the caller restores berth's context.
+pub(crate) fn group_end() -> Result<(), CudaError> {
+    let n = nccl()?;
+    // SAFETY: no arguments; the queued calls' buffers are their callers' contract.
+    check("ncclGroupEnd", unsafe { (n.group_end)() })
+}
+
 /// `ncclCommDestroy`.
 ///
 /// # Safety
-/// 1. `comm` came from [`comm_init_rank`] and is not used after this call.
+/// 1. `comm` came from [`comm_init_rank`] or [`comm_init_all`] and is not used after this call.
 pub(crate) unsafe fn comm_destroy(comm: u64) -> Result<(), CudaError> {
     let n = nccl()?;
     // SAFETY: precondition 1.

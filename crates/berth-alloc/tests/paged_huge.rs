@@ -84,7 +84,10 @@ fn a_request_of_petabytes_is_a_bounded_number_of_units() {
     let units = sim.counts().map;
     assert!(units <= UNITS_PER_RUN_CAP, "{units} map calls");
     assert_eq!(sim.live_mappings() as u64, units);
-    assert_eq!(alloc.stats().reserved_bytes.all().current as u64, MAX_SIM_CAPACITY);
+    assert_eq!(
+        alloc.stats().reserved_bytes.all().current as u64,
+        MAX_SIM_CAPACITY
+    );
     drop(a);
     alloc.empty_cache().unwrap();
     assert_eq!((sim.live_mappings(), sim.used_bytes()), (0, 0));

@@ -200,7 +200,10 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains("cuda:0  NVIDIA H200"), "the rest is still reported");
+        assert!(
+            text.contains("cuda:0  NVIDIA H200"),
+            "the rest is still reported"
+        );
     }
 
     #[test]

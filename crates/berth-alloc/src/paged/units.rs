@@ -161,7 +161,9 @@ mod tests {
         for count in [0, 1 << 20] {
             let units: Vec<_> = cut(0, pages * P, P, 16 * P, count).collect();
             assert_eq!(units.len() as u64, UNITS_PER_RUN_CAP);
-            assert!(units.iter().all(|&(a, b)| b - a == (pages / UNITS_PER_RUN_CAP) * P));
+            assert!(units
+                .iter()
+                .all(|&(a, b)| b - a == (pages / UNITS_PER_RUN_CAP) * P));
             assert_eq!(units.last().unwrap().1, pages * P);
         }
         // A smaller count still decides.

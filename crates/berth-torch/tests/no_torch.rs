@@ -1,6 +1,6 @@
-//! Runs `no_torch.py` (berth_torch's Python code with PyTorch made unimportable) when python3 is
-//! present; reports a skip otherwise. Newcomer defect 20: `use_allocator("bogus")` raised
-//! ModuleNotFoundError instead of the documented ValueError where PyTorch was missing.
+//! Runs `no_torch.py` (`berth_torch`'s Python code with PyTorch made unimportable) when python3
+//! is present; reports a skip otherwise. Newcomer defect 20: `use_allocator("bogus")` raised
+//! `ModuleNotFoundError` instead of the documented `ValueError` where PyTorch was missing.
 use std::path::PathBuf;
 use std::process::Command;
 

@@ -290,6 +290,71 @@ fn info_reads_pytorchs_allocator_variables_after_berths() {
     );
 }
 
+/// A malformed allocator configuration does not hide the rest of `berth info` (newcomer
+/// defect 13: only the error was printed): the report comes first, its policy line naming the
+/// variable that does not parse, then the one-line error, status 2; with `--json` standard
+/// output is still one parseable object, its `allocator_policy` null and `alloc_conf_error` set.
+#[test]
+fn info_with_a_bad_alloc_conf_reports_the_rest_then_the_error() {
+    let info = |var: &str, value: &str, json: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_berth"));
+        c.arg("info");
+        if json {
+            c.arg("--json");
+        }
+        for v in [
+            "BERTH_ALLOC_CONF",
+            "PYTORCH_ALLOC_CONF",
+            "PYTORCH_CUDA_ALLOC_CONF",
+        ] {
+            c.env_remove(v);
+        }
+        c.env(var, value);
+        c.output().expect("berth runs")
+    };
+    for (var, value, error) in [
+        (
+            "BERTH_ALLOC_CONF",
+            "bogus",
+            "berth: error: BERTH_ALLOC_CONF: unrecognized allocator config key 'bogus'",
+        ),
+        (
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "max_split_size_mb:abc",
+            "berth: error: PYTORCH_CUDA_ALLOC_CONF: invalid value 'abc' for allocator config key 'max_split_size_mb'",
+        ),
+    ] {
+        let out = info(var, value, false);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
+        assert!(stdout.contains("CPU cores: "), "{stdout}");
+        assert!(stdout.contains("CUDA"), "{stdout}");
+        assert!(
+            stdout.contains(&format!(
+                "CUDA allocator policy: none: {var}={value} does not parse (the error follows)"
+            )),
+            "{stdout}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with(error), "{stderr}");
+        let out = info(var, value, true);
+        assert_eq!(out.status.code(), Some(2));
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(j["allocator_policy"].is_null(), "{j}");
+        assert_eq!(j["alloc_conf_variable"], var);
+        assert_eq!(j["alloc_conf"], value);
+        assert!(j["cpu_cores"].as_u64().unwrap() >= 1);
+        let said = j["alloc_conf_error"].as_str().unwrap();
+        assert!(
+            said.starts_with(&error["berth: error: ".len()..]),
+            "{said}"
+        );
+    }
+}
+
 /// `bench all-reduce` and `bench p2p` without a GPU: one line saying so (status 2); a size
 /// range upside down is refused before that.
 #[test]

@@ -116,3 +116,17 @@ fn only_floating_point_tensors_can_require_gradients() {
     assert!(!f.to_dtype(DType::I64).unwrap().requires_grad());
     assert!(f.to_dtype(DType::F64).unwrap().requires_grad());
 }
+
+/// Issue 32's API point: `to_vec::<f64>()` of an f32 tensor does not convert (its type names
+/// the stored elements); the error says so and names `to_vec_f64()`, which converts any dtype
+/// as PyTorch's `tolist()` does.
+#[test]
+fn to_vec_of_another_type_names_to_vec_f64_which_converts() {
+    let x = Tensor::ones(&[2], DType::F32, Device::Cpu).unwrap();
+    let e = x.to_vec::<f64>().unwrap_err().to_string();
+    assert!(
+        e.contains("dtype f32 but f64 was requested") && e.contains("to_vec_f64()"),
+        "{e}"
+    );
+    assert_eq!(x.to_vec_f64().unwrap(), vec![1.0, 1.0]);
+}

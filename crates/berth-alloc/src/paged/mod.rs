@@ -178,6 +178,12 @@
 //!    `large_handles_copy_at_cumemalloc_bandwidth` measures the d2d bandwidth for units of
 //!    2 MiB to 4 GiB (on the H200, 2026-12-03: 32 MiB 0.985× and 64 MiB 0.977× of
 //!    `cuMemAlloc` memory).
+//! 5. A run is never cut into more than [`UNITS_PER_RUN_CAP`] (65,536) units, whatever the
+//!    bounds above say: a longer run gets longer units. Each unit is a `map` call and an entry
+//!    here and in the backend, so without a cap one request's bookkeeping grew with its size:
+//!    64 PiB on the simulator (`berth replay --capacity 64PiB`, or a `MetaPlan`) was 2^31
+//!    units of 32 MiB and ran out of memory (newcomer defect 4, which expandable segments had
+//!    too). The cap starts at runs of 2 TiB, so no run on a real device changes.
 //! 5. Cut evenly, not at multiples of 64 MiB in address: aligned cutting made 25% more calls
 //!    (`bert_varlen_train` 430, `gpt2_train` 375, `resnet50_train` 201) for the same peaks,
 //!    since short runs crossing a boundary split in two and long ones get head and tail units
@@ -256,6 +262,12 @@ pub const MAX_UNIT_BYTES: u64 = 32 << 20;
 /// A run of pages mapped at once is cut into at most this many units (`Note [Mapping units]`);
 /// 0, the default, sets no such bound: every unit is at most [`MAX_UNIT_BYTES`].
 pub const MAX_RUN_UNITS: u64 = 0;
+
+/// Whatever [`PagedTuning::max_run_units`] says, a run of pages is never cut into more than
+/// this many units: past `UNITS_PER_RUN_CAP` × [`MAX_UNIT_BYTES`] = 2 TiB (more than any GPU
+/// holds) its units grow instead, so the units, `map` calls and bookkeeping of one request do
+/// not grow with its size (`Note [Mapping units]`, item 5).
+pub const UNITS_PER_RUN_CAP: u64 = 1 << 16;
 
 /// Mapped memory may exceed the most bytes ever live by this fraction (1/16) before free pages
 /// are unmapped to make room (`Note [Paged best fit]`, step 3).

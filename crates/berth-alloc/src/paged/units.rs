@@ -4,10 +4,13 @@
 
 use std::collections::BTreeMap;
 
+use super::UNITS_PER_RUN_CAP;
+
 /// Splits the page-aligned run `[a, b)` into mapping units of at most `max` bytes (a multiple
 /// of `page`), and into at most `count` units when `count` > 0 (`Note [Mapping units]`): runs
 /// up to `max` stay whole, longer ones are cut into `⌈len / max⌉` units (at most `count`) of
 /// equal size in pages (the first ones one page longer when the pages do not divide evenly).
+/// Never more than [`UNITS_PER_RUN_CAP`] units, whatever `count` is (item 5 of the note).
 /// Returns `(start, end)` pairs in address order, in bytes.
 pub(crate) fn cut(
     a: u64,
@@ -17,11 +20,11 @@ pub(crate) fn cut(
     count: u64,
 ) -> impl Iterator<Item = (u64, u64)> {
     let pages = (b - a) / page;
-    let per = (max / page).max(1).max(
-        pages
-            .checked_div(count)
-            .map_or(0, |_| pages.div_ceil(count)),
-    );
+    let count = match count {
+        0 => UNITS_PER_RUN_CAP,
+        n => n.min(UNITS_PER_RUN_CAP),
+    };
+    let per = (max / page).max(1).max(pages.div_ceil(count));
     let n = pages.div_ceil(per).max(1);
     let (q, r) = (pages / n, pages % n);
     (0..n).scan(a, move |at, i| {
@@ -149,6 +152,22 @@ mod tests {
         // Under 4 × 32 pages the 32-page bound decides: 100 pages are 4 units of 25.
         assert_eq!(all(0, 100 * P, 4).len(), 4);
         assert_eq!(all(0, 40 * P, 4), vec![(0, 20 * P), (20 * P, 40 * P)]);
+    }
+
+    #[test]
+    fn no_run_is_cut_into_more_than_the_cap() {
+        // 2^35 pages of 2 MiB (64 PiB): 65,536 units of 2^19 pages, whatever the count says.
+        let pages = 1u64 << 35;
+        for count in [0, 1 << 20] {
+            let units: Vec<_> = cut(0, pages * P, P, 16 * P, count).collect();
+            assert_eq!(units.len() as u64, UNITS_PER_RUN_CAP);
+            assert!(units
+                .iter()
+                .all(|&(a, b)| b - a == (pages / UNITS_PER_RUN_CAP) * P));
+            assert_eq!(units.last().unwrap().1, pages * P);
+        }
+        // A smaller count still decides.
+        assert_eq!(cut(0, pages * P, P, 16 * P, 4).count(), 4);
     }
 
     #[test]

@@ -75,14 +75,45 @@ pub fn save_state_dict(state: &StateDict, path: impl AsRef<Path>) -> Result<()> 
 
 /// Read a safetensors file into a state dict of CPU tensors. At most
 /// [`berth_alloc::input::max_input_bytes`] bytes are read (1 GiB unless
-/// `BERTH_MAX_INPUT_BYTES` says otherwise), so a stream such as `/dev/zero` fails at the cap.
+/// `BERTH_MAX_INPUT_BYTES` says otherwise), and a header length under 2 bytes or past the
+/// file's end or the cap is refused before the rest is read (so `/dev/zero` fails at once).
 ///
 /// # Errors
 /// [`Error::Input`] when the file cannot be read or is over the cap; a corrupt file; an
 /// unsupported dtype.
 pub fn load_state_dict_file(path: impl AsRef<Path>) -> Result<StateDict> {
+    use berth_alloc::input::{read_rest_capped, InputError};
+    use std::io::Read;
     let path = path.as_ref();
-    let buf = berth_alloc::input::read_capped(path, berth_alloc::input::max_input_bytes())?;
+    let max = berth_alloc::input::max_input_bytes();
+    let io = |source| InputError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if meta.is_file() && meta.len() > max {
+        return Err(InputError::TooLarge {
+            path: path.to_owned(),
+            max_bytes: max,
+            what: format!("a regular file of {} bytes", meta.len()),
+        }
+        .into());
+    }
+    // The header's length, checked before the rest is read: a stream such as `/dev/zero` is
+    // refused at once, not at the cap.
+    let mut head = Vec::with_capacity(8);
+    (&file).take(8).read_to_end(&mut head).map_err(io)?;
+    if head.len() == 8 {
+        let n = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+        if n < 2 {
+            return Err(safetensors::SafeTensorError::HeaderTooSmall.into());
+        }
+        if n.saturating_add(8) > max || (meta.is_file() && n.saturating_add(8) > meta.len()) {
+            return Err(safetensors::SafeTensorError::InvalidHeaderLength.into());
+        }
+    }
+    let buf = read_rest_capped(file, path, head, max)?;
     load_state_dict_bytes(&buf)
 }
 

@@ -220,20 +220,6 @@ fn a_snapshot_replays_the_device_with_a_history() {
     );
 }
 
-/// `berth` with `BERTH_MAX_INPUT_BYTES` set: exit status and standard error.
-fn berth_capped(args: &[&str], cap: &str) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(args)
-        .env_remove("BERTH_ALLOC_CONF")
-        .env("BERTH_MAX_INPUT_BYTES", cap)
-        .output()
-        .expect("berth runs");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// Newcomer defect 8: `/dev/zero` given to `replay`, `memviz` or `eval --load` was read until
 /// the process was killed. A stream is judged by its first byte (a zero is neither a pickle nor
 /// JSON: refused at once, whatever the cap), and every whole-file read stops at the cap, which

@@ -57,6 +57,19 @@ pub enum InputError {
 /// [`InputError::Io`] when the file cannot be opened or read; [`InputError::TooLarge`] when a
 /// regular file is larger than `max_bytes` (nothing is read) or a stream yields more.
 pub fn read_capped(path: &Path, max_bytes: u64) -> Result<Vec<u8>, InputError> {
+    let (file, _) = open_capped(path, max_bytes)?;
+    read_rest_capped(file, path, Vec::new(), max_bytes)
+}
+
+/// Opens `path` for a capped read: the file and its length when it is a regular file
+/// (`None` for a stream), refusing a regular file over `max_bytes` before reading anything.
+///
+/// # Errors
+/// As [`read_capped`].
+pub fn open_capped(
+    path: &Path,
+    max_bytes: u64,
+) -> Result<(std::fs::File, Option<u64>), InputError> {
     let io = |source| InputError::Io {
         path: path.to_owned(),
         source,
@@ -70,7 +83,7 @@ pub fn read_capped(path: &Path, max_bytes: u64) -> Result<Vec<u8>, InputError> {
             what: format!("a regular file of {} bytes", meta.len()),
         });
     }
-    read_rest_capped(file, path, Vec::new(), max_bytes)
+    Ok((file, meta.is_file().then_some(meta.len())))
 }
 
 /// The rest of `reader` (the file at `path`, for errors) after the bytes `head` already read

@@ -90,16 +90,7 @@ pub fn load_state_dict_file(path: impl AsRef<Path>) -> Result<StateDict> {
         path: path.to_owned(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if meta.is_file() && meta.len() > max {
-        return Err(InputError::TooLarge {
-            path: path.to_owned(),
-            max_bytes: max,
-            what: format!("a regular file of {} bytes", meta.len()),
-        }
-        .into());
-    }
+    let (file, len) = berth_alloc::input::open_capped(path, max)?;
     // The header's length, checked before the rest is read: a stream such as `/dev/zero` is
     // refused at once, not at the cap.
     let mut head = Vec::with_capacity(8);
@@ -109,7 +100,7 @@ pub fn load_state_dict_file(path: impl AsRef<Path>) -> Result<StateDict> {
         if n < 2 {
             return Err(safetensors::SafeTensorError::HeaderTooSmall.into());
         }
-        if n.saturating_add(8) > max || (meta.is_file() && n.saturating_add(8) > meta.len()) {
+        if n.saturating_add(8) > max || len.is_some_and(|l| n.saturating_add(8) > l) {
             return Err(safetensors::SafeTensorError::InvalidHeaderLength.into());
         }
     }

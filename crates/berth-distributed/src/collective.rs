@@ -197,3 +197,28 @@ impl Drop for Work {
         }
     }
 }
+
+/// Checks that `big` (the output of an all-gather, the input of a reduce-scatter) has `want`
+/// elements of `small`'s dtype. `which` names `big` in the message ("each output", "the input"); for a
+/// group's per-device lists, already checked to be uniform, tensor 0 of each stands for all.
+pub(crate) fn check_sizes(
+    op: &'static str,
+    which: &str,
+    big: &Tensor,
+    small: &Tensor,
+    want: usize,
+) -> Result<()> {
+    if big.dtype() != small.dtype() || big.numel() != want {
+        return Err(DistError::InvalidTensor {
+            op,
+            what: format!(
+                "{which} holds {} elements of {:?}; world_size × {} = {want} elements of {:?} are needed",
+                big.numel(),
+                big.dtype(),
+                small.numel(),
+                small.dtype()
+            ),
+        });
+    }
+    Ok(())
+}

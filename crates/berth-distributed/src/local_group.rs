@@ -39,7 +39,7 @@ use berth::cuda::{CudaError, Stream};
 use berth::{DType, Device, Tensor};
 use berth_cuda::nccl::{group, Communicator, NcclDType, ReduceOp};
 
-use crate::collective::{nccl_dtype, ordered, Work};
+use crate::collective::{check_sizes, nccl_dtype, ordered, Work};
 use crate::error::{DistError, Result};
 
 /// One process driving an NCCL communicator on each of several local GPUs
@@ -167,7 +167,7 @@ impl LocalGroup {
         let n = inputs[0].numel();
         check_sizes(
             "all_gather",
-            "outputs",
+            "each output",
             &outputs[0],
             &inputs[0],
             n * self.world_size(),
@@ -197,7 +197,7 @@ impl LocalGroup {
         let n = outputs[0].numel();
         check_sizes(
             "reduce_scatter",
-            "inputs",
+            "each input",
             &inputs[0],
             &outputs[0],
             n * self.world_size(),
@@ -307,31 +307,6 @@ pub(crate) fn check_per_device(
     dtype.ok_or_else(|| invalid("no tensors".into()))
 }
 
-/// Checks that `big` (the outputs of an all-gather, the inputs of a reduce-scatter) has
-/// `want` elements of `small`'s dtype; the lists are already checked to be uniform, so tensor
-/// 0 of each stands for all.
-fn check_sizes(
-    op: &'static str,
-    which: &str,
-    big: &Tensor,
-    small: &Tensor,
-    want: usize,
-) -> Result<()> {
-    if big.dtype() != small.dtype() || big.numel() != want {
-        return Err(DistError::InvalidTensor {
-            op,
-            what: format!(
-                "the {which} have {} elements of {:?}; each needs world_size × {} = {want} elements of {:?}",
-                big.numel(),
-                big.dtype(),
-                small.numel(),
-                small.dtype()
-            ),
-        });
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,20 +385,20 @@ mod tests {
     fn all_gather_and_reduce_scatter_sizes_are_checked() {
         let small = cpu(&[1.0, 2.0], &[2]);
         let big = cpu(&[0.0; 3], &[3]);
-        let (op, w) = what(check_sizes("all_gather", "outputs", &big, &small, 4).unwrap_err());
+        let (op, w) = what(check_sizes("all_gather", "each output", &big, &small, 4).unwrap_err());
         assert_eq!(op, "all_gather");
         assert_eq!(
             w,
-            "the outputs have 3 elements of F32; each needs world_size × 2 = 4 elements of F32"
+            "each output holds 3 elements of F32; world_size × 2 = 4 elements of F32 are needed"
         );
         let ok = cpu(&[0.0; 4], &[4]);
-        check_sizes("reduce_scatter", "inputs", &ok, &small, 4).unwrap();
+        check_sizes("reduce_scatter", "each input", &ok, &small, 4).unwrap();
         let wrong_type = Tensor::from_slice(&[0i32; 4], &[4], Device::Cpu).unwrap();
         let (_, w) =
-            what(check_sizes("reduce_scatter", "inputs", &wrong_type, &small, 4).unwrap_err());
+            what(check_sizes("reduce_scatter", "each input", &wrong_type, &small, 4).unwrap_err());
         assert_eq!(
             w,
-            "the inputs have 4 elements of I32; each needs world_size × 2 = 4 elements of F32"
+            "each input holds 4 elements of I32; world_size × 2 = 4 elements of F32 are needed"
         );
     }
 }

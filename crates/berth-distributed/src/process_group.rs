@@ -12,7 +12,7 @@ use berth::cuda::{CudaError, Stream};
 use berth::{DType, Device, Tensor};
 use berth_cuda::nccl::{unique_id, Communicator, NcclDType, ReduceOp};
 
-use crate::collective::{nccl_dtype, ordered, Work};
+use crate::collective::{check_sizes, nccl_dtype, ordered, Work};
 use crate::env::RendezvousEnv;
 use crate::error::{DistError, Result};
 use crate::rendezvous::Rendezvous;
@@ -148,7 +148,7 @@ impl ProcessGroup {
     /// types do not match.
     pub fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
         let dtype = self.check("all_gather", input)?;
-        self.check_pair("all_gather", output, input, input.numel())?;
+        self.check_pair("all_gather", "the output", output, input, input.numel())?;
         let (o, i, n) = (output.data_ptr(), input.data_ptr(), input.numel());
         self.run(vec![output.alias(), input.alias()], |s| {
             // SAFETY: as all_reduce; `output` holds world_size × n elements (checked).
@@ -164,7 +164,7 @@ impl ProcessGroup {
     /// As [`all_gather`](Self::all_gather).
     pub fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<Work> {
         let dtype = self.check("reduce_scatter", output)?;
-        self.check_pair("reduce_scatter", input, output, output.numel())?;
+        self.check_pair("reduce_scatter", "the input", input, output, output.numel())?;
         let (o, i, n) = (output.data_ptr(), input.data_ptr(), output.numel());
         self.run(vec![output.alias(), input.alias()], |s| {
             // SAFETY: as all_reduce; `input` holds world_size × n elements (checked).
@@ -172,28 +172,17 @@ impl ProcessGroup {
         })
     }
 
-    /// Checks that `big` has `world_size × per_rank` elements of `small`'s type on this GPU.
+    /// Checks that `big` is on this GPU with `world_size × per_rank` elements of `small`'s type.
     fn check_pair(
         &self,
         op: &'static str,
+        which: &str,
         big: &Tensor,
         small: &Tensor,
         per_rank: usize,
     ) -> Result<()> {
         self.check(op, big)?;
-        let want = per_rank * self.world_size();
-        if big.dtype() != small.dtype() || big.numel() != want {
-            return Err(DistError::InvalidTensor {
-                op,
-                what: format!(
-                    "the larger tensor has {} elements of {:?}; it needs world_size × {per_rank} = {want} elements of {:?}",
-                    big.numel(),
-                    big.dtype(),
-                    small.dtype()
-                ),
-            });
-        }
-        Ok(())
+        check_sizes(op, which, big, small, per_rank * self.world_size())
     }
 
     /// Waits on the host until every rank has reached this barrier and the collectives queued

@@ -15,7 +15,8 @@ use crate::CudaError;
 use berth_alloc::{
     BackendError, CopyTicket, DevicePtr, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -178,6 +179,9 @@ struct Vmm {
     unreleased: Mutex<Vec<Mapping>>,
     /// Host↔device copies of sleep and wake not yet waited for.
     copies: CopyQueue,
+    /// Descriptors of mappings shared with other processes, by handle: open until the mapping
+    /// is unmapped (`Note [Sharing mapped memory]` in `ipc.rs`; locked after `mapped`).
+    exported: Mutex<HashMap<u64, OwnedFd>>,
 }
 
 /// One live mapping: a physical handle mapped whole.
@@ -296,6 +300,7 @@ impl Vmm {
             }
         }
         let mut unreleased = self.unreleased.lock().unwrap_or_else(|p| p.into_inner());
+        let mut exported = self.exported.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `unreleased` holds unmapped handles from `mem_create` not yet released.
         unsafe { self.release_all(&mut unreleased) };
         for &(a, m) in found {
@@ -305,6 +310,7 @@ impl Vmm {
                 unsafe { ffi::mem_unmap(self.device, a, m.bytes) }?;
             }
             mapped.remove(&a);
+            exported.remove(&m.handle);
             unreleased.push(m);
         }
         // SAFETY: as above; the handles just unmapped left `mapped` and are released once.
@@ -356,6 +362,7 @@ impl CudaBackend {
                 mapped: Mutex::default(),
                 unreleased: Mutex::default(),
                 copies: CopyQueue::default(),
+                exported: Mutex::default(),
             })
         });
         Ok(CudaBackend { device, vmm })
@@ -369,6 +376,52 @@ impl CudaBackend {
     /// Number of live mappings (one physical handle each) made by `map` and not unmapped.
     pub fn live_mappings(&self) -> usize {
         self.vmm.as_ref().map_or(0, |v| v.lock().len())
+    }
+
+    /// The whole mappings under `[addr, addr + bytes)` (start, size, descriptor), adjacent and
+    /// in address order, each exported as a POSIX file descriptor once and kept open until it
+    /// is unmapped (`Note [Sharing mapped memory]` in `ipc.rs`); `None` when some byte of the
+    /// range is not in a live mapping of this backend.
+    ///
+    /// # Errors
+    /// [`CudaError::Ipc`] when the driver will not export a handle (handles created without
+    /// the descriptor type, where the driver refused it).
+    pub(crate) fn export_covering(
+        &self,
+        addr: u64,
+        bytes: usize,
+    ) -> Result<Option<Vec<crate::ipc::Exported>>, CudaError> {
+        let Some(vmm) = self.vmm.as_ref() else {
+            return Ok(None);
+        };
+        let mapped = vmm.lock();
+        let Some(found) = crate::ipc::covering(&mapped, |m| m.bytes, addr, bytes) else {
+            return Ok(None);
+        };
+        let mut exported = vmm.exported.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::with_capacity(found.len());
+        for (a, m) in found {
+            let fd = match exported.get(&m.handle) {
+                Some(fd) => fd.as_raw_fd(),
+                None => {
+                    let raw = ffi::mem_export_fd(self.device, m.handle).map_err(|e| CudaError::Ipc {
+                        reason: format!(
+                            "cuda:{} cannot export the memory at {a:#x} ({e}); the driver may not support sharing virtual memory as file descriptors here: use the 'pytorch' policy to share CUDA tensors between processes",
+                            self.device
+                        ),
+                    })?;
+                    // SAFETY: a descriptor the driver just opened for this process, owned here.
+                    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+                    exported.entry(m.handle).or_insert(fd).as_raw_fd()
+                }
+            };
+            out.push(crate::ipc::Exported {
+                addr: a,
+                bytes: m.bytes,
+                fd,
+            });
+        }
+        Ok(Some(out))
     }
 
     /// Bytes of physical memory in live mappings (`map`ped and not unmapped), plus any

@@ -74,6 +74,9 @@ pub(crate) const REQUIRED_DRIVER_SYMBOLS: &[&str] = &[
     "cuMemUnmap",
     "cuMemSetAccess",
     "cuMemGetAllocationGranularity",
+    // Sharing mapped memory with another process (`ipc.rs`).
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
     // Kernels (`berth::cuda::kernels`).
     "cuModuleLoadData",
     "cuModuleGetFunction",

@@ -224,6 +224,14 @@ pub enum CudaError {
         peer: usize,
     },
 
+    /// Memory shared by another process cannot be opened, or this process's cannot be shared
+    /// (`Note [Sharing mapped memory]` in `ipc.rs`).
+    #[error("CUDA memory sharing between processes: {reason}")]
+    Ipc {
+        /// What failed and what to do.
+        reason: String,
+    },
+
     /// An argument outside what the call accepts.
     #[error("{op}: invalid argument: {what}")]
     InvalidArgument {

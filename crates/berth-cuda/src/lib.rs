@@ -92,6 +92,7 @@ mod event;
 mod event_pool;
 mod ffi;
 pub mod hostmem;
+pub mod ipc;
 #[cfg(feature = "cuda")]
 pub mod kernel;
 mod kernel_error;

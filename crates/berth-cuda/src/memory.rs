@@ -52,7 +52,8 @@ pub type PinnedAllocator = HostCachingAllocator<CudaHostBackend>;
 /// How many simulated devices [`simulate`] offers.
 pub const SIMULATED_DEVICES: usize = 16;
 
-static DEVICES: PerDevice<CudaAllocator> = PerDevice::new();
+/// Each device's allocator with the backend under it (kept for [`existing_backend`]).
+static DEVICES: PerDevice<(CudaBackend, CudaAllocator)> = PerDevice::new();
 static HOST: OnceLock<PinnedAllocator> = OnceLock::new();
 static HOST_INIT: Mutex<()> = Mutex::new(());
 /// The configuration every device allocator is built with: set by [`configure`], else read
@@ -201,11 +202,12 @@ fn config_for_build() -> Result<AllocatorConfig, CudaError> {
 }
 
 /// Builds `device`'s allocator: the configured policy over a [`CudaBackend`].
-fn build(device: usize) -> Result<CudaAllocator, CudaError> {
+fn build(device: usize) -> Result<(CudaBackend, CudaAllocator), CudaError> {
     let cfg = config_for_build()?;
     let backend = CudaBackend::new(device)?;
-    device_allocator(backend, cfg, device as i32)
-        .map_err(|source| CudaError::Alloc { device, source })
+    let a = device_allocator(backend.clone(), cfg, device as i32)
+        .map_err(|source| CudaError::Alloc { device, source })?;
+    Ok((backend, a))
 }
 
 /// The allocator of `device`, built on first use (which creates the device's context).
@@ -220,7 +222,7 @@ pub fn allocator(device: impl CudaDeviceArg) -> Result<&'static CudaAllocator, C
     if let Some(sim) = SIMULATED.get() {
         return sim_allocator(sim, device).map(|(_, a)| a);
     }
-    DEVICES.get_or_try_init(device, build)
+    DEVICES.get_or_try_init(device, build).map(|(_, a)| a)
 }
 
 fn sim_allocator(
@@ -246,7 +248,16 @@ fn sim_allocator(
 pub fn existing_allocator(device: usize) -> Option<&'static CudaAllocator> {
     match SIMULATED.get() {
         Some(sim) => sim.devices.get(device)?.get().map(|(_, a)| a),
-        None => DEVICES.get(device),
+        None => DEVICES.get(device).map(|(_, a)| a),
+    }
+}
+
+/// The driver backend under `device`'s allocator if it was built (never under [`simulate`]):
+/// what [`ipc`](crate::ipc) exports memory from.
+pub(crate) fn existing_backend(device: usize) -> Option<&'static CudaBackend> {
+    match SIMULATED.get() {
+        Some(_) => None,
+        None => DEVICES.get(device).map(|(b, _)| b),
     }
 }
 
@@ -259,7 +270,7 @@ pub fn built_allocators() -> Vec<(usize, &'static CudaAllocator)> {
             .enumerate()
             .filter_map(|(i, d)| d.get().map(|(_, a)| (i, a)))
             .collect(),
-        None => DEVICES.built().collect(),
+        None => DEVICES.built().map(|(i, (_, a))| (i, a)).collect(),
     }
 }
 

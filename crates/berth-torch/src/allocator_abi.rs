@@ -307,9 +307,12 @@ pub extern "C" fn berth_torch_largest_cached_block(device: c_int) -> i64 {
     .map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX))
 }
 
-/// The start of the segment holding `ptr` (PyTorch's `getBaseAllocation`, used to share a
-/// tensor with another process), writing the segment's size to `size` when not null; null
-/// when no device's allocator holds `ptr`.
+/// The start of the allocation PyTorch shares for `ptr` (PyTorch's `getBaseAllocation`, which
+/// `torch.multiprocessing` calls before `shareIpcHandle`), writing its size to `size` when not
+/// null: the segment holding `ptr` for `cuMemAlloc` segments (what `cudaIpcGetMemHandle`
+/// shares), the block holding it in segments mapped through virtual memory (`expandable`,
+/// `paged`: only the block's own mappings are shared, as PyTorch's expandable segments do);
+/// null when no device's allocator holds `ptr`.
 ///
 /// # Safety
 /// `size` is null or valid for one write.
@@ -326,11 +329,23 @@ pub unsafe extern "C" fn berth_torch_base_allocation(ptr: *mut c_void, size: *mu
     else {
         return 0;
     };
+    let (start, bytes) = if seg.is_expandable {
+        match seg
+            .blocks
+            .iter()
+            .find(|b| b.address <= p && p < b.address + b.size)
+        {
+            Some(b) => (b.address, b.size),
+            None => return 0,
+        }
+    } else {
+        (seg.address, seg.total_size)
+    };
     if !size.is_null() {
         // SAFETY: the caller's contract.
-        unsafe { *size = seg.total_size };
+        unsafe { *size = bytes };
     }
-    seg.address
+    start
 }
 
 // ---- private pools -------------------------------------------------------------------------

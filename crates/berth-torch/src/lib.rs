@@ -47,6 +47,7 @@
 pub mod abi;
 pub mod allocator_abi;
 pub mod install;
+pub mod ipc_abi;
 #[cfg(feature = "python")]
 mod python;
 

@@ -5,6 +5,7 @@
 
 use berth_torch::abi::*;
 use berth_torch::allocator_abi::*;
+use berth_torch::ipc_abi::berth_torch_ipc_share;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void, CStr, CString};
 
@@ -115,6 +116,25 @@ fn private_pools_under_paged_work_as_pytorch_calls_them() {
     // A cached general block of the size the graph will ask for.
     let cached = berth_torch_try_alloc(4 * MIB, 0, stream(CAPTURE));
     assert!(!cached.is_null(), "{}", last_error());
+
+    // What torch.multiprocessing shares of a pointer inside a block of mapped memory is that
+    // block, not its whole segment (`getBaseAllocation`, then `shareIpcHandle`).
+    let second = berth_torch_try_alloc(3 * MIB, 0, stream(CAPTURE));
+    assert!(!second.is_null(), "{}", last_error());
+    let mut size = 0u64;
+    // SAFETY: `size` is a valid u64.
+    let base =
+        unsafe { berth_torch_base_allocation(second.cast::<u8>().add(4096).cast(), &mut size) };
+    assert_eq!((base, size), (second as u64, 3 * MIB as u64));
+    // A simulated device's memory is no driver mapping: nothing for berth to export (0), so
+    // the C++ layer would try cudaIpcGetMemHandle.
+    let (mut buf, mut at) = ([0u8; 64], 0u64);
+    // SAFETY: `buf` and `at` are valid for the lengths given.
+    assert_eq!(
+        unsafe { berth_torch_ipc_share(second, buf.as_mut_ptr(), buf.len(), &mut at) },
+        0
+    );
+    berth_torch_free(second, 3 * MIB, 0, stream(CAPTURE));
     berth_torch_free(cached, 4 * MIB, 0, stream(CAPTURE));
 
     // torch.cuda.graph: capture into the graph's pool on the capturing stream.

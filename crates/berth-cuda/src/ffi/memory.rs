@@ -6,6 +6,7 @@ use crate::CudaError;
 use cudarc::driver::{result::DriverError, sys};
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 fn r(op: &'static str, device: usize, bytes: usize, code: sys::CUresult) -> Result<(), CudaError> {
     code.result()
@@ -88,14 +89,70 @@ pub(crate) unsafe fn address_free(device: usize, base: u64, bytes: usize) -> Res
     })
 }
 
-/// `cuMemCreate`: a handle to `bytes` of physical memory on `device`.
+/// Whether [`mem_create`] asks for handles exportable as POSIX file descriptors (cleared at
+/// the driver's first refusal, after which handles are created plain and cannot be shared with
+/// another process: `Note [Sharing mapped memory]` in `ipc.rs`).
+static EXPORTABLE: AtomicBool = AtomicBool::new(true);
+
+/// `cuMemCreate`: a handle to `bytes` of physical memory on `device`, exportable as a POSIX file
+/// descriptor where the driver allows it (as PyTorch's expandable segments create theirs).
 pub(crate) fn mem_create(device: usize, bytes: usize) -> Result<u64, CudaError> {
     bind(device)?;
-    let p = prop(device);
+    let mut p = prop(device);
     let mut h = 0u64;
+    if EXPORTABLE.load(Ordering::Relaxed) {
+        p.requestedHandleTypes =
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        // SAFETY: valid out-pointer and property struct.
+        let code = unsafe { sys::cuMemCreate(&mut h, bytes, &p, 0) };
+        match code {
+            sys::CUresult::CUDA_SUCCESS => return Ok(h),
+            // The driver cannot export on this system: create plain handles from now on.
+            sys::CUresult::CUDA_ERROR_NOT_SUPPORTED
+            | sys::CUresult::CUDA_ERROR_NOT_PERMITTED
+            | sys::CUresult::CUDA_ERROR_INVALID_VALUE => EXPORTABLE.store(false, Ordering::Relaxed),
+            other => return r("cuMemCreate", device, bytes, other).map(|()| h),
+        }
+        p.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+    }
     // SAFETY: valid out-pointer and property struct.
     r("cuMemCreate", device, bytes, unsafe {
         sys::cuMemCreate(&mut h, bytes, &p, 0)
+    })?;
+    Ok(h)
+}
+
+/// `cuMemExportToShareableHandle` as a POSIX file descriptor, owned by the caller (closing it
+/// does not release the memory).
+pub(crate) fn mem_export_fd(device: usize, h: u64) -> Result<i32, CudaError> {
+    bind(device)?;
+    let mut fd: std::ffi::c_int = -1;
+    // SAFETY: a valid out-pointer of the size the POSIX descriptor type writes; the driver
+    // checks the handle.
+    r("cuMemExportToShareableHandle", device, 0, unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&mut fd as *mut std::ffi::c_int).cast(),
+            h,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    })?;
+    Ok(fd)
+}
+
+/// `cuMemImportFromShareableHandle` of a POSIX file descriptor: a new handle to the memory
+/// behind it, released with [`mem_release`] (the descriptor stays the caller's to close).
+pub(crate) fn mem_import_fd(device: usize, fd: i32) -> Result<u64, CudaError> {
+    bind(device)?;
+    let mut h = 0u64;
+    // SAFETY: a valid out-pointer; a POSIX descriptor is passed by value in the pointer
+    // argument, as the driver's documentation says.
+    r("cuMemImportFromShareableHandle", device, 0, unsafe {
+        sys::cuMemImportFromShareableHandle(
+            &mut h,
+            fd as isize as *mut c_void,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        )
     })?;
     Ok(h)
 }

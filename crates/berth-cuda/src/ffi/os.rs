@@ -1,5 +1,7 @@
-//! Anonymous host mappings (`mmap` / `munmap` / `madvise`) for [`Mapping`](crate::hostmem::Mapping):
-//! Linux only; elsewhere mapping answers [`CudaError::Unavailable`](crate::CudaError).
+//! Anonymous host mappings (`mmap` / `munmap` / `madvise`) for [`Mapping`](crate::hostmem::Mapping),
+//! and taking a file descriptor from another process (`pidfd_open` / `pidfd_getfd`) for
+//! [`ipc`](crate::ipc): Linux only; elsewhere they answer [`CudaError::Unavailable`](crate::CudaError)
+//! or an `Unsupported` I/O error.
 
 #[cfg(target_os = "linux")]
 pub(crate) use imp::*;
@@ -91,6 +93,51 @@ mod imp {
         // SAFETY: the caller's contract; munmap of a whole mapping cannot fail otherwise.
         let _ = unsafe { munmap(ptr.as_ptr().cast(), len) };
     }
+
+    /// `pidfd_open` and `pidfd_getfd`'s system call numbers (Linux 5.3 and 5.6; the same on
+    /// every architecture, from the common table).
+    const SYS_PIDFD_OPEN: std::ffi::c_long = 434;
+    const SYS_PIDFD_GETFD: std::ffi::c_long = 438;
+
+    extern "C" {
+        fn syscall(number: std::ffi::c_long, ...) -> std::ffi::c_long;
+    }
+
+    /// A copy, in this process, of file descriptor `fd` of process `pid` (`pidfd_open` then
+    /// `pidfd_getfd`, <https://man7.org/linux/man-pages/man2/pidfd_getfd.2.html>): the kernel
+    /// allows it where this process may ptrace `pid` (same user, and Yama's `ptrace_scope` 0,
+    /// or `pid` a descendant of this process).
+    pub(crate) fn fd_of_process(pid: i32, fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        // SAFETY: a plain system call with integer arguments.
+        let pidfd = unsafe {
+            syscall(
+                SYS_PIDFD_OPEN,
+                pid as std::ffi::c_long,
+                0 as std::ffi::c_long,
+            )
+        };
+        if pidfd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor the kernel just opened for this process, owned here alone.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as c_int) };
+        use std::os::fd::AsRawFd;
+        // SAFETY: a plain system call with integer arguments.
+        let got = unsafe {
+            syscall(
+                SYS_PIDFD_GETFD,
+                pidfd.as_raw_fd() as std::ffi::c_long,
+                fd as std::ffi::c_long,
+                0 as std::ffi::c_long,
+            )
+        };
+        if got < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: as above: a new descriptor of this process.
+        Ok(unsafe { OwnedFd::from_raw_fd(got as c_int) })
+    }
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -108,4 +155,11 @@ mod other {
     /// # Safety
     /// Never called: no mapping exists off Linux.
     pub(crate) unsafe fn unmap(_: NonNull<u8>, _: usize) {}
+
+    pub(crate) fn fd_of_process(_: i32, _: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "taking another process's file descriptor is implemented for Linux only",
+        ))
+    }
 }

@@ -120,6 +120,12 @@ pub(crate) fn address_reserve(_: usize, _: usize) -> Result<u64, CudaError> {
 pub(crate) unsafe fn address_free(_: usize, _: u64, _: usize) -> Result<(), CudaError> {
     no()
 }
+pub(crate) fn mem_export_fd(_: usize, _: u64) -> Result<i32, CudaError> {
+    no()
+}
+pub(crate) fn mem_import_fd(_: usize, _: i32) -> Result<u64, CudaError> {
+    no()
+}
 pub(crate) fn mem_create(_: usize, _: usize) -> Result<u64, CudaError> {
     no()
 }

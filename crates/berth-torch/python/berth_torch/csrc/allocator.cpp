@@ -19,9 +19,10 @@
 //   legal) and berth records or queries no event (`Note [Private pools]` in berth-alloc);
 // - out-of-memory as `c10::OutOfMemoryError` (Python: `torch.OutOfMemoryError`), after the
 //   attached out-of-memory observers ran, as PyTorch's own allocator does;
-// - CUDA IPC for memory from cuMemAlloc (policy "pytorch") in PyTorch's own handle format, so a
+// - CUDA IPC: memory from cuMemAlloc (policy "pytorch") in PyTorch's own handle format, so a
 //   process with PyTorch's allocator can open what berth shares and the reverse; memory mapped
-//   through virtual memory ("expandable", "paged") raises instead of being shared.
+//   through virtual memory ("expandable", "paged") in berth's format (one file descriptor per
+//   mapping), which a receiving process with berth's allocator installed opens.
 // The C functions are found with dlsym in the already loaded `_native` library (its path is
 // passed by Python), so this file links only against PyTorch.
 
@@ -99,6 +100,9 @@ struct Abi {
   int (*pool_use_count)(int, uint64_t, uint64_t);
   int (*check_pool_live_allocations)(int, uint64_t, uint64_t, const uint64_t*, size_t);
   int (*empty_pool_cache)(int, uint64_t, uint64_t);
+  int64_t (*ipc_share)(void*, uint8_t*, size_t, uint64_t*);
+  void* (*ipc_open)(const uint8_t*, size_t, int, uint64_t*);
+  void (*ipc_close)(void*);
 };
 Abi abi;
 
@@ -135,6 +139,9 @@ void load_abi(const std::string& path) {
   bind(lib, abi.pool_use_count, "berth_torch_pool_use_count");
   bind(lib, abi.check_pool_live_allocations, "berth_torch_check_pool_live_allocations");
   bind(lib, abi.empty_pool_cache, "berth_torch_empty_pool_cache");
+  bind(lib, abi.ipc_share, "berth_torch_ipc_share");
+  bind(lib, abi.ipc_open, "berth_torch_ipc_open");
+  bind(lib, abi.ipc_close, "berth_torch_ipc_close");
 }
 
 std::string last_error() {
@@ -292,6 +299,11 @@ constexpr char kHandleVersion = 3;
 constexpr char kHandleVersion = 2;
 #endif
 constexpr char kCudaMalloc = 'c';
+// berth's own type: memory a policy mapped through CUDA virtual memory, shared as one POSIX
+// file descriptor per mapping (`Note [Sharing mapped memory]` in berth-cuda's ipc.rs). Only a
+// process with berth's allocator installed opens it; PyTorch's own raises "unexpected or
+// illformed shareable handle type".
+constexpr char kBerthMapped = 'b';
 
 // ---- the allocator ---------------------------------------------------------------------------
 
@@ -476,11 +488,25 @@ class BerthAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggable
   }
 
   cca::ShareableHandle shareIpcHandle(void* ptr) override {
-    TORCH_CHECK(policy_ == "pytorch",
-                "berth: CUDA tensors of policy '", policy_,
-                "' (memory mapped through CUDA virtual memory) cannot be shared with another "
-                "process yet; use berth_torch.use_allocator('pytorch') in programs that send "
-                "CUDA tensors through torch.multiprocessing");
+    // Mapped memory of "expandable" and "paged": berth's format.
+    std::vector<uint8_t> buf(512);
+    uint64_t mapped_base = 0;
+    int64_t n = abi.ipc_share(ptr, buf.data(), buf.size(), &mapped_base);
+    if (n < 0 && n != INT64_MIN) {
+      buf.resize(static_cast<size_t>(-n));
+      n = abi.ipc_share(ptr, buf.data(), buf.size(), &mapped_base);
+    }
+    TORCH_CHECK(n >= 0, "berth: cannot share this CUDA tensor with another process: ",
+                last_error());
+    if (n > 0) {
+      std::string handle;
+      handle.push_back(kHandleVersion);
+      handle.push_back(kBerthMapped);
+      handle.append(reinterpret_cast<const char*>(buf.data()), static_cast<size_t>(n));
+      return cca::ShareableHandle{
+          static_cast<char*>(ptr) - reinterpret_cast<char*>(mapped_base), handle};
+    }
+    // Memory from cuMemAlloc: PyTorch's format.
     size_t size = 0;
     void* base = getBaseAllocation(ptr, &size);
     cudaIpcMemHandle_t h;
@@ -493,11 +519,14 @@ class BerthAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggable
   }
 
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    if (handle.size() > 2 && handle[0] <= kHandleVersion && handle[1] == kBerthMapped) {
+      return open_mapped(handle);
+    }
     TORCH_CHECK(handle.size() == 2 + CUDA_IPC_HANDLE_SIZE && handle[0] <= kHandleVersion &&
                     handle[1] == kCudaMalloc,
-                "berth: this CUDA IPC handle is not one berth can open (only memory from "
-                "cudaMalloc-style segments, PyTorch's default allocator or berth's 'pytorch' "
-                "policy, can be shared)");
+                "berth: this CUDA IPC handle is not one berth can open (it opens cudaMalloc "
+                "memory in PyTorch's format and memory berth's 'expandable' and 'paged' policies "
+                "mapped; PyTorch's own expandable segments are not among them)");
     std::lock_guard<std::mutex> g(ipc_mu_);
     auto it = ipc_.find(handle);
     if (it != ipc_.end()) {
@@ -519,6 +548,30 @@ class BerthAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggable
   }
 
  private:
+  // Maps memory another process shared in berth's format; cached by handle like cudaIpc
+  // memory, unmapped when the last tensor on it goes.
+  std::shared_ptr<void> open_mapped(const std::string& handle) {
+    std::lock_guard<std::mutex> g(ipc_mu_);
+    auto it = ipc_.find(handle);
+    if (it != ipc_.end()) {
+      if (auto p = it->second.lock()) return p;
+    }
+    int device = c10::cuda::current_device();
+    uint64_t dev = 0;
+    void* owner = abi.ipc_open(reinterpret_cast<const uint8_t*>(handle.data()) + 2,
+                               handle.size() - 2, device, &dev);
+    TORCH_CHECK(owner != nullptr, "berth: cannot open the CUDA tensor another process shared: ",
+                last_error());
+    std::shared_ptr<void> p(reinterpret_cast<void*>(dev), [this, handle, owner](void*) {
+      abi.ipc_close(owner);
+      std::lock_guard<std::mutex> g2(ipc_mu_);
+      auto found = ipc_.find(handle);
+      if (found != ipc_.end() && found->second.expired()) ipc_.erase(found);
+    });
+    ipc_[handle] = p;
+    return p;
+  }
+
   void* alloc(size_t size, int device, cudaStream_t stream) {
     void* p = nullptr;
     {

@@ -130,10 +130,8 @@ fn private_pools_under_paged_work_as_pytorch_calls_them() {
     // the C++ layer would try cudaIpcGetMemHandle.
     let (mut buf, mut at) = ([0u8; 64], 0u64);
     // SAFETY: `buf` and `at` are valid for the lengths given.
-    assert_eq!(
-        unsafe { berth_torch_ipc_share(second, buf.as_mut_ptr(), buf.len(), &mut at) },
-        0
-    );
+    let shared = unsafe { berth_torch_ipc_share(second, buf.as_mut_ptr(), buf.len(), &mut at) };
+    assert_eq!(shared, 0);
     berth_torch_free(second, 3 * MIB, 0, stream(CAPTURE));
     berth_torch_free(cached, 4 * MIB, 0, stream(CAPTURE));
 

@@ -301,8 +301,7 @@ constexpr char kHandleVersion = 2;
 constexpr char kCudaMalloc = 'c';
 // berth's own type: memory a policy mapped through CUDA virtual memory, shared as one POSIX
 // file descriptor per mapping (`Note [Sharing mapped memory]` in berth-cuda's ipc.rs). Only a
-// process with berth's allocator installed opens it; PyTorch's own raises "unexpected or
-// illformed shareable handle type".
+// process with berth's allocator installed opens it.
 constexpr char kBerthMapped = 'b';
 
 // ---- the allocator ---------------------------------------------------------------------------

@@ -390,12 +390,12 @@ impl CudaBackend {
         &self,
         addr: u64,
         bytes: usize,
-    ) -> Result<Option<Vec<crate::ipc::Exported>>, CudaError> {
+    ) -> Result<Option<Vec<crate::mapped_range::Exported>>, CudaError> {
         let Some(vmm) = self.vmm.as_ref() else {
             return Ok(None);
         };
         let mapped = vmm.lock();
-        let Some(found) = crate::ipc::covering(&mapped, |m| m.bytes, addr, bytes) else {
+        let Some(found) = crate::mapped_range::covering(&mapped, |m| m.bytes, addr, bytes) else {
             return Ok(None);
         };
         let mut exported = vmm.exported.lock().unwrap_or_else(|p| p.into_inner());
@@ -415,7 +415,7 @@ impl CudaBackend {
                     exported.entry(m.handle).or_insert(fd).as_raw_fd()
                 }
             };
-            out.push(crate::ipc::Exported {
+            out.push(crate::mapped_range::Exported {
                 addr: a,
                 bytes: m.bytes,
                 fd,

@@ -9,7 +9,7 @@
 //! which the receiving process takes with `pidfd_getfd`. berth does the same, for mappings of
 //! any size (`paged` maps units of up to 32 MiB, not PyTorch's fixed pages):
 //!
-//! 1. Handles are created exportable ([`mem_create`](crate::ffi) asks for
+//! 1. Handles are created exportable (`cuMemCreate` is asked for
 //!    `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, falling back to plain handles, which cannot be
 //!    shared, where the driver refuses).
 //! 2. [`share`] takes the whole mappings under a range (a block always lies in adjacent
@@ -30,7 +30,6 @@
 //!    `cuMemAlloc` memory needs no descriptors).
 
 use crate::{ffi, CudaError};
-use std::collections::BTreeMap;
 
 /// The format of [`SharedRange::to_bytes`]: bumped when the layout changes.
 const FORMAT: u32 = 1;
@@ -135,43 +134,6 @@ impl SharedRange {
             mappings,
         })
     }
-}
-
-/// One mapping exported by this process: its start address, size in bytes and descriptor.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Exported {
-    pub(crate) addr: u64,
-    pub(crate) bytes: usize,
-    pub(crate) fd: i32,
-}
-
-/// The entries of `mapped` (start address → mapping, of length `len(mapping)`) that cover
-/// `[addr, addr + bytes)`: adjacent, in address order, the first holding `addr`; `None` when
-/// some byte of the range is not mapped or `bytes` is 0.
-pub(crate) fn covering<M>(
-    mapped: &BTreeMap<u64, M>,
-    len: impl Fn(&M) -> usize,
-    addr: u64,
-    bytes: usize,
-) -> Option<Vec<(u64, &M)>> {
-    let end = addr.checked_add(bytes as u64)?;
-    let (&first, m) = mapped.range(..=addr).next_back()?;
-    if bytes == 0 || first + len(m) as u64 <= addr {
-        return None;
-    }
-    let mut found = vec![(first, m)];
-    let mut at = first + len(m) as u64;
-    for (&a, m) in mapped.range(at..) {
-        if at >= end {
-            break;
-        }
-        if a != at {
-            return None;
-        }
-        found.push((a, m));
-        at = a + len(m) as u64;
-    }
-    (at >= end).then_some(found)
 }
 
 /// Shares `[addr, addr + bytes)` of `device`'s memory with other processes: the start of the
@@ -378,27 +340,6 @@ mod tests {
             mappings: vec![],
         };
         assert!(msg(&none.to_bytes()).contains("it needs at least one mapping"));
-    }
-
-    #[test]
-    fn covering_takes_the_whole_adjacent_mappings_under_a_range() {
-        // Mappings at 0 (4 KiB), 4 KiB (8 KiB), then a gap, then 16 KiB (4 KiB).
-        let mapped: BTreeMap<u64, usize> = [(0, 4096), (4096, 8192), (16384, 4096)].into();
-        let starts = |a: u64, n: usize| {
-            covering(&mapped, |&m| m, a, n)
-                .map(|v| v.into_iter().map(|(a, _)| a).collect::<Vec<_>>())
-        };
-        assert_eq!(starts(100, 10), Some(vec![0]));
-        assert_eq!(starts(4000, 200), Some(vec![0, 4096]));
-        assert_eq!(starts(4096, 8192), Some(vec![4096]));
-        assert_eq!(starts(5000, 7000), Some(vec![4096]));
-        assert_eq!(starts(16384, 4096), Some(vec![16384]));
-        // Into the gap, inside the gap, past the end, empty.
-        assert_eq!(starts(8192, 8192), None);
-        assert_eq!(starts(12288, 10), None);
-        assert_eq!(starts(16384, 4097), None);
-        assert_eq!(starts(100, 0), None);
-        assert_eq!(starts(u64::MAX, 2), None);
     }
 
     #[test]

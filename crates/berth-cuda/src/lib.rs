@@ -96,6 +96,7 @@ pub mod ipc;
 #[cfg(feature = "cuda")]
 pub mod kernel;
 mod kernel_error;
+mod mapped_range;
 pub mod memory;
 #[cfg(feature = "cuda")]
 pub mod nccl;

@@ -136,6 +136,7 @@ for c in range(a.cycles):
     berth_torch.sleep(["weights", "kv_cache"], offload=["weights"])
     slept = used()
     berth_torch.wake(["weights", "kv_cache"])
+    berth_torch.kept_host_bytes()  # waits for the background free of the wake's backups
     per.append((slept, used(), rss()))
 say(phase="cycles", cycles=a.cycles, driver_used_asleep=[p[0] for p in per],
     driver_used_awake=[p[1] for p in per], host_rss=[p[2] for p in per])

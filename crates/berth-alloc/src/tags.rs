@@ -104,7 +104,8 @@ pub struct WakeReport {
     /// Time of mapping and of the copies back, which overlap: a block's copy is queued as
     /// soon as the units under it are mapped.
     pub map_and_copy_time: Duration,
-    /// Time spent freeing the backups' host memory afterwards.
+    /// Time spent freeing the backups' host memory afterwards, or handing it to a thread that
+    /// frees it after the wake returns (berth's CUDA backup memory does that).
     pub free_host_memory_time: Duration,
 }
 

@@ -16,6 +16,17 @@
 //! memory still held after wake (it stays in PyTorch's pinned cache there, unseen); berth
 //! frees it unless asked, and [`crate::sleep::release_host_memory`] gives kept buffers back.
 //!
+//! Freeing a mapped buffer (unregistering its chunks, unmapping it) costs about as long as the
+//! copy that filled it (~12 ms for 500 MB on the H200 host), and a wake that waited for it
+//! would take twice its copy time. So a buffer freed without `keep` goes to one freeing thread
+//! per backup memory, started at the first such free, and the wake returns once the copies
+//! are done: the host memory is back with the system a few milliseconds later. Whatever reads
+//! host figures ([`crate::sleep::kept_host_bytes`], [`crate::sleep::release_host_memory`],
+//! dropping the backup memory) first waits for the frees in flight, so they never show a
+//! buffer half gone. A free the driver refuses keeps its buffer as a kept one (counted by
+//! `kept_host_bytes`, retried by `release_host_memory`) and warns once; nothing is lost.
+//! Where no thread can be started, the buffer is freed in the caller, as before.
+//!
 //! # Note [Registered in chunks]
 //! Locking pages is the slow part of a first sleep: one `cuMemHostRegister` of 512 MiB locks
 //! about 10 GB/s on the H200 host, five times slower than the copy that follows. So a buffer of
@@ -33,7 +44,9 @@
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use berth_alloc::host::BackupMemory;
 use berth_alloc::BackendError;
@@ -223,7 +236,37 @@ struct Buffers {
     out: BTreeMap<usize, Buffer>,
     /// Buffers kept for reuse, by address.
     kept: BTreeMap<usize, Buffer>,
+    /// Buffers sent to the freeing thread and not freed yet.
+    freeing: usize,
 }
+
+/// The buffers, shared with the freeing thread.
+#[derive(Debug, Default)]
+struct Shared {
+    buffers: Mutex<Buffers>,
+    /// Notified each time the freeing thread is done with a buffer.
+    freed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Buffers> {
+        // Each critical section is one map operation or one count: a poisoned lock is
+        // still consistent.
+        self.buffers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The buffers once no free is in flight.
+    fn settled(&self) -> MutexGuard<'_, Buffers> {
+        let mut bufs = self.lock();
+        while bufs.freeing > 0 {
+            bufs = self.freed.wait(bufs).unwrap_or_else(|p| p.into_inner());
+        }
+        bufs
+    }
+}
+
+/// The thread that frees buffers in the background, and the way to send it one.
+type Freer = (Sender<(usize, Buffer)>, JoinHandle<()>);
 
 /// The backup memory of every sleep in this process (`Note [Backup host memory]`).
 #[derive(Debug)]
@@ -231,7 +274,9 @@ pub(crate) struct CudaBackupMemory {
     /// The device whose context registers the memory (`PORTABLE`: usable by every device).
     device: usize,
     keep: AtomicBool,
-    buffers: Mutex<Buffers>,
+    shared: Arc<Shared>,
+    /// Started at the first free without `keep`.
+    freer: Mutex<Option<Freer>>,
 }
 
 impl CudaBackupMemory {
@@ -239,36 +284,41 @@ impl CudaBackupMemory {
         CudaBackupMemory {
             device,
             keep: AtomicBool::new(false),
-            buffers: Mutex::default(),
+            shared: Arc::default(),
+            freer: Mutex::new(None),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, Buffers> {
-        // Each critical section is one map operation: a poisoned lock is still consistent.
-        self.buffers.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.lock()
     }
 
     pub(crate) fn set_keep(&self, keep: bool) {
         self.keep.store(keep, Ordering::Relaxed);
     }
 
-    /// Bytes of buffers kept for reuse.
+    /// Bytes of buffers kept for reuse, once the frees in flight are done.
     pub(crate) fn kept_bytes(&self) -> u64 {
-        self.lock().kept.values().map(|b| b.bytes as u64).sum()
+        self.shared
+            .settled()
+            .kept
+            .values()
+            .map(|b| b.bytes as u64)
+            .sum()
     }
 
-    /// Frees every kept buffer; the bytes freed.
+    /// Frees every kept buffer, once the frees in flight are done; the bytes freed.
     ///
     /// # Errors
     /// The first driver error (the buffers that failed stay kept).
     pub(crate) fn release_kept(&self) -> Result<u64, CudaError> {
-        let kept = std::mem::take(&mut self.lock().kept);
+        let kept = std::mem::take(&mut self.shared.settled().kept);
         let mut freed = 0;
         let mut first = None;
         for (addr, b) in kept {
             let bytes = b.bytes as u64;
             // SAFETY: a kept buffer is owned by the pool alone: no backup uses it.
-            match unsafe { self.free_now(addr, b) } {
+            match unsafe { free_now(self.device, addr, b) } {
                 Ok(()) => freed += bytes,
                 Err((e, b)) => {
                     self.lock().kept.insert(addr, b);
@@ -277,6 +327,54 @@ impl CudaBackupMemory {
             }
         }
         first.map_or(Ok(freed), Err)
+    }
+
+    /// Hands `b` at `addr` to the freeing thread, starting it if needed; gives `b` back when
+    /// no thread can be started (`Note [Backup host memory]`).
+    fn free_in_background(&self, addr: usize, b: Buffer) -> Option<(usize, Buffer)> {
+        let mut freer = self.freer.lock().unwrap_or_else(|p| p.into_inner());
+        if freer.is_none() {
+            let (tx, rx) = channel::<(usize, Buffer)>();
+            let (shared, device) = (Arc::clone(&self.shared), self.device);
+            let spawned = std::thread::Builder::new()
+                .name("berth-backup-free".into())
+                .spawn(move || {
+                    for (addr, b) in rx {
+                        // SAFETY: `free_backup`'s contract, passed on with the buffer: no copy
+                        // still uses it.
+                        let failed = unsafe { free_now(device, addr, b) }.err();
+                        let mut bufs = shared.lock();
+                        if let Some((e, b)) = failed {
+                            berth_alloc::warnings::warn_once("backup-free", || {
+                                format!(
+                                    "freeing a sleep backup's host memory ({} bytes) failed: {e}; \
+                                     it stays kept (release_host_memory retries)",
+                                    b.bytes
+                                )
+                            });
+                            bufs.kept.insert(addr, b);
+                        }
+                        bufs.freeing -= 1;
+                        shared.freed.notify_all();
+                    }
+                });
+            match spawned {
+                Ok(handle) => *freer = Some((tx, handle)),
+                Err(_) => return Some((addr, b)),
+            }
+        }
+        let (tx, _) = freer.as_ref()?;
+        self.lock().freeing += 1;
+        match tx.send((addr, b)) {
+            Ok(()) => None,
+            Err(back) => {
+                // The thread is gone (it never panics; only a dropped receiver gets here).
+                let mut bufs = self.lock();
+                bufs.freeing -= 1;
+                self.shared.freed.notify_all();
+                Some(back.0)
+            }
+        }
     }
 
     /// A new buffer of `bytes` bytes; a mapped one is still being registered when this
@@ -338,29 +436,29 @@ impl CudaBackupMemory {
             },
         ))
     }
+}
 
-    /// Frees `b` at `addr`; on failure gives it back with the error.
-    ///
-    /// # Safety
-    /// No copy still uses the buffer.
-    #[allow(clippy::result_large_err)] // the buffer goes back to its list on failure
-    unsafe fn free_now(&self, addr: usize, b: Buffer) -> Result<(), (CudaError, Buffer)> {
-        let p = addr as *mut u8;
-        let r = match &b.mapping {
-            // SAFETY: registered by `make`; the caller's contract. Dropping `b` unmaps it.
-            Some((_, reg)) => unsafe { reg.unregister() },
-            // SAFETY: from `cuMemHostAlloc` in `make`; the caller's contract.
-            None => unsafe { ffi::host_free(self.device, p) },
-        };
-        match r {
-            Ok(()) => {
-                if b.mapping.is_some() {
-                    registrations().remove(&addr);
-                }
-                Ok(())
+/// Frees `b` at `addr`, made for `device`'s context; on failure gives it back with the error.
+///
+/// # Safety
+/// No copy still uses the buffer.
+#[allow(clippy::result_large_err)] // the buffer goes back to its list on failure
+unsafe fn free_now(device: usize, addr: usize, b: Buffer) -> Result<(), (CudaError, Buffer)> {
+    let p = addr as *mut u8;
+    let r = match &b.mapping {
+        // SAFETY: registered by `make`; the caller's contract. Dropping `b` unmaps it.
+        Some((_, reg)) => unsafe { reg.unregister() },
+        // SAFETY: from `cuMemHostAlloc` in `make`; the caller's contract.
+        None => unsafe { ffi::host_free(device, p) },
+    };
+    match r {
+        Ok(()) => {
+            if b.mapping.is_some() {
+                registrations().remove(&addr);
             }
-            Err(e) => Err((e, b)),
+            Ok(())
         }
+        Err(e) => Err((e, b)),
     }
 }
 
@@ -402,8 +500,12 @@ impl BackupMemory for CudaBackupMemory {
             self.lock().kept.insert(addr, buf);
             return Ok(());
         }
+        // The trait's contract (no copy still uses it) goes with the buffer.
+        let Some((addr, buf)) = self.free_in_background(addr, buf) else {
+            return Ok(());
+        };
         // SAFETY: the trait's contract: no copy still uses it.
-        unsafe { self.free_now(addr, buf) }.map_err(|(e, b)| {
+        unsafe { free_now(self.device, addr, buf) }.map_err(|(e, b)| {
             self.lock().out.insert(addr, b);
             e.into()
         })
@@ -412,10 +514,20 @@ impl BackupMemory for CudaBackupMemory {
 
 impl Drop for CudaBackupMemory {
     fn drop(&mut self) {
+        // Closing the channel ends the freeing thread once it freed what it was sent.
+        let freer = self
+            .freer
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((tx, handle)) = freer {
+            drop(tx);
+            drop(handle.join());
+        }
         let bufs = std::mem::take(&mut *self.lock());
         for (addr, b) in bufs.kept.into_iter().chain(bufs.out) {
             // SAFETY: the last owner is going away: nothing uses its buffers.
-            drop(unsafe { self.free_now(addr, b) });
+            drop(unsafe { free_now(self.device, addr, b) });
         }
     }
 }
@@ -487,6 +599,84 @@ mod tests {
             vec![(start - 4096, 4096)]
         );
         registrations().remove(&start);
+    }
+
+    /// Hands `buf` out at `addr` from `m`, as `alloc_backup` would.
+    fn hand_out(m: &CudaBackupMemory, addr: usize, buf: Buffer) -> NonNull<u8> {
+        m.lock().out.insert(addr, buf);
+        NonNull::new(addr as *mut u8).unwrap()
+    }
+
+    #[test]
+    fn a_backup_freed_without_keep_is_freed_by_the_background_thread() {
+        // A mapped buffer whose chunks were never registered: freeing it needs no driver
+        // (nothing to unregister), only the unmap.
+        let m = CudaBackupMemory::new(0);
+        let bytes = 8 << 20;
+        let map = Mapping::new(bytes, Pages::Huge).unwrap();
+        let addr = map.as_ptr() as usize;
+        let refused = CudaError::HostAlloc {
+            message: "not registered in this test".into(),
+        };
+        let reg = Arc::new(Registration {
+            device: 0,
+            start: addr,
+            len: map.len(),
+            state: Mutex::new(vec![
+                Chunk::Failed(refused);
+                map.len().div_ceil(CHUNK_BYTES)
+            ]),
+            done: Condvar::new(),
+        });
+        registrations().insert(addr, Arc::clone(&reg));
+        let buf = Buffer {
+            bytes,
+            mapping: Some((map, reg)),
+        };
+        let p = hand_out(&m, addr, buf);
+        // SAFETY: handed out above; no copy uses it.
+        unsafe { m.free_backup(p, bytes) }.unwrap();
+        assert!(
+            m.freer.lock().unwrap().is_some(),
+            "the freeing thread was started"
+        );
+        assert_eq!(m.kept_bytes(), 0, "freed, not kept");
+        let bufs = m.lock();
+        assert!(bufs.out.is_empty() && bufs.kept.is_empty() && bufs.freeing == 0);
+        drop(bufs);
+        assert!(
+            !registrations().contains_key(&addr),
+            "its registration is forgotten"
+        );
+        // Freeing it again is an error, not a double free.
+        // SAFETY: not handed out any more: the call only looks it up.
+        let again = unsafe { m.free_backup(p, bytes) }.unwrap_err();
+        assert!(
+            matches!(again, BackendError::InvalidPointer { .. }),
+            "{again}"
+        );
+    }
+
+    #[test]
+    fn a_background_free_the_driver_refuses_keeps_its_buffer() {
+        // `cuMemFreeHost` of a made-up address fails (without a driver as well): the buffer
+        // stays kept and is counted, once the background free is done.
+        let m = CudaBackupMemory::new(0);
+        let (addr, bytes) = (1usize << 46, 4096);
+        let p = hand_out(
+            &m,
+            addr,
+            Buffer {
+                bytes,
+                mapping: None,
+            },
+        );
+        // SAFETY: handed out above; no copy uses it (nothing is ever read at the address).
+        unsafe { m.free_backup(p, bytes) }.unwrap();
+        assert_eq!(m.kept_bytes(), bytes as u64, "kept after the refused free");
+        assert!(m.release_kept().is_err(), "the retry fails the same way");
+        assert_eq!(m.kept_bytes(), bytes as u64, "and keeps it again");
+        // Dropping `m` tries once more and says nothing.
     }
 
     #[test]

@@ -66,13 +66,15 @@ pub fn keep_host_memory(keep: bool) {
 static KEEP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Host memory kept page-locked by [`keep_host_memory`] and not in use by a sleeping tag, in
-/// bytes.
+/// bytes. Waits first for the backups that earlier wakes are still freeing in the background
+/// (`Note [Backup host memory]`).
 pub fn kept_host_bytes() -> u64 {
     backups_lock().as_ref().map_or(0, |m| m.kept_bytes())
 }
 
 /// Frees the host memory kept by [`keep_host_memory`]; returns the bytes freed. Backups of
-/// tags still asleep are not touched.
+/// tags still asleep are not touched. Waits first for the backups that earlier wakes are
+/// still freeing in the background.
 ///
 /// # Errors
 /// [`CudaError::Driver`] when unregistering or freeing fails (those buffers stay kept).
@@ -107,7 +109,9 @@ pub fn sleep(
 }
 
 /// Wakes the sleeping tags `tags` of `device`: maps device memory again at the same
-/// addresses and copies the offloaded blocks back.
+/// addresses and copies the offloaded blocks back. Returns once the copies are done; unless
+/// [`keep_host_memory`] is on, the backups' host memory is then freed by a background thread
+/// (`Note [Backup host memory]`).
 ///
 /// # Errors
 /// The registry's errors, and [`CudaError::Alloc`] carrying the policy's: `UnknownTag`,

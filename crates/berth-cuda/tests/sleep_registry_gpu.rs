@@ -40,6 +40,18 @@ fn filled(tag: &str, mib: usize, byte: u8) -> berth_alloc::Allocation {
     block
 }
 
+/// This process's resident host memory, in bytes (`VmRSS` of `/proc/self/status`).
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
 /// The bytes of `block`.
 fn read(block: &berth_alloc::Allocation, bytes: usize) -> Vec<u8> {
     let mut back = vec![0u8; bytes];
@@ -67,11 +79,28 @@ fn sleep_wake_keeps_host_memory_when_asked_and_an_exit_while_asleep_leaks_nothin
 
     // The host memory of the backups: freed at wake by default, kept when asked.
     let weights = filled("weights", 512, 0xA5);
+    let rss_awake = rss();
     let first = sleep::sleep(0, &["weights"], &["weights"]).unwrap();
     assert_eq!(first.offloaded_bytes, 512 * MIB as u64);
+    let rss_asleep = rss();
     let woke = sleep::wake(0, &["weights"]).unwrap();
     assert_eq!(woke.restored_bytes, 512 * MIB as u64);
+    // The backup is freed by a background thread; kept_host_bytes waits for it.
     assert_eq!(sleep::kept_host_bytes(), 0, "freed at wake by default");
+    let rss_woken = rss();
+    println!(
+        "host resident: awake {rss_awake}, asleep {rss_asleep}, woken {rss_woken} bytes; wake \
+         {:?} + handing the backup to the freeing thread {:?}",
+        woke.map_and_copy_time, woke.free_host_memory_time
+    );
+    assert!(
+        rss_asleep >= rss_awake + 500 * MIB as u64,
+        "the backup is resident while asleep"
+    );
+    assert!(
+        rss_woken + 448 * MIB as u64 <= rss_asleep,
+        "the backup went back to the system after the wake"
+    );
     sleep::keep_host_memory(true);
     let second = sleep::sleep(0, &["weights"], &["weights"]).unwrap();
     sleep::wake(0, &["weights"]).unwrap();

@@ -86,7 +86,10 @@ def sleep(tags, offload=(), device=None):
 def wake(tags, device=None):
     """Wakes ``tags`` on ``device``: device memory at the same addresses again, the offloaded
     contents copied back (each tensor's copy starts as soon as its pages are mapped). Returns
-    ``{"mapped_bytes", "restored_bytes", "map_and_copy_s", "free_host_memory_s"}``.
+    ``{"mapped_bytes", "restored_bytes", "map_and_copy_s", "free_host_memory_s"}``. Unless
+    ``keep_host_memory(True)``, the pinned backups are freed by a background thread after the
+    copies (``free_host_memory_s`` is the hand-over); ``kept_host_bytes()`` and
+    ``release_host_memory()`` wait for those frees.
 
     Raises ``ValueError`` for an unknown tag, ``RuntimeError`` for a tag that is awake or when
     the device memory cannot be had (every tag stays asleep, backups kept)."""
@@ -105,7 +108,8 @@ def keep_host_memory(keep=True):
 
 
 def kept_host_bytes():
-    """Pinned host bytes kept by ``keep_host_memory(True)`` for the next sleep."""
+    """Pinned host bytes kept by ``keep_host_memory(True)`` for the next sleep, once the
+    background frees of earlier wakes are done."""
     return _native.kept_host_bytes()
 
 

@@ -383,6 +383,45 @@ fn twenty_sleep_wake_cycles_keep_device_and_host_memory_flat() {
 }
 
 #[test]
+fn a_run_over_many_units_is_copied_a_unit_at_a_time() {
+    // GPT-2's 148 weight tensors, in the order `model.cuda()` makes them: one run of adjacent
+    // blocks over many units (`Note [Copies cut at unit ends]`).
+    let d = dev(2 << 30, 1 << 30);
+    let mut sizes = vec![154_389_504usize, 3_145_728];
+    for _ in 0..12 {
+        sizes.extend([
+            3072, 3072, 7_077_888, 9216, 2_359_296, 3072, 3072, 3072, 9_437_184, 12288, 9_437_184,
+            3072,
+        ]);
+    }
+    sizes.extend([3072, 3072]);
+    let blocks: Vec<Allocation> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| d.alloc_in(Some("weights"), n, i as u8))
+        .collect();
+    let before = d.sim.counts();
+    let r = d.paged.sleep(&["weights"], &["weights"], d.host()).unwrap();
+    let slept = d.sim.counts();
+    let units = slept.unmap - before.unmap;
+    assert!(units > 40, "{units} units");
+    assert_eq!(r.released_bytes, 499_122_176);
+    assert_eq!(r.offloaded_bytes, sizes.iter().sum::<usize>() as u64);
+    assert_eq!(slept.copies - before.copies, units, "one copy per unit");
+    d.paged.wake(&["weights"]).unwrap();
+    let woke = d.sim.counts();
+    // A copy into a unit not mapped yet would fail: each piece waits for its unit.
+    assert_eq!(woke.map - slept.map, units);
+    assert_eq!(woke.copies - slept.copies, units, "one copy per unit");
+    for (i, b) in blocks.iter().enumerate() {
+        let n = sizes[i];
+        let back = d.sim.read_bytes(b.ptr(), n).unwrap();
+        assert!(back.iter().all(|&x| x == i as u8), "block {i} restored");
+    }
+    d.check_accounting();
+}
+
+#[test]
 fn each_allocation_carries_the_tag_of_its_own_thread() {
     let d = Arc::new(dev(1 << 30, 1 << 30));
     let _main = TagGuard::new("main").unwrap();

@@ -19,11 +19,12 @@
 //! 3. for the tags in `offload`, allocates one host buffer per tag for all its live blocks
 //!    first (page-locking is paid once per tag, not per block): if host memory runs out
 //!    ([`AllocError::OffloadFailed`]) the buffers made are freed and nothing is released;
-//!    then queues every block's copy, by address, on the backend's copy queue
-//!    ([`crate::VirtualMemoryBackend::queue_copy_to_host`]);
+//!    then queues the copies by address on the backend's copy queue
+//!    ([`crate::VirtualMemoryBackend::queue_copy_to_host`]), one per run of adjacent blocks,
+//!    cut at unit ends (`Note [Copies cut at unit ends]`);
 //! 4. unmaps every mapping unit of the tags' arenas, live blocks or not, by address, and
 //!    remembers the units; a unit of an offloaded tag is unmapped as soon as the copies of
-//!    the blocks below its end are complete, so unmapping overlaps the copies still running.
+//!    every block on it are complete, so unmapping overlaps the copies still running.
 //!    Virtual ranges stay reserved, so pointers, tensors and CUDA graphs taken before keep
 //!    their addresses. Blocks of tags not offloaded lose their contents. If a copy or an
 //!    unmap fails, every tag named sleeps with what was released so far (wake maps it back)
@@ -36,9 +37,9 @@
 //! `wake(tags)` refuses a tag that is awake ([`AllocError::NotAsleep`]); maps every unit back
 //! exactly as it was (same addresses, same unit boundaries, so later unmaps never split a
 //! mapping), by address, first unmapping free cached units elsewhere when the device's free
-//! memory is short; after each unit it queues the copies back of the live blocks that end
-//! below it ([`crate::VirtualMemoryBackend::queue_copy_from_host`]), so mapping overlaps the
-//! copies; then waits for them and frees the backups. All or nothing: if a map or a copy
+//! memory is short; after each unit it queues the copies back of the live blocks' pieces
+//! that end below it ([`crate::VirtualMemoryBackend::queue_copy_from_host`]; runs of
+//! adjacent blocks cut at unit ends), so mapping overlaps the copies; then waits for them and frees the backups. All or nothing: if a map or a copy
 //! fails, the units mapped by this call are unmapped again and every tag stays asleep with
 //! its backups ([`AllocError::WakeFailed`]).
 //!
@@ -175,26 +176,48 @@ impl<E> State<E> {
         }
         let host_memory_time = timer.elapsed();
 
-        // Queue the copies by address, one per run of adjacent blocks of one tag (adjacent
-        // in its buffer too); `done[i]`: (start of run `i`, the ticket of its copy).
+        // The units of the tags, by address: (tag, start, end, stream).
         let timer = Instant::now();
-        let mut runs: Vec<(u32, u64, u64)> = Vec::new(); // (tag, start, end)
+        let mut units: Vec<(u32, u64, u64, StreamId)> = Vec::new();
+        for &t in &ids {
+            for i in self.tag_arenas(t) {
+                let stream = self.arenas[i].stream;
+                for &(b, n) in &self.arenas[i].reservations {
+                    units.extend(
+                        self.units
+                            .within(b, b + n)
+                            .into_iter()
+                            .map(|(a, e)| (t, a, e, stream)),
+                    );
+                }
+            }
+        }
+        units.sort_unstable_by_key(|u| u.1);
+        let unit_ends: Vec<u64> = units.iter().map(|u| u.2).collect();
+
+        // Queue the copies by address, one per run of adjacent blocks of one tag (adjacent
+        // in its buffer too), cut at unit ends (`Note [Copies cut at unit ends]`); `done[i]`:
+        // (start of piece `i`, the ticket of its copy).
+        let mut runs: Vec<(u32, u64, u64, NonNull<u8>)> = Vec::new(); // (tag, start, end, dst)
         for &(tag, addr, size) in &blocks {
             match runs.last_mut() {
                 Some(r) if r.0 == tag && r.2 == addr => r.2 = addr + size,
-                _ => runs.push((tag, addr, addr + size)),
+                _ => {
+                    let s = &sleeping[&tag];
+                    let b = &s.backups[s.backups.partition_point(|b| b.addr < addr)];
+                    let dst = s.backup_ptr(b).expect("offloaded tags have a buffer");
+                    runs.push((tag, addr, addr + size, dst));
+                }
             }
         }
-        let mut done: Vec<(u64, CopyTicket)> = Vec::with_capacity(runs.len());
-        for &(tag, start, end) in &runs {
-            let s = &sleeping[&tag];
-            let b = &s.backups[s.backups.partition_point(|b| b.addr < start)];
-            let dst = s.backup_ptr(b).expect("offloaded tags have a buffer");
-            // SAFETY: 1. the run's blocks are adjacent in the tag's buffer from `dst` on
+        let pieces = cut_at_unit_ends(&runs, &unit_ends);
+        let mut done: Vec<(u64, CopyTicket)> = Vec::with_capacity(pieces.len());
+        for &(_, start, end, dst) in &pieces {
+            // SAFETY: 1. the piece's blocks are adjacent in the tag's buffer from `dst` on
             // (laid out by address), which lives until the copies are waited for (every path
             // below waits before dropping `sleeping`). 2. Every stream was synchronized above,
             // the lock keeps new work from being allocated here, and a unit is unmapped only
-            // after its copies are complete.
+            // after the copies of every block on it are complete.
             let queued = unsafe {
                 vm(backend).queue_copy_to_host(DevicePtr(start), dst, (end - start) as usize)
             };
@@ -214,7 +237,8 @@ impl<E> State<E> {
         }
 
         // 4. Release every unit of the tags, live blocks or not, by address; a unit of an
-        // offloaded tag once the copies of the blocks that start below its end are complete.
+        // offloaded tag once the copies of every block on it are complete: those of the
+        // pieces that start below its end, or below the end of a block that runs past it.
         let mut report = SleepReport {
             released_bytes: 0,
             offloaded_bytes: need,
@@ -222,26 +246,16 @@ impl<E> State<E> {
             host_memory_time,
             copy_and_release_time: Duration::ZERO,
         };
-        let mut units: Vec<(u32, u64, u64, StreamId)> = Vec::new();
-        for &t in &ids {
-            for i in self.tag_arenas(t) {
-                let stream = self.arenas[i].stream;
-                for &(b, n) in &self.arenas[i].reservations {
-                    units.extend(
-                        self.units
-                            .within(b, b + n)
-                            .into_iter()
-                            .map(|(a, e)| (t, a, e, stream)),
-                    );
-                }
-            }
-        }
-        units.sort_unstable_by_key(|u| u.1);
         let mut confirmed = 0; // runs whose copies are known complete
         let mut failure = None;
         for &(t, a, e, stream) in &units {
             if off.contains(&t) {
-                let upto = done.partition_point(|&(addr, _)| addr < e);
+                let k = blocks.partition_point(|b| b.1 < e);
+                let reach = match k.checked_sub(1).map(|i| blocks[i]) {
+                    Some((_, addr, size)) if addr + size > e => addr + size,
+                    _ => e,
+                };
+                let upto = done.partition_point(|&(addr, _)| addr < reach);
                 if upto > confirmed {
                     if let Err(source) = vm(backend).wait_copies(done[upto - 1].1) {
                         failure = Some(AllocError::Backend {
@@ -283,11 +297,12 @@ impl<E> State<E> {
                 // Nothing may still write the buffers when they are freed.
                 let _ = vm(backend).wait_copies(t);
             }
-            // Backups not known complete are dropped: their blocks lie in units not released,
-            // whose contents are still on the device.
+            // Backups not known complete are dropped: their blocks lie in units not released
+            // (a unit goes only once every block on it is copied), whose contents are still
+            // on the device.
             let below = done.get(confirmed).map_or(u64::MAX, |&(start, _)| start);
             for s in sleeping.values_mut() {
-                s.backups.retain(|b| b.addr < below);
+                s.backups.retain(|b| b.addr + b.size <= below);
             }
         }
         // Every tag sleeps with what it released (after a failure too: wake maps it back).
@@ -365,7 +380,11 @@ impl<E> State<E> {
             }
             adjacent
         });
-        // Map by address; after each unit, queue the copies of the blocks that end below it.
+        // Cut at unit ends, so the copy of a unit's part of a run starts once that unit is
+        // mapped (`Note [Copies cut at unit ends]`).
+        let unit_ends: Vec<u64> = units.iter().map(|u| u.2).collect();
+        let restores = cut_at_unit_ends(&restores, &unit_ends);
+        // Map by address; after each unit, queue the copies of the pieces that end below it.
         let mut mapped: Vec<(u64, u64, StreamId)> = Vec::with_capacity(units.len());
         let mut failed = None;
         let mut queued = 0;
@@ -387,7 +406,7 @@ impl<E> State<E> {
                     break;
                 }
                 // SAFETY: 1. `src` holds `end - addr` bytes of the tag's backup buffer, freed
-                // only after the copies are waited for below. 2. The units under the block
+                // only after the copies are waited for below. 2. The units under the piece
                 // were just mapped; no work was queued on them since.
                 match unsafe {
                     vm(backend).queue_copy_from_host(DevicePtr(addr), src, (end - addr) as usize)
@@ -496,5 +515,75 @@ impl<E> State<E> {
             offloaded_bytes: self.tags.asleep.values().map(Sleeping::backup_bytes).sum(),
             sleeping_tags: tags,
         }
+    }
+}
+
+/// `copies` (tag, device start, device end, host address), sorted by start and not
+/// overlapping, cut at every unit end strictly inside them (`ends` sorted): each piece lies
+/// in one unit, its host address advanced by its offset in the copy.
+///
+/// # Note [Copies cut at unit ends]
+/// A run of adjacent blocks is one copy, and a whole model's weights are often one run
+/// (GPT-2's 148 tensors are one run over 54 units). Sleep may release a unit only once the
+/// copies of its blocks are done, and wake may copy into a unit only once it is mapped; with
+/// one copy per run, sleep would release nothing until the whole run is copied and wake
+/// would copy nothing until every unit is mapped, so the ~50 µs of each unit's unmap or map
+/// would add up after or before the copy instead of running under it. Cut at unit ends, the
+/// copies are as long as the units (up to 32 MiB: at the link's full speed) and the mapping
+/// work of one unit overlaps the copy of the next. Sleep still releases a unit only once
+/// every block on it is copied whole: a block is restored whole or not at all.
+fn cut_at_unit_ends(
+    copies: &[(u32, u64, u64, NonNull<u8>)],
+    ends: &[u64],
+) -> Vec<(u32, u64, u64, NonNull<u8>)> {
+    let mut out = Vec::with_capacity(copies.len() + ends.len());
+    for &(tag, start, end, host) in copies {
+        let mut at = start;
+        let first = ends.partition_point(|&e| e <= start);
+        for &cut in ends[first..].iter().take_while(|&&e| e < end) {
+            out.push((tag, at, cut, offset(host, at - start)));
+            at = cut;
+        }
+        out.push((tag, at, end, offset(host, at - start)));
+    }
+    out
+}
+
+/// `host` advanced by `bytes`, inside the copy it starts.
+fn offset(host: NonNull<u8>, bytes: u64) -> NonNull<u8> {
+    // SAFETY: `bytes` is less than the length of the copy from `host`, which lies in one
+    // backup buffer.
+    unsafe { host.add(bytes as usize) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_are_cut_at_the_unit_ends_inside_them() {
+        let mut buf = vec![0u8; 4096];
+        let h = NonNull::new(buf.as_mut_ptr()).unwrap();
+        let at = |p: NonNull<u8>| p.as_ptr() as usize - h.as_ptr() as usize;
+        let ends = [100, 200, 300, 400];
+        // A copy over 150..350 of tag 1 (host from 0) and one inside a unit (host from 1000).
+        let copies = [(1, 150, 350, h), (2, 410, 420, offset(h, 1000))];
+        let cut: Vec<(u32, u64, u64, usize)> = cut_at_unit_ends(&copies, &ends)
+            .into_iter()
+            .map(|(t, a, e, p)| (t, a, e, at(p)))
+            .collect();
+        assert_eq!(
+            cut,
+            vec![
+                (1, 150, 200, 0),
+                (1, 200, 300, 50),
+                (1, 300, 350, 150),
+                (2, 410, 420, 1000)
+            ]
+        );
+        // A copy that ends on a unit end is not cut there.
+        let whole = cut_at_unit_ends(&[(1, 100, 200, h)], &ends);
+        assert_eq!(whole.len(), 1);
+        assert_eq!((whole[0].1, whole[0].2), (100, 200));
     }
 }

@@ -8,8 +8,11 @@ Phases: the pinned host-to-device bandwidth (1 GiB, CUDA events, median of 5); t
 region("kv_cache"); a forward and a CUDA graph of it captured before sleep; sleep of both tags
 (weights offloaded): the driver's used bytes before and after (torch.cuda.mem_get_info), the
 time; wake: the time against size / bandwidth; the forward and the graph replay after wake
-compared bit for bit with before; then `--cycles` cycles of sleep and wake with the driver's
-used bytes and the process's resident host memory after each (no growth allowed).
+compared bit for bit with before; then `--cycles` cycles of a reinforcement-learning loop
+(train a step of a separate, untagged model while the rollout tags sleep; wake them, generate,
+sleep them again) with the driver's used bytes and the process's resident host memory in each
+(no growth allowed); then the offloaded weights alone, slept and woken seven times with host
+memory freed at wake and then kept.
 """
 import argparse
 import json
@@ -128,18 +131,41 @@ with torch.no_grad():
 say(phase="after_wake", forward_equal=bool(torch.equal(after, before)),
     graph_equal=bool(torch.equal(graph_out, before)))
 
+# The reinforcement-learning loop torch_memory_saver users run: a trainer's model (untagged, so
+# it never sleeps) takes a step while the rollout tags sleep; then the rollout wakes, generates
+# (a forward, the KV cache written) and sleeps again, its weights offloaded.
+train_model = GPT2LMHeadModel(GPT2Config(n_layer=4)).cuda().train()
+opt = torch.optim.AdamW(train_model.parameters(), lr=1e-5)
+
+
+def train_step():
+    loss = train_model(ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach().item()
+
+
+train_step()  # gradients and the optimizer's state exist from here on
+berth_torch.sleep(["weights", "kv_cache"], offload=["weights"])
 per = []
+losses = []
 for c in range(a.cycles):
+    losses.append(train_step())
+    berth_torch.wake(["weights", "kv_cache"])
     with torch.no_grad():
-        model(ids)  # a "train/generate" phase touching the weights
+        model(ids)  # generate: the rollout's weights and cache in use
     kv.fill_(1.0)
+    torch.cuda.synchronize()
+    awake = used()
     berth_torch.sleep(["weights", "kv_cache"], offload=["weights"])
     slept = used()
-    berth_torch.wake(["weights", "kv_cache"])
     berth_torch.kept_host_bytes()  # waits for the background free of the wake's backups
-    per.append((slept, used(), rss()))
+    per.append((slept, awake, rss()))
+berth_torch.wake(["weights", "kv_cache"])
 say(phase="cycles", cycles=a.cycles, driver_used_asleep=[p[0] for p in per],
-    driver_used_awake=[p[1] for p in per], host_rss=[p[2] for p in per])
+    driver_used_awake=[p[1] for p in per], host_rss=[p[2] for p in per],
+    train_loss=[round(x, 4) for x in losses])
 if per:
     check(max(p[0] for p in per) == min(p[0] for p in per), "no device growth asleep")
     check(max(p[1] for p in per) == min(p[1] for p in per), "no device growth awake")

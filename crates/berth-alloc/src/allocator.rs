@@ -321,6 +321,33 @@ pub trait DeviceAllocator: Send + Sync {
         Err(lacks_private_pools(self.policy_name()))
     }
 
+    /// Sets private pool `id` back to a checkpoint of its allocations, as CUDA-graph trees
+    /// (`torch.compile(mode="reduce-overhead")`) do before recording a new graph after
+    /// replaying others (PyTorch's `setCheckpointPoolState`,
+    /// <https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.cpp>).
+    /// `live` is the pool's allocated blocks when the checkpoint was taken: `(address, size in
+    /// bytes)`, sizes as the allocator's snapshot gives them. Every block allocated in the pool
+    /// now is freed, then every block of `live` is allocated again at its address; a block in
+    /// both keeps its memory and contents. Afterwards the pool's allocated blocks are exactly
+    /// `live`; what else the pool holds is free for the next recording. Pending cross-stream
+    /// frees are waited for first. Returns the addresses freed and allocated.
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] for an unknown pool; [`AllocError::SleepDuringCapture`]
+    /// while a pool is being allocated to; [`AllocError::BadCheckpoint`] when a block of `live`
+    /// is not in the pool's memory, overlaps another, or lies on memory the pool no longer
+    /// maps (nothing is changed then); [`AllocError::Backend`] or an out-of-memory error when
+    /// memory under a block must be mapped again and cannot; [`AllocError::PolicyLacks`] from a
+    /// policy without private pools.
+    fn restore_pool(
+        &self,
+        id: MempoolId,
+        live: &[(DevicePtr, u64)],
+    ) -> Result<PoolRestore, AllocError> {
+        let _ = (id, live);
+        Err(lacks_private_pools(self.policy_name()))
+    }
+
     /// Puts the tags `tags` to sleep: their device memory goes back to the device, their
     /// virtual addresses stay (pointers, tensors and CUDA graphs taken before keep them); the
     /// live blocks of the tags in `offload` are first copied to host memory from `host` and
@@ -397,6 +424,16 @@ fn lacks_sleep(policy: &str) -> AllocError {
         policy: policy.to_owned(),
         instead: "use policy \"paged\", which maps memory in units it can release and map again",
     }
+}
+
+/// What [`DeviceAllocator::restore_pool`] did: the blocks it freed and the blocks it
+/// allocated, by address (a block in both kept its memory).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolRestore {
+    /// Every block that was allocated in the pool before the call.
+    pub freed: Vec<DevicePtr>,
+    /// Every block of the checkpoint, allocated after the call.
+    pub allocated: Vec<DevicePtr>,
 }
 
 /// The error of a private-pool call to a policy that has none.

@@ -194,6 +194,15 @@ pub enum AllocError {
         /// What to do instead.
         instead: &'static str,
     },
+    /// A pool checkpoint that does not fit the pool's memory as it is now
+    /// ([`crate::DeviceAllocator::restore_pool`]).
+    #[error("private pool {id:?}: cannot restore its checkpoint: {what}; a checkpoint must list blocks of this pool (as getCheckpointState took them), none overlapping, in memory the pool still holds")]
+    BadCheckpoint {
+        /// The pool's id.
+        id: (u64, u64),
+        /// What does not fit.
+        what: String,
+    },
     /// More private pools than one device can index (32766) are alive.
     #[error("too many private pools alive on this device (at most 32766); release pools no longer used (release_pool) and empty the cache")]
     TooManyPools,

@@ -90,7 +90,7 @@ pub mod testing;
 pub mod trace;
 pub mod warnings;
 
-pub use allocator::{Allocation, AllocationOwner, DeviceAllocator, OomObserver};
+pub use allocator::{Allocation, AllocationOwner, DeviceAllocator, OomObserver, PoolRestore};
 pub use backend::{
     CopyTicket, DevicePtr, DeviceStream, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend,
 };

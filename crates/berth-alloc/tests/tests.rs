@@ -20,6 +20,7 @@ mod paged_huge;
 mod pickle;
 mod pickle_bad_input;
 mod policy;
+mod pool_checkpoint;
 mod private_pools;
 mod private_pools_paged;
 mod recorded;

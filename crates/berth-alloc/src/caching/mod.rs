@@ -14,6 +14,7 @@
 //! Concurrency: one mutex-guarded state per device; backend `malloc` runs with it released.
 
 mod block;
+mod checkpoint;
 mod expandable;
 mod fallback;
 mod inspect;
@@ -357,5 +358,15 @@ impl<B: MemoryBackend> DeviceAllocator for CachingAllocator<B> {
         })?;
         st.synchronize_and_free_events(&self.shared.backend)?;
         st.release_pool_pair(&self.shared.backend, pair)
+    }
+
+    fn restore_pool(
+        &self,
+        id: MempoolId,
+        live: &[(DevicePtr, u64)],
+    ) -> Result<crate::PoolRestore, AllocError> {
+        self.shared
+            .lock()
+            .restore_pool(&self.shared.backend, id, live)
     }
 }

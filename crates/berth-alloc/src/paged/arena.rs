@@ -148,6 +148,25 @@ impl Arena {
         }
     }
 
+    /// Takes `[at, at + bytes)` out of the free extent holding all of it; `false` (nothing
+    /// changed) when no free extent does. Looks at every free extent: for restoring a pool
+    /// checkpoint, not for the hot path.
+    pub(crate) fn take_at(&mut self, at: u64, bytes: u64) -> bool {
+        let Some(end) = at.checked_add(bytes) else {
+            return false;
+        };
+        let found = self.by_start.iter().find_map(|(&start, &slot)| {
+            (start <= at && end <= self.bins.node(slot).end).then_some(slot)
+        });
+        match found {
+            Some(slot) => {
+                self.carve(slot, at, bytes);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Places a block of `bytes` bytes (a multiple of 512) and returns its address and its
     /// unmapped bytes, or `None` when no free extent is large enough.
     ///

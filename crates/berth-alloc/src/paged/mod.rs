@@ -226,6 +226,7 @@
 
 mod arena;
 mod bins;
+mod checkpoint;
 mod pages;
 mod pools;
 mod sleep;
@@ -559,6 +560,16 @@ impl<B: MemoryBackend> DeviceAllocator for PagedBestFit<B> {
         self.shared
             .lock()
             .empty_pool_cache(&self.shared.backend, id)
+    }
+
+    fn restore_pool(
+        &self,
+        id: MempoolId,
+        live: &[(DevicePtr, u64)],
+    ) -> Result<crate::PoolRestore, AllocError> {
+        self.shared
+            .lock()
+            .restore_pool(&self.shared.backend, id, live)
     }
 
     fn sleep(

@@ -53,7 +53,7 @@ impl<E> State<E> {
     ///
     /// # Errors
     /// [`AllocError::NoSuchPool`] for an unknown pool, saying that `what` cannot be done.
-    fn pool_pair(&self, id: MempoolId, what: &'static str) -> Result<u16, AllocError> {
+    pub(super) fn pool_pair(&self, id: MempoolId, what: &'static str) -> Result<u16, AllocError> {
         self.private
             .pair_of(id)
             .ok_or(AllocError::NoSuchPool { id, what })

@@ -273,11 +273,18 @@ impl<E> State<E> {
                 return Err(e);
             }
         }
+        self.note_allocated(addr, size, bytes, ai);
+        Ok(DevicePtr(addr))
+    }
+
+    /// Records the block `[addr, addr + size)` of arena `ai`, asked for as `requested` bytes,
+    /// as live: the live map, the statistics, the history.
+    pub(super) fn note_allocated(&mut self, addr: u64, size: u64, requested: u64, ai: usize) {
         self.live.insert(
             addr,
             Live {
                 size,
-                requested: bytes,
+                requested,
                 arena: ai,
                 uses: Vec::new(),
             },
@@ -291,15 +298,15 @@ impl<E> State<E> {
             .live_peak
             .max(s.allocated_bytes.all().current.max(0) as u64);
         s.active_bytes.increase(small, size as i64);
-        s.requested_bytes.increase(small, bytes as i64);
+        s.requested_bytes.increase(small, requested as i64);
+        let stream = self.arenas[ai].stream;
         self.trace(TraceAction::Alloc, addr, size, stream);
-        Ok(DevicePtr(addr))
     }
 
     /// Maps every page of `[addr, addr + size)` not mapped yet, unmapping free pages first when
     /// the high-water mark would rise and the call budget, if set, allows (`Note [Paged best
     /// fit]`).
-    fn ensure_mapped<B: MemoryBackend<Fence = E>>(
+    pub(super) fn ensure_mapped<B: MemoryBackend<Fence = E>>(
         &mut self,
         backend: &B,
         addr: u64,
@@ -660,7 +667,7 @@ impl<E> State<E> {
         failed.map_or(Ok(()), Err)
     }
 
-    fn complete_free(&mut self, addr: u64, size: u64, arena: usize) {
+    pub(super) fn complete_free(&mut self, addr: u64, size: u64, arena: usize) {
         let small = size <= SMALL_SIZE;
         self.stats.active.decrease(small, 1);
         self.stats.active_bytes.decrease(small, size as i64);

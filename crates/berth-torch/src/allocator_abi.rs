@@ -504,3 +504,34 @@ pub extern "C" fn berth_torch_empty_pool_cache(device: c_int, id0: u64, id1: u64
         on_device(device, |a| a.empty_pool_cache((id0, id1)))
     }))
 }
+
+/// `setCheckpointPoolState`: restores pool `(id0, id1)` to a checkpoint of its allocations,
+/// the `n` pairs `(address, size in bytes)` at `live` (CUDA-graph trees, before recording a
+/// new graph after replaying others; `Note [Restoring a pool checkpoint]` in berth-alloc).
+/// Every block allocated in the pool is freed, every block of the checkpoint allocated at its
+/// address. Returns 0, or -1 (the reason in `berth_torch_last_error`; a checkpoint that does
+/// not fit changes nothing).
+///
+/// # Safety
+/// `live` is valid for `2 * n` reads (may be null when `n` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn berth_torch_restore_pool(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    live: *const u64,
+    n: usize,
+) -> c_int {
+    let pairs: Vec<(DevicePtr, u64)> = if n == 0 || live.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts(live, 2 * n) }
+            .chunks_exact(2)
+            .map(|p| (DevicePtr(p[0]), p[1]))
+            .collect()
+    };
+    status(guarded(|| {
+        on_device(device, |a| a.restore_pool((id0, id1), &pairs).map(|_| ()))
+    }))
+}

@@ -196,6 +196,67 @@ def check_compile_reduce_overhead(alloc):
 
 
 @check
+def check_compile_reduce_overhead_new_shapes(alloc):
+    """torch.compile(mode="reduce-overhead") when input shapes change: CUDA-graph trees record
+    a new graph after replaying others, first setting the graph pool back to its checkpoint
+    (setCheckpointPoolState). Inference with changing batch sizes, then training (forward
+    and backward graphs) whose batch size changes mid-run, each compared with eager."""
+    import copy
+
+    from torch._dynamo.utils import counters
+    _need_triton()
+    restores = [0]
+    original = torch._C._cuda_setCheckpointPoolState
+
+    def counted(*args, **kwargs):
+        restores[0] += 1
+        return original(*args, **kwargs)
+
+    torch._C._cuda_setCheckpointPoolState = counted
+    worst = 0.0
+    try:
+        model = _mlp()
+        compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
+        with torch.no_grad():
+            for i, b in enumerate([8, 8, 8, 16, 16, 16, 8, 32, 8]):
+                step(f"inference call {i} (batch {b})")
+                x = seeded(b, 64, seed=40 + i)
+                got = compiled(x)
+                want = model(x)
+                err = (got - want).abs().max().item()
+                worst = max(worst, err)
+                expect(torch.allclose(got, want, rtol=1e-3, atol=1e-4),
+                       f"inference call {i}: compiled output differs from eager by {err:.3g}")
+        trained = _mlp()
+        eager = copy.deepcopy(trained)
+        compiled = torch.compile(trained, mode="reduce-overhead")
+        opt_c = torch.optim.SGD(trained.parameters(), lr=0.01)
+        opt_e = torch.optim.SGD(eager.parameters(), lr=0.01)
+        for i, b in enumerate([16, 16, 16, 16, 32, 32, 32, 16, 16]):
+            step(f"training step {i} (batch {b})")
+            x = seeded(b, 64, seed=60 + i)
+            losses = []
+            for m, opt in ((compiled, opt_c), (eager, opt_e)):
+                loss = m(x).square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(loss.detach().item())
+            err = abs(losses[0] - losses[1])
+            worst = max(worst, err)
+            expect(math.isclose(losses[0], losses[1], rel_tol=1e-3, abs_tol=1e-5),
+                   f"training step {i}: compiled loss {losses[0]} against eager {losses[1]}")
+    finally:
+        torch._C._cuda_setCheckpointPoolState = original
+    expect(restores[0] > 0, "no checkpoint restore ran: the shapes did not make CUDA-graph "
+           "trees record after replaying, so this check showed nothing")
+    skips = counters["inductor"].get("cudagraph_skips", 0)
+    expect(skips == 0, f"inductor skipped CUDA graphs {skips} time(s); see stderr for why")
+    return (f"{restores[0]} checkpoint restores; 9 inference calls and 9 training steps match "
+            f"eager (max abs err {worst:.2g})")
+
+
+@check
 def check_mempool(alloc):
     if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
         raise Skip(f"torch {torch.__version__} has no torch.cuda.MemPool / use_mem_pool")

@@ -35,6 +35,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -100,6 +101,7 @@ struct Abi {
   int (*pool_use_count)(int, uint64_t, uint64_t);
   int (*check_pool_live_allocations)(int, uint64_t, uint64_t, const uint64_t*, size_t);
   int (*empty_pool_cache)(int, uint64_t, uint64_t);
+  int (*restore_pool)(int, uint64_t, uint64_t, const uint64_t*, size_t);
   int64_t (*ipc_share)(void*, uint8_t*, size_t, uint64_t*);
   void* (*ipc_open)(const uint8_t*, size_t, int, uint64_t*);
   void (*ipc_close)(void*);
@@ -139,6 +141,7 @@ void load_abi(const std::string& path) {
   bind(lib, abi.pool_use_count, "berth_torch_pool_use_count");
   bind(lib, abi.check_pool_live_allocations, "berth_torch_check_pool_live_allocations");
   bind(lib, abi.empty_pool_cache, "berth_torch_empty_pool_cache");
+  bind(lib, abi.restore_pool, "berth_torch_restore_pool");
   bind(lib, abi.ipc_share, "berth_torch_ipc_share");
   bind(lib, abi.ipc_open, "berth_torch_ipc_open");
   bind(lib, abi.ipc_close, "berth_torch_ipc_close");
@@ -283,10 +286,22 @@ void drop_filter(void* ctx) {
   delete static_cast<StreamFilterFn*>(ctx);
 }
 
-// What getCheckpointState hands CUDA-graph trees: the pool and its live allocations then.
+// What getCheckpointState hands CUDA-graph trees: the pool and its allocated blocks then
+// (address, size in bytes, stream).
+struct CheckpointBlock {
+  uint64_t address, size;
+  cudaStream_t stream;
+};
 struct BerthPoolState : cca::AllocatorState {
   MempoolId pool;
-  std::vector<uint64_t> live;
+  std::vector<CheckpointBlock> live;
+};
+
+// A block a checkpoint restore allocated: freed through berth when its storage dies.
+struct RestoredBlock {
+  size_t size;
+  c10::DeviceIndex device;
+  cudaStream_t stream;
 };
 
 // ---- IPC -------------------------------------------------------------------------------------
@@ -467,23 +482,89 @@ class BerthAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggable
     auto state = std::make_shared<BerthPoolState>();
     state->pool = pool;
     for (const auto& seg : snapshot(pool, false).segments) {
+      if (seg.device != device) continue;
       uint64_t addr = seg.address;
       for (const auto& b : seg.blocks) {
-        if (b.allocated) state->live.push_back(addr);
+        if (b.allocated) {
+          state->live.push_back(CheckpointBlock{addr, static_cast<uint64_t>(b.size),
+                                                reinterpret_cast<cudaStream_t>(seg.stream)});
+        }
         addr += b.size;
       }
     }
-    (void)device;
     return state;
   }
 
+  // Note [Restoring a pool checkpoint] (berth-alloc) says what berth does; here, PyTorch's
+  // side: every block the pool held is reported freed (its bookkeeping dropped), every block
+  // of the checkpoint comes back as a DataPtr with this allocator's deleter, which PyTorch
+  // hands to the storages still alive. Those blocks are not in the pluggable base's
+  // bookkeeping (its metadata type cannot be made outside libtorch), so raw_delete finds them
+  // in restored_ first.
   cca::CheckpointDelta setCheckpointPoolState(
-      c10::DeviceIndex, std::shared_ptr<cca::AllocatorState>) override {
-    TORCH_CHECK(false,
-                "berth: restoring a checkpointed CUDA-graph pool (torch.compile's "
-                "reduce-overhead mode switching between recorded graph paths) is not "
-                "supported by berth's allocator yet; use berth_torch.use_allocator only "
-                "without reduce-overhead, or PyTorch's default allocator for this program");
+      c10::DeviceIndex device, std::shared_ptr<cca::AllocatorState> as) override {
+    auto state = std::dynamic_pointer_cast<BerthPoolState>(as);
+    TORCH_CHECK(state, "berth: setCheckpointPoolState was given a checkpoint of another "
+                "allocator; take it with getCheckpointState under berth's allocator");
+    std::vector<void*> freed;
+    for (const auto& seg : snapshot(state->pool, false).segments) {
+      if (seg.device != device) continue;
+      uint64_t addr = seg.address;
+      for (const auto& b : seg.blocks) {
+        if (b.allocated) freed.push_back(reinterpret_cast<void*>(addr));
+        addr += b.size;
+      }
+    }
+    std::vector<uint64_t> pairs;
+    pairs.reserve(2 * state->live.size());
+    for (const auto& b : state->live) {
+      pairs.push_back(b.address);
+      pairs.push_back(b.size);
+    }
+    check(abi.restore_pool(device, state->pool.first, state->pool.second, pairs.data(),
+                           state->live.size()));
+    {
+      std::lock_guard<std::mutex> g(allocator_mutex_);
+      for (void* p : freed) allocation_metadata_.erase(p);
+    }
+    cca::CheckpointDelta delta;
+    {
+      std::lock_guard<std::mutex> g(restored_mu_);
+      for (void* p : freed) restored_.erase(p);
+      for (const auto& b : state->live) {
+        restored_[reinterpret_cast<void*>(b.address)] = {b.size, device, b.stream};
+      }
+      any_restored_.store(true, std::memory_order_release);
+    }
+    for (const auto& b : state->live) {
+      void* p = reinterpret_cast<void*>(b.address);
+      delta.dataptrs_allocd.emplace_back(p, p, raw_deleter(),
+                                         c10::Device(c10::DeviceType::CUDA, device));
+    }
+    delta.ptrs_freed = std::move(freed);
+    return delta;
+  }
+
+  void raw_delete(void* ptr) override {
+    if (any_restored_.load(std::memory_order_acquire)) {
+      RestoredBlock r{};
+      bool found = false;
+      {
+        std::lock_guard<std::mutex> g(restored_mu_);
+        auto it = restored_.find(ptr);
+        if (it != restored_.end()) {
+          r = it->second;
+          restored_.erase(it);
+          found = true;
+        }
+      }
+      if (found) {
+        c10::cuda::CUDAStreamCaptureModeGuard relaxed{cudaStreamCaptureModeRelaxed};
+        abi.free(ptr, r.size, r.device, r.stream);
+        return;
+      }
+    }
+    CUDAPluggableAllocator::raw_delete(ptr);
   }
 
   cca::ShareableHandle shareIpcHandle(void* ptr) override {
@@ -613,6 +694,10 @@ class BerthAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggable
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   bool history_ = false;
   std::mutex ipc_mu_;
+  // Blocks allocated by checkpoint restores, by address (see setCheckpointPoolState).
+  std::mutex restored_mu_;
+  std::unordered_map<void*, RestoredBlock> restored_;
+  std::atomic<bool> any_restored_{false};
   std::unordered_map<std::string, std::weak_ptr<void>> ipc_;
 };
 

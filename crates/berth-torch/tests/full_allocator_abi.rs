@@ -240,6 +240,46 @@ fn the_full_allocator_abi_under_the_pytorch_policy() {
         unsafe { berth_torch_check_pool_live_allocations(0, POOL.0, POOL.1, both.as_ptr(), 2) },
         0
     );
+    // CUDA-graph trees' restore: to an empty checkpoint (the block is freed), back to one
+    // holding the block (it comes back at its address), and a checkpoint with a block outside
+    // the pool (refused, nothing changed).
+    let size = snapshot()
+        .segments
+        .iter()
+        .flat_map(|(_, b)| b.iter())
+        .find(|b| b.allocated && b.address == in_pool)
+        .map(|b| b.size)
+        .unwrap();
+    // SAFETY: a null pointer with 0 pairs.
+    let emptied = unsafe { berth_torch_restore_pool(0, POOL.0, POOL.1, std::ptr::null(), 0) };
+    assert_eq!(emptied, 0, "{}", last_error());
+    // SAFETY: the pointers passed are valid for the lengths given, or null.
+    let none =
+        unsafe { berth_torch_check_pool_live_allocations(0, POOL.0, POOL.1, live.as_ptr(), 0) };
+    assert_eq!(none, 1, "the pool holds nothing after the empty checkpoint");
+    let checkpoint = [in_pool, size];
+    // SAFETY: one pair.
+    let restored = unsafe { berth_torch_restore_pool(0, POOL.0, POOL.1, checkpoint.as_ptr(), 1) };
+    assert_eq!(restored, 0, "{}", last_error());
+    assert_eq!(
+        // SAFETY: the pointers passed are valid for the lengths given, or null.
+        unsafe { berth_torch_check_pool_live_allocations(0, POOL.0, POOL.1, live.as_ptr(), 1) },
+        1
+    );
+    let foreign = [outside, MIB as u64];
+    // SAFETY: one pair.
+    let refused = unsafe { berth_torch_restore_pool(0, POOL.0, POOL.1, foreign.as_ptr(), 1) };
+    assert_eq!(refused, -1);
+    assert!(
+        last_error().contains("not in the pool's memory"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(
+        // SAFETY: the pointers passed are valid for the lengths given, or null.
+        unsafe { berth_torch_check_pool_live_allocations(0, POOL.0, POOL.1, live.as_ptr(), 1) },
+        1
+    );
     // Unknown pools are typed errors.
     assert_eq!(berth_torch_release_pool(0, 0, 99), -1);
     assert!(last_error().contains("99"), "{}", last_error());

@@ -321,6 +321,32 @@ pub trait DeviceAllocator: Send + Sync {
         Err(lacks_private_pools(self.policy_name()))
     }
 
+    /// Sets whether private pool `id` lends its cached free blocks to a request outside every
+    /// private pool that would otherwise fail with out-of-memory, as the last step before the
+    /// error (PyTorch's `setUseOnOOM`, from `torch.cuda.MemPool(use_on_oom=True)`). `Note
+    /// [Private pools]` in [`crate::caching::private_pools`].
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] when switching it on for an unknown pool (switching it off
+    /// for a pool that is gone does nothing); [`AllocError::PolicyLacks`] from a policy without
+    /// private pools.
+    fn set_use_on_oom(&self, id: MempoolId, on: bool) -> Result<(), AllocError> {
+        let _ = (id, on);
+        Err(lacks_private_pools(self.policy_name()))
+    }
+
+    /// Makes private pool `id` never cut a block: each allocation in it takes a whole free
+    /// block, a whole segment when new (PyTorch's `setNoSplit`, from
+    /// `torch.cuda.MemPool(no_split=True)`, for memory registered whole with NCCL).
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] for an unknown pool; [`AllocError::PolicyLacks`] from a
+    /// policy without private pools or without segments (`paged`).
+    fn set_no_split(&self, id: MempoolId) -> Result<(), AllocError> {
+        let _ = id;
+        Err(lacks_private_pools(self.policy_name()))
+    }
+
     /// Sets private pool `id` back to a checkpoint of its allocations, as CUDA-graph trees
     /// (`torch.compile(mode="reduce-overhead")`) do before recording a new graph after
     /// replaying others (PyTorch's `setCheckpointPoolState`,

@@ -226,3 +226,76 @@ fn the_caching_policies_keep_every_invariant_through_restores() {
         assert_eq!(a.stats().memory_allocated(), bytes, "{conf:?}");
     }
 }
+
+/// A caching allocator over a simulated device of 4 GiB with the options `conf`.
+fn caching(
+    conf: &str,
+) -> berth_alloc::caching::CachingAllocator<std::sync::Arc<berth_alloc::backend::sim::SimBackend>> {
+    let sim = std::sync::Arc::new(berth_alloc::backend::sim::SimBackend::new(1 << 32));
+    berth_alloc::caching::CachingAllocator::with_config(
+        sim,
+        berth_alloc::AllocatorConfig::parse(conf).unwrap(),
+    )
+    .unwrap()
+}
+
+/// The allocated blocks of pool `pool` in `a`'s snapshot.
+fn saved_of(a: &dyn berth_alloc::DeviceAllocator, pool: MempoolId) -> Vec<(DevicePtr, u64)> {
+    let mut out: Vec<(DevicePtr, u64)> = a
+        .snapshot()
+        .segments
+        .into_iter()
+        .filter(|s| s.segment_pool_id == pool)
+        .flat_map(|s| s.blocks)
+        .filter(|b| b.state == BlockState::ActiveAllocated)
+        .map(|b| (DevicePtr(b.address), b.size))
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+#[test]
+fn a_checkpoint_on_unmapped_expandable_memory_is_refused_before_anything_is_freed() {
+    use berth_alloc::DeviceAllocator;
+    let a = caching("expandable_segments:True");
+    a.begin_allocate_to_pool(GRAPH, only(CAPTURE)).unwrap();
+    let x = a.raw_alloc(20 << 20, CAPTURE).unwrap();
+    let y = a.raw_alloc(20 << 20, CAPTURE).unwrap();
+    let z = a.raw_alloc(20 << 20, CAPTURE).unwrap();
+    let saved = saved_of(&a, GRAPH);
+    a.raw_delete(z).unwrap();
+    a.end_allocate_to_pool(GRAPH).unwrap();
+    a.empty_pool_cache(GRAPH).unwrap(); // unmaps z's page
+    let err = a.restore_pool(GRAPH, &[saved[0], saved[2]]).unwrap_err();
+    assert!(matches!(err, AllocError::BadCheckpoint { .. }), "{err}");
+    let live: HashSet<DevicePtr> = [x, y].into();
+    assert!(
+        a.check_pool_live_allocations(GRAPH, &live).unwrap(),
+        "nothing changed"
+    );
+    a.validate().unwrap();
+}
+
+#[test]
+fn a_free_deferred_during_a_capture_is_completed_before_a_restore() {
+    use berth_alloc::{DeviceAllocator, StreamId};
+    for conf in ["", "expandable_segments:True"] {
+        let a = caching(conf);
+        a.begin_allocate_to_pool(GRAPH, only(CAPTURE)).unwrap();
+        let x = a.raw_alloc(1 << 20, CAPTURE).unwrap();
+        let y = a.raw_alloc(1 << 20, CAPTURE).unwrap();
+        let saved = saved_of(&a, GRAPH);
+        a.raw_record_stream(x, StreamId(3)).unwrap();
+        a.raw_delete(x).unwrap(); // deferred: a capture is under way
+        a.end_allocate_to_pool(GRAPH).unwrap();
+        a.restore_pool(GRAPH, &saved).unwrap();
+        a.validate().unwrap_or_else(|e| panic!("{conf:?}: {e}"));
+        a.process_events().unwrap();
+        a.validate().unwrap_or_else(|e| panic!("{conf:?}: {e}"));
+        let live: HashSet<DevicePtr> = [x, y].into();
+        assert!(
+            a.check_pool_live_allocations(GRAPH, &live).unwrap(),
+            "{conf:?}"
+        );
+    }
+}

@@ -21,6 +21,7 @@ mod pickle;
 mod pickle_bad_input;
 mod policy;
 mod pool_checkpoint;
+mod pool_settings;
 mod private_pools;
 mod private_pools_paged;
 mod recorded;

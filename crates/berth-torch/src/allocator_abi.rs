@@ -509,8 +509,9 @@ pub extern "C" fn berth_torch_empty_pool_cache(device: c_int, id0: u64, id1: u64
 /// the `n` pairs `(address, size in bytes)` at `live` (CUDA-graph trees, before recording a
 /// new graph after replaying others; `Note [Restoring a pool checkpoint]` in berth-alloc).
 /// Every block allocated in the pool is freed, every block of the checkpoint allocated at its
-/// address. Returns 0, or -1 (the reason in `berth_torch_last_error`; a checkpoint that does
-/// not fit changes nothing).
+/// address. Returns 0, or -1 (the reason in `berth_torch_last_error`; a checkpoint whose
+/// blocks are not in the pool's memory changes nothing; running out of device memory while
+/// mapping a block again under `paged` may leave the pool's other blocks freed).
 ///
 /// # Safety
 /// `live` is valid for `2 * n` reads (may be null when `n` is 0).
@@ -533,5 +534,29 @@ pub unsafe extern "C" fn berth_torch_restore_pool(
     };
     status(guarded(|| {
         on_device(device, |a| a.restore_pool((id0, id1), &pairs).map(|_| ()))
+    }))
+}
+
+/// `setUseOnOOM`: whether pool `(id0, id1)` lends its cached free blocks to a request outside
+/// every private pool that would otherwise fail with out-of-memory (`MemPool(use_on_oom=True)`;
+/// `on` nonzero). Returns 0, or -1.
+#[no_mangle]
+pub extern "C" fn berth_torch_set_use_on_oom(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    on: c_int,
+) -> c_int {
+    status(guarded(|| {
+        on_device(device, |a| a.set_use_on_oom((id0, id1), on != 0))
+    }))
+}
+
+/// `setNoSplit`: pool `(id0, id1)` never cuts a block (`MemPool(no_split=True)`). Returns 0, or
+/// -1 (the `paged` policy has no segments to keep whole and says so).
+#[no_mangle]
+pub extern "C" fn berth_torch_set_no_split(device: c_int, id0: u64, id1: u64) -> c_int {
+    status(guarded(|| {
+        on_device(device, |a| a.set_no_split((id0, id1)))
     }))
 }

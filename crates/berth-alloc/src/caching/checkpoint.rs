@@ -69,6 +69,25 @@ impl<E> State<E> {
             )));
         }
 
+        // Every byte of a block to restore must be mapped (expandable segments unmap free
+        // pages): checked before anything is freed, so a refusal changes nothing.
+        let wanted: HashMap<u64, u64> = want.iter().copied().collect();
+        for &(addr, size) in &want {
+            let end = addr + size;
+            let unmapped = self.blocks.iter().any(|(_, b)| {
+                b.pool / 2 == pair && !b.mapped && b.ptr < end && addr < b.ptr + b.size
+            });
+            if unmapped {
+                return Err(bad(format!(
+                    "block {addr:#x} ({size} bytes) lies on memory the pool no longer maps"
+                )));
+            }
+        }
+        // Frees deferred during a capture get their events first, then every event is waited
+        // for: no block of the pool is left half freed.
+        while let Some(i) = self.events_deferred.pop() {
+            self.insert_events(backend, i)?;
+        }
         self.synchronize_and_free_events(backend)?;
         let mut current: Vec<(u64, u64, u32)> = self
             .allocated
@@ -78,7 +97,6 @@ impl<E> State<E> {
             .map(|(a, i)| (a, self.blocks[i].size, i))
             .collect();
         current.sort_unstable();
-        let wanted: HashMap<u64, u64> = want.iter().copied().collect();
         for &(addr, size, i) in &current {
             if wanted.get(&addr) != Some(&size) {
                 self.allocated.remove(&addr);
@@ -123,7 +141,7 @@ impl<E> State<E> {
             ));
         };
         let b = &self.blocks[i];
-        if !b.mapped || b.event_count > 0 {
+        if !b.mapped || !b.is_reusable() {
             return Err(format!(
                 "block {addr:#x} ({size} bytes) lies on memory the pool no longer maps"
             ));

@@ -65,7 +65,20 @@ impl<B: MemoryBackend> Shared<B> {
                 return Ok((st, i));
             }
         }
-        // Step 5: out of memory.
+        // Step 5: a request of the general pool borrows a cached free block of a pool that
+        // lends on out-of-memory (`torch.cuda.MemPool(use_on_oom=True)`; PyTorch tries them
+        // in turn with `get_free_block`). The block stays its pool's.
+        if r.pool / 2 == 0 {
+            let small = r.pool % 2 == 1;
+            for pair in st.private.use_on_oom_pairs() {
+                let pool = super::private_pools::pool_index(pair, small);
+                if let Some(key) = st.get_free_block(r.stream, r.size, pool) {
+                    st.pool_remove(key.3);
+                    return Ok((st, key.3));
+                }
+            }
+        }
+        // Step 6: out of memory.
         Err(self.out_of_memory(&mut st, r))
     }
 

@@ -360,6 +360,14 @@ impl<B: MemoryBackend> DeviceAllocator for CachingAllocator<B> {
         st.release_pool_pair(&self.shared.backend, pair)
     }
 
+    fn set_use_on_oom(&self, id: MempoolId, on: bool) -> Result<(), AllocError> {
+        self.shared.lock().private.set_use_on_oom(id, on)
+    }
+
+    fn set_no_split(&self, id: MempoolId) -> Result<(), AllocError> {
+        self.shared.lock().private.set_no_split(id)
+    }
+
     fn restore_pool(
         &self,
         id: MempoolId,

@@ -22,6 +22,14 @@
 //!
 //! While any pool is being allocated to, the out-of-memory fallback does not flush the caches
 //! (PyTorch's `captures_underway` check: freeing memory is illegal during graph capture).
+//!
+//! Two settings of a pool, from `torch.cuda.MemPool(use_on_oom=..., no_split=...)`
+//! (PyTorch's `setUseOnOOM`, `setNoSplit`): a *use-on-OOM* pool lends its cached free blocks to
+//! a request of the general pool that would otherwise fail with out-of-memory, as the last
+//! step before the error (the block stays the pool's: its free returns it there); a
+//! *no-split* pool never cuts a block, so each allocation takes a whole free block of the pool
+//! (a whole segment when it is new), as memory registered with NCCL or shared as symmetric
+//! memory must be. `paged` has use-on-OOM pools and no no-split ones (it has no segments).
 
 use std::collections::HashSet;
 
@@ -45,6 +53,10 @@ pub(crate) struct PrivatePool {
     /// `paged` policy leaves it 0 and asks its page map instead (`Note [Private pools in
     /// paged]` in `crate::paged`).
     pub segments: u32,
+    /// Lends its free blocks to general requests that would fail (`setUseOnOOM`).
+    pub use_on_oom: bool,
+    /// Never cuts a block (`setNoSplit`).
+    pub no_split: bool,
 }
 
 /// A pool being allocated to.
@@ -142,6 +154,8 @@ impl PrivatePools {
             id,
             use_count: 1,
             segments: 0,
+            use_on_oom: false,
+            no_split: false,
         });
         let k = match self.pools.iter().position(Option::is_none) {
             Some(k) => {
@@ -214,6 +228,57 @@ impl PrivatePools {
         self.pair_of(id)
             .and_then(|pair| self.pools[usize::from(pair) - 1].as_ref())
             .map_or(0, |p| p.use_count)
+    }
+
+    /// Sets whether pool `id` lends its free blocks to general requests that would fail with
+    /// out-of-memory (PyTorch's `setUseOnOOM`). Switching it off for a pool that is gone
+    /// already does nothing (`~MemPool` does that after the pool may have been freed).
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] when switching it on for an unknown pool.
+    pub fn set_use_on_oom(&mut self, id: MempoolId, on: bool) -> Result<(), AllocError> {
+        match self.pair_of(id) {
+            Some(pair) => self.get_mut(pair).expect("live pool").use_on_oom = on,
+            None if on => return Err(no_pool(id, "set use_on_oom: no such pool")),
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// Makes pool `id` never cut a block (PyTorch's `setNoSplit`).
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] for an unknown pool.
+    pub fn set_no_split(&mut self, id: MempoolId) -> Result<(), AllocError> {
+        let pair = self
+            .pair_of(id)
+            .ok_or_else(|| no_pool(id, "set no_split: no such pool"))?;
+        self.get_mut(pair).expect("live pool").no_split = true;
+        Ok(())
+    }
+
+    /// Whether pool pair `pair` never cuts a block (false for the general pair).
+    #[inline]
+    pub fn no_split(&self, pair: u16) -> bool {
+        pair != 0
+            && self.pools[usize::from(pair) - 1]
+                .as_ref()
+                .is_some_and(|p| p.no_split)
+    }
+
+    /// Whether any pool lends its free blocks on out-of-memory.
+    pub fn lends_on_oom(&self) -> bool {
+        self.pools.iter().flatten().any(|p| p.use_on_oom)
+    }
+
+    /// The pairs of the pools that lend their free blocks on out-of-memory, in creation
+    /// order of their slots.
+    pub fn use_on_oom_pairs(&self) -> Vec<u16> {
+        self.pools
+            .iter()
+            .enumerate()
+            .filter_map(|(k, p)| p.as_ref().filter(|p| p.use_on_oom).map(|_| k as u16 + 1))
+            .collect()
     }
 
     /// The pairs of the pools whose use count is 0 (freeable at the next flush).

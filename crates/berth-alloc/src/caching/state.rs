@@ -190,6 +190,9 @@ impl<E> State<E> {
 
     fn should_split(&self, i: u32, size: u64) -> bool {
         let b = &self.blocks[i];
+        if self.private.no_split(b.pool / 2) {
+            return false;
+        }
         let remaining = b.size - size;
         if b.small || self.cfg.expandable_segments {
             remaining >= MIN_BLOCK_SIZE

@@ -562,6 +562,20 @@ impl<B: MemoryBackend> DeviceAllocator for PagedBestFit<B> {
             .empty_pool_cache(&self.shared.backend, id)
     }
 
+    fn set_use_on_oom(&self, id: MempoolId, on: bool) -> Result<(), AllocError> {
+        self.shared.lock().private.set_use_on_oom(id, on)
+    }
+
+    fn set_no_split(&self, id: MempoolId) -> Result<(), AllocError> {
+        let _ = id;
+        Err(AllocError::PolicyLacks {
+            feature: "no-split private pools (torch.cuda.MemPool(no_split=True))",
+            policy: "paged".into(),
+            instead: "use policy \"pytorch\" or \"expandable\", whose segments a no-split pool \
+                      keeps whole; paged maps memory in units, not segments",
+        })
+    }
+
     fn restore_pool(
         &self,
         id: MempoolId,

@@ -100,6 +100,9 @@ pub(crate) struct State<E> {
     clock: i64,
     /// The device index in OOM messages, summaries and snapshots.
     pub(crate) device: i32,
+    /// While set, an out-of-memory error is built but not counted or traced yet: a pool that
+    /// lends on out-of-memory may still serve the request. Holds the bytes it needed.
+    quiet_oom: Option<u64>,
 }
 
 pub(super) fn backend_err(stream: StreamId) -> impl FnOnce(BackendError) -> AllocError {
@@ -151,6 +154,7 @@ impl<E> State<E> {
             history: None,
             clock: 0,
             device: 0,
+            quiet_oom: None,
         }
     }
 
@@ -268,13 +272,46 @@ impl<E> State<E> {
         };
         // `place` measured the unmapped pages: most blocks land on mapped memory.
         if unmapped > 0 {
-            if let Err(e) = self.ensure_mapped(backend, addr, size, ai, bytes) {
+            // A general request may borrow from a pool that lends on out-of-memory
+            // (`Note [Private pools]`): its error is counted only if none can serve it.
+            let lend = self.arenas[ai].pair == 0 && self.private.lends_on_oom();
+            if lend {
+                self.quiet_oom = Some(0);
+            }
+            let mapped = self.ensure_mapped(backend, addr, size, ai, bytes);
+            let need = self.quiet_oom.take();
+            if let Err(e) = mapped {
                 self.arenas[ai].insert_free(addr, addr + size);
+                if lend && e.is_out_of_memory() {
+                    if let Some(addr) = self.borrow_on_oom(stream, tag, size, bytes) {
+                        return Ok(DevicePtr(addr));
+                    }
+                    self.stats.num_ooms += 1;
+                    self.trace(TraceAction::Oom, 0, need.unwrap_or(0), StreamId::DEFAULT);
+                }
                 return Err(e);
             }
         }
         self.note_allocated(addr, size, bytes, ai);
         Ok(DevicePtr(addr))
+    }
+
+    /// A block of `size` bytes on mapped free memory of a pool that lends on out-of-memory,
+    /// in its arena for `stream` and `tag`; its address, or `None` when no such pool has one.
+    fn borrow_on_oom(&mut self, stream: StreamId, tag: u32, size: u64, bytes: u64) -> Option<u64> {
+        for pair in self.private.use_on_oom_pairs() {
+            let Some(&ai) = self.arena_of.get(&(stream, pair, tag)) else {
+                continue;
+            };
+            if let Some((addr, unmapped)) = self.arenas[ai].place(size, &self.pages) {
+                if unmapped == 0 {
+                    self.note_allocated(addr, size, bytes, ai);
+                    return Some(addr);
+                }
+                self.arenas[ai].insert_free(addr, addr + size);
+            }
+        }
+        None
     }
 
     /// Records the block `[addr, addr + size)` of arena `ai`, asked for as `requested` bytes,
@@ -567,8 +604,14 @@ impl<E> State<E> {
         requested: u64,
         allowed: Option<u64>,
     ) -> AllocError {
-        self.stats.num_ooms += 1;
-        self.trace(TraceAction::Oom, 0, need, StreamId::DEFAULT);
+        match &mut self.quiet_oom {
+            // Counted by `malloc` if no pool lends the memory.
+            Some(quiet) => *quiet = need,
+            None => {
+                self.stats.num_ooms += 1;
+                self.trace(TraceAction::Oom, 0, need, StreamId::DEFAULT);
+            }
+        }
         let info = backend.mem_info().unwrap_or_default();
         if let Some(cap) = allowed.filter(|&cap| need > cap) {
             // The pages this request needs exceed the memory-fraction cap by themselves:

@@ -102,6 +102,8 @@ struct Abi {
   int (*check_pool_live_allocations)(int, uint64_t, uint64_t, const uint64_t*, size_t);
   int (*empty_pool_cache)(int, uint64_t, uint64_t);
   int (*restore_pool)(int, uint64_t, uint64_t, const uint64_t*, size_t);
+  int (*set_use_on_oom)(int, uint64_t, uint64_t, int);
+  int (*set_no_split)(int, uint64_t, uint64_t);
   int64_t (*ipc_share)(void*, uint8_t*, size_t, uint64_t*);
   void* (*ipc_open)(const uint8_t*, size_t, int, uint64_t*);
   void (*ipc_close)(void*);
@@ -142,6 +144,8 @@ void load_abi(const std::string& path) {
   bind(lib, abi.check_pool_live_allocations, "berth_torch_check_pool_live_allocations");
   bind(lib, abi.empty_pool_cache, "berth_torch_empty_pool_cache");
   bind(lib, abi.restore_pool, "berth_torch_restore_pool");
+  bind(lib, abi.set_use_on_oom, "berth_torch_set_use_on_oom");
+  bind(lib, abi.set_no_split, "berth_torch_set_no_split");
   bind(lib, abi.ipc_share, "berth_torch_ipc_share");
   bind(lib, abi.ipc_open, "berth_torch_ipc_open");
   bind(lib, abi.ipc_close, "berth_torch_ipc_close");
@@ -454,16 +458,12 @@ class BerthAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggable
     check(abi.create_or_incref_pool(device, pool.first, pool.second));
   }
 
-  void setUseOnOOM(c10::DeviceIndex, MempoolId, bool use_on_oom) override {
-    TORCH_CHECK(!use_on_oom,
-                "berth: MemPool(use_on_oom=True) is not supported under berth's allocator; "
-                "leave use_on_oom False");
+  void setUseOnOOM(c10::DeviceIndex device, MempoolId pool, bool use_on_oom) override {
+    check(abi.set_use_on_oom(device, pool.first, pool.second, use_on_oom ? 1 : 0));
   }
 
-  void setNoSplit(c10::DeviceIndex, MempoolId) override {
-    TORCH_CHECK(false,
-                "berth: MemPool(no_split=True) is not supported under berth's allocator; "
-                "leave no_split False");
+  void setNoSplit(c10::DeviceIndex device, MempoolId pool) override {
+    check(abi.set_no_split(device, pool.first, pool.second));
   }
 
   bool checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId pool,

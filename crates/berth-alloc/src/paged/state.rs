@@ -296,24 +296,6 @@ impl<E> State<E> {
         Ok(DevicePtr(addr))
     }
 
-    /// A block of `size` bytes on mapped free memory of a pool that lends on out-of-memory,
-    /// in its arena for `stream` and `tag`; its address, or `None` when no such pool has one.
-    fn borrow_on_oom(&mut self, stream: StreamId, tag: u32, size: u64, bytes: u64) -> Option<u64> {
-        for pair in self.private.use_on_oom_pairs() {
-            let Some(&ai) = self.arena_of.get(&(stream, pair, tag)) else {
-                continue;
-            };
-            if let Some((addr, unmapped)) = self.arenas[ai].place(size, &self.pages) {
-                if unmapped == 0 {
-                    self.note_allocated(addr, size, bytes, ai);
-                    return Some(addr);
-                }
-                self.arenas[ai].insert_free(addr, addr + size);
-            }
-        }
-        None
-    }
-
     /// Records the block `[addr, addr + size)` of arena `ai`, asked for as `requested` bytes,
     /// as live: the live map, the statistics, the history.
     pub(super) fn note_allocated(&mut self, addr: u64, size: u64, requested: u64, ai: usize) {

@@ -257,6 +257,41 @@ def check_compile_reduce_overhead_new_shapes(alloc):
 
 
 @check
+def check_mempool_use_on_oom(alloc):
+    """torch.cuda.MemPool(use_on_oom=True): with the memory fraction leaving no room for new
+    memory, a request outside the pool is served from the pool's cached free memory instead of
+    raising torch.OutOfMemoryError."""
+    import inspect
+    if not hasattr(torch.cuda, "MemPool") or "use_on_oom" not in inspect.signature(
+            torch.cuda.MemPool.__init__).parameters:
+        raise Skip("this PyTorch's MemPool has no use_on_oom")
+    mib = 1 << 20
+    step("MemPool(use_on_oom=True), 64 MiB used in it and freed")
+    pool = torch.cuda.MemPool(use_on_oom=True)
+    with torch.cuda.use_mem_pool(pool):
+        t = torch.empty(64 * mib, dtype=torch.uint8, device=cuda())
+    del t
+    torch.cuda.synchronize()
+    total = torch.cuda.get_device_properties(0).total_memory
+    reserved = torch.cuda.memory_reserved()
+    ooms = torch.cuda.memory_stats().get("num_ooms", 0)
+    step("memory fraction leaving 4 MiB, then a 32 MiB request outside the pool")
+    torch.cuda.set_per_process_memory_fraction((reserved + 4 * mib) / total)
+    try:
+        x = torch.empty(32 * mib, dtype=torch.uint8, device=cuda())
+        x.fill_(7)
+        torch.cuda.synchronize()
+        grown = torch.cuda.memory_reserved() - reserved
+        expect(grown == 0, f"reserved memory grew by {grown} bytes: the pool did not lend")
+        expect(torch.cuda.memory_stats().get("num_ooms", 0) == ooms,
+               "an out-of-memory was counted though the pool served the request")
+        del x
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    return "a 32 MiB request past the memory fraction was served from the pool's cached memory"
+
+
+@check
 def check_mempool(alloc):
     if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
         raise Skip(f"torch {torch.__version__} has no torch.cuda.MemPool / use_mem_pool")

@@ -19,7 +19,8 @@
 //! for cross-stream events are waited for first, as PyTorch's restore requires of them. In
 //! `paged` the pages under a restored block are mapped again if the pool's cache was emptied
 //! since (`empty_pool_cache`); if that fails, the blocks restored by the call are freed again
-//! and the error returned.
+//! and the error returned (the blocks freed before stay freed). Blocks a use-on-OOM pool lent
+//! to general requests count as the pool's, as in PyTorch: restore only graph pools.
 
 use std::collections::HashMap;
 

@@ -34,16 +34,9 @@ impl<E> State<E> {
             what: "restore a checkpoint: no such pool",
         })?;
         let bad = |what: String| AllocError::BadCheckpoint { id, what };
-        let mut want: Vec<(u64, u64)> = Vec::with_capacity(live.len());
-        for &(DevicePtr(addr), size) in live {
-            let end = addr
-                .checked_add(size)
-                .filter(|_| size > 0 && size % 512 == 0)
-                .ok_or_else(|| {
-                    bad(format!(
-                        "block {addr:#x} has size {size}: sizes are positive multiples of 512"
-                    ))
-                })?;
+        let want = super::private_pools::checkpoint_blocks(id, live)?;
+        for &(addr, size) in &want {
+            let end = addr + size;
             let in_segment = self
                 .segments
                 .range(..=addr)
@@ -59,14 +52,6 @@ impl<E> State<E> {
                     "block {addr:#x} ({size} bytes) is not in the pool's memory"
                 )));
             }
-            want.push((addr, size));
-        }
-        want.sort_unstable();
-        if let Some(w) = want.windows(2).find(|w| w[0].0 + w[0].1 > w[1].0) {
-            return Err(bad(format!(
-                "blocks {:#x} ({} bytes) and {:#x} overlap",
-                w[0].0, w[0].1, w[1].0
-            )));
         }
 
         // Every byte of a block to restore must be mapped (expandable segments unmap free

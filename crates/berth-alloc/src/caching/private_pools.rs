@@ -303,6 +303,36 @@ impl PrivatePools {
     }
 }
 
+/// The blocks of a checkpoint of pool `id` (`Note [Restoring a pool checkpoint]` in
+/// `crate::paged`) as `(address, size)`, sorted by address, once each size is a positive
+/// multiple of 512 and no two overlap: the checks every policy makes before its own.
+///
+/// # Errors
+/// [`AllocError::BadCheckpoint`] naming the first block that fails.
+pub(crate) fn checkpoint_blocks(
+    id: MempoolId,
+    live: &[(DevicePtr, u64)],
+) -> Result<Vec<(u64, u64)>, AllocError> {
+    let bad = |what: String| AllocError::BadCheckpoint { id, what };
+    let mut want = Vec::with_capacity(live.len());
+    for &(DevicePtr(addr), size) in live {
+        if size == 0 || size % 512 != 0 || addr.checked_add(size).is_none() {
+            return Err(bad(format!(
+                "block {addr:#x} has size {size}: sizes are positive multiples of 512"
+            )));
+        }
+        want.push((addr, size));
+    }
+    want.sort_unstable();
+    if let Some(w) = want.windows(2).find(|w| w[0].0 + w[0].1 > w[1].0) {
+        return Err(bad(format!(
+            "blocks {:#x} ({} bytes) and {:#x} overlap",
+            w[0].0, w[0].1, w[1].0
+        )));
+    }
+    Ok(want)
+}
+
 /// Whether the allocated blocks of a pool are exactly `expected` (PyTorch's
 /// `checkPoolLiveAllocations`, which CUDA-graph trees call to check that only the outputs
 /// they know of are alive).

@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use super::state::State;
 use crate::allocator::PoolRestore;
 use crate::backend::{DevicePtr, MemoryBackend};
+use crate::caching::private_pools::checkpoint_blocks;
 use crate::error::AllocError;
 use crate::ids::MempoolId;
 
@@ -50,15 +51,8 @@ impl<E> State<E> {
         let bad = |what: String| AllocError::BadCheckpoint { id, what };
         // Each block of the checkpoint, with the arena whose reservation holds it.
         let mut want: Vec<(u64, u64, usize)> = Vec::with_capacity(live.len());
-        for &(DevicePtr(addr), size) in live {
-            let end = addr
-                .checked_add(size)
-                .filter(|_| size > 0 && size % 512 == 0)
-                .ok_or_else(|| {
-                    bad(format!(
-                        "block {addr:#x} has size {size}: sizes are positive multiples of 512"
-                    ))
-                })?;
+        for (addr, size) in checkpoint_blocks(id, live)? {
+            let end = addr + size;
             let arena = (0..self.arenas.len()).find(|&i| {
                 let a = &self.arenas[i];
                 a.pair == pair
@@ -78,13 +72,6 @@ impl<E> State<E> {
                 )));
             }
             want.push((addr, size, ai));
-        }
-        want.sort_unstable_by_key(|w| w.0);
-        if let Some(w) = want.windows(2).find(|w| w[0].0 + w[0].1 > w[1].0) {
-            return Err(bad(format!(
-                "blocks {:#x} ({} bytes) and {:#x} overlap",
-                w[0].0, w[0].1, w[1].0
-            )));
         }
 
         self.sync_pending(backend)?;

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::backend::SegmentSource;
 use crate::error::AllocError;
 use crate::host::BackupMemory;
 use crate::ids::{DevicePtr, MempoolId, StreamFilter, StreamId};
@@ -249,6 +250,31 @@ pub trait DeviceAllocator: Send + Sync {
         Err(lacks_private_pools(self.policy_name()))
     }
 
+    /// Creates private pool `id`, with one use, whose segments come from `source` instead of
+    /// the device's backend (PyTorch's `createOrIncrefPool` with an allocator, from
+    /// `torch.cuda.MemPool(allocator=...)`; `Note [Pools with their own allocator]` in
+    /// [`crate::backend`]). The pool is used, released and emptied like any other; each of its
+    /// segments goes back to `source` when released, and `source` is dropped once the pool
+    /// is forgotten.
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] for `(0, 0)` or a pool that exists already;
+    /// [`AllocError::PolicyLacks`] from a policy whose pools cannot take segments from an
+    /// allocator (`expandable`, as PyTorch's expandable segments; `paged`) or that has no
+    /// private pools.
+    fn create_pool_with_source(
+        &self,
+        id: MempoolId,
+        source: Arc<dyn SegmentSource>,
+    ) -> Result<(), AllocError> {
+        let _ = (id, source);
+        Err(lacks_pool_sources(
+            self.policy_name(),
+            "use the \"pytorch\" policy, whose pools take their segments from the allocator \
+             given, or create the MemPool without an allocator",
+        ))
+    }
+
     /// Serves every request on a stream `filter` accepts from private pool `id` (created if
     /// new, else one more use) until [`DeviceAllocator::end_allocate_to_pool`] (PyTorch's
     /// `beginAllocateToPool`: CUDA-graph capture, `torch.cuda.use_mem_pool`).
@@ -470,6 +496,16 @@ fn lacks_private_pools(policy: &str) -> AllocError {
         policy: policy.to_owned(),
         instead: "use one of berth's policies (\"pytorch\", \"expandable\", \"paged\"), which \
                   have them",
+    }
+}
+
+/// The error of a policy whose pools cannot take their segments from an allocator of their
+/// own; `instead` says what to do.
+pub(crate) fn lacks_pool_sources(policy: &str, instead: &'static str) -> AllocError {
+    AllocError::PolicyLacks {
+        feature: "a torch.cuda.MemPool with an allocator of its own (MemPool(allocator=...))",
+        policy: policy.to_owned(),
+        instead,
     }
 }
 

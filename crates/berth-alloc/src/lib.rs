@@ -92,7 +92,8 @@ pub mod warnings;
 
 pub use allocator::{Allocation, AllocationOwner, DeviceAllocator, OomObserver, PoolRestore};
 pub use backend::{
-    CopyTicket, DevicePtr, DeviceStream, MemInfo, MemoryBackend, StreamId, VirtualMemoryBackend,
+    CopyTicket, DevicePtr, DeviceStream, MemInfo, MemoryBackend, SegmentSource, StreamId,
+    VirtualMemoryBackend,
 };
 pub use config::AllocatorConfig;
 pub use error::{AllocError, BackendError, ConfigError, OomHint, PolicyError};

@@ -22,6 +22,7 @@ mod pickle_bad_input;
 mod policy;
 mod pool_checkpoint;
 mod pool_settings;
+mod pool_source;
 mod private_pools;
 mod private_pools_paged;
 mod recorded;

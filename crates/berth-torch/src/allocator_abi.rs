@@ -17,7 +17,8 @@ use crate::abi::guarded;
 use crate::install::{self, HookError};
 use berth_alloc::snapshot::SegmentType;
 use berth_alloc::{
-    AllocError, BlockState, DeviceAllocator, DevicePtr, MemorySnapshot, StreamFilter, StreamId,
+    AllocError, BlockState, DeviceAllocator, DevicePtr, MemorySnapshot, SegmentSource,
+    StreamFilter, StreamId,
 };
 use berth_cuda::memory;
 use std::collections::HashSet;
@@ -389,6 +390,77 @@ impl Drop for ForeignFilter {
 pub extern "C" fn berth_torch_create_or_incref_pool(device: c_int, id0: u64, id1: u64) -> c_int {
     status(guarded(|| {
         on_device(device, |a| a.create_or_incref_pool((id0, id1)))
+    }))
+}
+
+/// A pool's own allocator from C++ (`torch.cuda.MemPool(allocator=...)`): `alloc(ctx, bytes)`
+/// returns a device address or 0 for no memory, `free(ctx, address)` gives one back,
+/// `drop(ctx)` runs when berth lets go of it.
+struct ForeignSource {
+    ctx: *mut c_void,
+    alloc: unsafe extern "C" fn(*mut c_void, u64) -> u64,
+    free: unsafe extern "C" fn(*mut c_void, u64),
+    drop: Option<unsafe extern "C" fn(*mut c_void)>,
+}
+
+// SAFETY: the caller of `berth_torch_create_pool_with_allocator` promises that `alloc` and
+// `free` may run on any thread and `drop` once on any thread.
+unsafe impl Send for ForeignSource {}
+// SAFETY: as above; the C++ side's allocator does its own locking (PyTorch's allocators do).
+unsafe impl Sync for ForeignSource {}
+
+impl SegmentSource for ForeignSource {
+    fn alloc(&self, bytes: usize) -> Option<DevicePtr> {
+        // SAFETY: the caller of `berth_torch_create_pool_with_allocator` promised `alloc` is
+        // callable with `ctx` until `drop` runs, which is after the last call (this is `&self`).
+        let ptr = unsafe { (self.alloc)(self.ctx, bytes as u64) };
+        (ptr != 0).then_some(DevicePtr(ptr))
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr) {
+        // SAFETY: as for `alloc`; `ptr` came from it (the trait's contract).
+        unsafe { (self.free)(self.ctx, ptr.0) }
+    }
+}
+
+impl Drop for ForeignSource {
+    fn drop(&mut self) {
+        if let Some(d) = self.drop {
+            // SAFETY: the caller's contract: `drop` releases `ctx` once.
+            unsafe { d(self.ctx) };
+        }
+    }
+}
+
+/// `createOrIncrefPool` with an allocator of the pool's own (`torch.cuda.MemPool(allocator=...)`):
+/// creates pool `(id0, id1)` on `device` with one use, its segments taken from
+/// `alloc(ctx, bytes)` (a device address, or 0 for no memory) and given back through
+/// `free(ctx, address)`. `drop_ctx(ctx)` (if not null) runs once when berth lets go of the
+/// allocator: when the pool is forgotten, or at once when this call fails. Returns 0, or -1:
+/// the pool exists already, or the policy cannot take segments from an allocator
+/// (`expandable`, `paged`; the error says what to do instead).
+///
+/// # Safety
+/// `alloc` and `free` are callable with `ctx` from any thread, and `drop_ctx` null or callable
+/// once, until `drop_ctx` runs.
+#[no_mangle]
+pub unsafe extern "C" fn berth_torch_create_pool_with_allocator(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    alloc: unsafe extern "C" fn(*mut c_void, u64) -> u64,
+    free: unsafe extern "C" fn(*mut c_void, u64),
+    ctx: *mut c_void,
+    drop_ctx: Option<unsafe extern "C" fn(*mut c_void)>,
+) -> c_int {
+    let source = Arc::new(ForeignSource {
+        ctx,
+        alloc,
+        free,
+        drop: drop_ctx,
+    });
+    status(guarded(move || {
+        on_device(device, |a| a.create_pool_with_source((id0, id1), source))
     }))
 }
 

@@ -9,11 +9,13 @@
 //! Implementations: [`sim::SimBackend`] (a simulated device, first-class, used by every test and by
 //! `berth replay`), the adaptors of [`crate::adaptor`] and, outside this crate, the CUDA backend.
 
+mod segment_source;
 pub mod sim;
 mod sim_bytes;
 
 use crate::error::BackendError;
 pub use crate::ids::{DevicePtr, DeviceStream, MemInfo, StreamId};
+pub use segment_source::SegmentSource;
 
 // Note [Fences and events]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~

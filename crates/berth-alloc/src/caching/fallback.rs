@@ -7,6 +7,7 @@ use crate::sync::SpinGuard;
 use super::state::{backend_err, State};
 use super::Shared;
 use crate::backend::{MemoryBackend, StreamId};
+use crate::error::BackendError;
 use crate::error::AllocError;
 use crate::snapshot::TraceAction;
 
@@ -99,14 +100,25 @@ impl<B: MemoryBackend> Shared<B> {
                 return Ok((st, None));
             }
         }
-        if st.cfg.expandable_segments {
+        // A pool with an allocator of its own takes its segments from it, never expandable
+        // (`Note [Pools with their own allocator]`).
+        let source = st.private.source(r.pool / 2).cloned();
+        if source.is_none() && st.cfg.expandable_segments {
             let found =
                 st.try_allocate_expandable_block(&self.backend, r.stream, r.pool, r.size)?;
             return Ok((st, found));
         }
         st.inflight += r.alloc_size;
         drop(st);
-        let result = self.backend.malloc(r.alloc_size as usize, r.stream);
+        let result = match &source {
+            Some(source) => source
+                .alloc(r.alloc_size as usize)
+                .ok_or(BackendError::OutOfMemory {
+                    op: "MemPool allocator",
+                    bytes: r.alloc_size,
+                }),
+            None => self.backend.malloc(r.alloc_size as usize, r.stream),
+        };
         let mut st = self.lock();
         st.inflight -= r.alloc_size;
         match result {

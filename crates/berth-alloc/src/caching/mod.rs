@@ -31,7 +31,7 @@ use crate::sync::{Arc, SpinGuard, SpinMutex};
 use self::fallback::Request;
 use self::state::State;
 use crate::allocator::{Allocation, AllocationOwner, DeviceAllocator};
-use crate::backend::{DevicePtr, MemoryBackend, StreamId};
+use crate::backend::{DevicePtr, MemoryBackend, SegmentSource, StreamId};
 use crate::config::AllocatorConfig;
 use crate::error::AllocError;
 use crate::ids::{MempoolId, StreamFilter};
@@ -303,6 +303,25 @@ impl<B: MemoryBackend> DeviceAllocator for CachingAllocator<B> {
         if new {
             st.add_pool_pair(pair);
         }
+        Ok(())
+    }
+
+    fn create_pool_with_source(
+        &self,
+        id: MempoolId,
+        source: Arc<dyn SegmentSource>,
+    ) -> Result<(), AllocError> {
+        let mut st = self.shared.lock();
+        if st.cfg.expandable_segments {
+            return Err(crate::allocator::lacks_pool_sources(
+                self.policy_name(),
+                "PyTorch's expandable segments refuse it too (\"MemPool doesn't currently \
+                 support expandable_segments\"); use the \"pytorch\" policy for a program with \
+                 such a pool",
+            ));
+        }
+        let pair = st.private.create_with_source(id, source)?;
+        st.add_pool_pair(pair);
         Ok(())
     }
 

@@ -30,9 +30,15 @@
 //! *no-split* pool never cuts a block, so each allocation takes a whole free block of the pool
 //! (a whole segment when it is new), as memory registered with NCCL or shared as symmetric
 //! memory must be. `paged` has use-on-OOM pools and no no-split ones (it has no segments).
+//!
+//! A pool may also take its segments from an allocator of its own
+//! (`torch.cuda.MemPool(allocator=...)`; `Note [Pools with their own allocator]` in
+//! [`crate::backend`]).
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
+use crate::backend::SegmentSource;
 use crate::error::AllocError;
 use crate::ids::{DevicePtr, MempoolId, StreamFilter, StreamId};
 
@@ -44,7 +50,6 @@ pub(crate) fn pool_index(pair: u16, small: bool) -> u16 {
 }
 
 /// One private pool's bookkeeping.
-#[derive(Debug)]
 pub(crate) struct PrivatePool {
     pub id: MempoolId,
     /// Graphs, `MemPool`s and allocation windows using it.
@@ -57,6 +62,21 @@ pub(crate) struct PrivatePool {
     pub use_on_oom: bool,
     /// Never cuts a block (`setNoSplit`).
     pub no_split: bool,
+    /// Where its segments come from when not from the backend (`MemPool(allocator=...)`).
+    pub source: Option<Arc<dyn SegmentSource>>,
+}
+
+impl std::fmt::Debug for PrivatePool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrivatePool")
+            .field("id", &self.id)
+            .field("use_count", &self.use_count)
+            .field("segments", &self.segments)
+            .field("use_on_oom", &self.use_on_oom)
+            .field("no_split", &self.no_split)
+            .field("own_allocator", &self.source.is_some())
+            .finish()
+    }
 }
 
 /// A pool being allocated to.
@@ -150,12 +170,50 @@ impl PrivatePools {
             p.use_count += 1;
             return Ok((pair, false));
         }
+        self.insert(id, None).map(|pair| (pair, true))
+    }
+
+    /// Creates pool `id` with a use count of 1 whose segments come from `source`
+    /// (`Note [Pools with their own allocator]`). Returns its pair (the caller adds its two
+    /// block pools).
+    ///
+    /// # Errors
+    /// [`AllocError::NoSuchPool`] for `(0, 0)` or a pool that exists already (a pool's
+    /// allocator is given when it is created); [`AllocError::TooManyPools`] past 32767 pools.
+    pub fn create_with_source(
+        &mut self,
+        id: MempoolId,
+        source: Arc<dyn SegmentSource>,
+    ) -> Result<u16, AllocError> {
+        if id == (0, 0) {
+            return Err(no_pool(
+                id,
+                "create a private pool: (0, 0) is the general pool",
+            ));
+        }
+        if self.pair_of(id).is_some() {
+            return Err(no_pool(
+                id,
+                "give it an allocator of its own: it exists already, and a pool's allocator \
+                 is given when the pool is created (torch.cuda.MemPool(allocator=...))",
+            ));
+        }
+        self.insert(id, Some(source))
+    }
+
+    /// Adds pool `id` with one use in a free slot; returns its pair.
+    fn insert(
+        &mut self,
+        id: MempoolId,
+        source: Option<Arc<dyn SegmentSource>>,
+    ) -> Result<u16, AllocError> {
         let pool = Some(PrivatePool {
             id,
             use_count: 1,
             segments: 0,
             use_on_oom: false,
             no_split: false,
+            source,
         });
         let k = match self.pools.iter().position(Option::is_none) {
             Some(k) => {
@@ -168,7 +226,14 @@ impl PrivatePools {
             }
             None => return Err(AllocError::TooManyPools),
         };
-        Ok((k as u16 + 1, true))
+        Ok(k as u16 + 1)
+    }
+
+    /// The allocator of pool pair `pair`'s own, if it has one (none for the general pair).
+    #[inline]
+    pub fn source(&self, pair: u16) -> Option<&Arc<dyn SegmentSource>> {
+        let k = usize::from(pair).checked_sub(1)?;
+        self.pools.get(k)?.as_ref()?.source.as_ref()
     }
 
     /// Starts serving requests on the streams `filter` accepts from pool `id` (created if

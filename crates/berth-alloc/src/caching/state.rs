@@ -430,10 +430,15 @@ impl<E> State<E> {
             debug_assert!(!b.is_split() && !b.is_expandable() && b.is_reusable());
             (b.ptr, b.size, b.stream, b.small, b.pool)
         };
-        // SAFETY: the segment came from `backend.malloc` with this size, is entirely free, and
-        // has no pending events, so no queued work uses it.
-        unsafe { backend.free(DevicePtr(ptr), size as usize, stream) }
-            .map_err(backend_err(stream))?;
+        match self.private.source(pool / 2) {
+            // SAFETY: the segment came from this pool's source (`alloc_block`), is entirely
+            // free and has no pending events, so no queued work uses it.
+            Some(source) => unsafe { source.free(DevicePtr(ptr)) },
+            // SAFETY: the segment came from `backend.malloc` with this size, is entirely free,
+            // and has no pending events, so no queued work uses it.
+            None => unsafe { backend.free(DevicePtr(ptr), size as usize, stream) }
+                .map_err(backend_err(stream))?,
+        }
         self.pool_remove(i);
         self.blocks.remove(i);
         self.stats.num_device_free += 1;

@@ -528,6 +528,20 @@ impl<B: MemoryBackend> DeviceAllocator for PagedBestFit<B> {
         self.shared.lock().create_or_incref_pool(id)
     }
 
+    fn create_pool_with_source(
+        &self,
+        id: MempoolId,
+        source: std::sync::Arc<dyn crate::backend::SegmentSource>,
+    ) -> Result<(), AllocError> {
+        let _ = (id, source);
+        Err(crate::allocator::lacks_pool_sources(
+            "paged",
+            "paged maps its own pages into one reserved range and has no segments to take \
+             from an allocator; for sleep and wake (what vLLM's MemPool allocator is for) use \
+             paged's own (berth_torch.region, sleep, wake), else use the \"pytorch\" policy",
+        ))
+    }
+
     fn begin_allocate_to_pool(
         &self,
         id: MempoolId,

@@ -13,10 +13,12 @@ ALLOC: default (PyTorch's own allocator; berth_torch is not imported), berth:pyt
        `import torch`).
 
 Prints exactly one JSON line last on stdout:
-    {"check": ..., "allocator": ..., "verdict": "pass" | "fail" | "skip", "detail": ...}
-detail: a short measured value for a pass, the reason for a skip, and for a fail the failing
-step and exception on the first line, then the traceback's tail. Exit status 0 on pass or skip,
-1 on fail. Without a CUDA device every check is a skip ("no CUDA device").
+    {"check": ..., "allocator": ..., "verdict": "pass" | "fail" | "skip" | "refused",
+     "detail": ...}
+detail: a short measured value for a pass, the reason for a skip, the policy's reason and what
+to do instead for a refusal (where that is the policy's documented answer), and for a fail the
+failing step and exception on the first line, then the traceback's tail. Exit status 0 on pass,
+skip or refused, 1 on fail. Without a CUDA device every check is a skip ("no CUDA device").
 """
 import argparse
 import contextlib
@@ -35,42 +37,10 @@ import traceback
 # below use this module-level name once run() has set it.
 torch = None
 
+from harness import (
+    CHECKS, GiB, MiB, Refused, Skip, _STEP, check, cuda, driver_used_bytes, expect, step)
+
 ALLOCATORS = ("default", "berth:pytorch", "berth:expandable", "berth:paged")
-MiB = 1 << 20
-GiB = 1 << 30
-CHECKS = {}
-_STEP = ["start"]  # the step a check is in; a fail names it on its first line
-
-
-class Skip(Exception):
-    """The check cannot run here (a missing optional package, an API this torch lacks)."""
-
-
-def check(fn):
-    """Registers a check under its function name, without the `check_` prefix."""
-    CHECKS[fn.__name__[len("check_"):]] = fn
-    return fn
-
-
-def step(name):
-    """Marks the step a check is in, so a failure says where it happened."""
-    _STEP[0] = name
-
-
-def expect(cond, msg):
-    """assert that also runs under `python -O`."""
-    if not cond:
-        raise AssertionError(msg)
-
-
-def cuda():
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-def driver_used_bytes():
-    """Bytes in use on the device as the driver counts them (every process, every allocator)."""
-    free, total = torch.cuda.mem_get_info()
-    return total - free
 
 
 def oom_type():
@@ -256,99 +226,8 @@ def check_compile_reduce_overhead_new_shapes(alloc):
             f"eager (max abs err {worst:.2g})")
 
 
-@check
-def check_mempool_use_on_oom(alloc):
-    """torch.cuda.MemPool(use_on_oom=True): with the memory fraction leaving no room for new
-    memory, a request outside the pool is served from the pool's cached free memory instead of
-    raising torch.OutOfMemoryError."""
-    import inspect
-    if not hasattr(torch.cuda, "MemPool") or "use_on_oom" not in inspect.signature(
-            torch.cuda.MemPool.__init__).parameters:
-        raise Skip("this PyTorch's MemPool has no use_on_oom")
-    mib = 1 << 20
-    step("MemPool(use_on_oom=True), 64 MiB used in it and freed")
-    pool = torch.cuda.MemPool(use_on_oom=True)
-    with torch.cuda.use_mem_pool(pool):
-        t = torch.empty(64 * mib, dtype=torch.uint8, device=cuda())
-    del t
-    torch.cuda.synchronize()
-    total = torch.cuda.get_device_properties(0).total_memory
-    reserved = torch.cuda.memory_reserved()
-    ooms = torch.cuda.memory_stats().get("num_ooms", 0)
-    step("memory fraction leaving 4 MiB, then a 32 MiB request outside the pool")
-    torch.cuda.set_per_process_memory_fraction((reserved + 4 * mib) / total)
-    try:
-        x = torch.empty(32 * mib, dtype=torch.uint8, device=cuda())
-        x.fill_(7)
-        torch.cuda.synchronize()
-        grown = torch.cuda.memory_reserved() - reserved
-        expect(grown == 0, f"reserved memory grew by {grown} bytes: the pool did not lend")
-        expect(torch.cuda.memory_stats().get("num_ooms", 0) == ooms,
-               "an out-of-memory was counted though the pool served the request")
-        del x
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
-    return "a 32 MiB request past the memory fraction was served from the pool's cached memory"
-
-
-@check
-def check_mempool(alloc):
-    if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
-        raise Skip(f"torch {torch.__version__} has no torch.cuda.MemPool / use_mem_pool")
-    dev = cuda()
-    torch.ones(1, device=dev)  # start CUDA (the context's own memory) before the baseline
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    used0 = driver_used_bytes()
-    step("MemPool()")
-    pool = torch.cuda.MemPool()
-    sizes = (1 * MiB, 4 * MiB, 96 * MiB)
-    step("allocate in the pool")
-    with torch.cuda.use_mem_pool(pool):
-        ts = [torch.full((n,), k + 1, dtype=torch.uint8, device=dev) for k, n in enumerate(sizes)]
-    ranges = [(t.data_ptr(), t.data_ptr() + t.numel()) for t in ts]
-    count = None
-    if hasattr(pool, "use_count"):
-        step("pool.use_count()")
-        count = pool.use_count()
-        expect(count >= 1, f"pool.use_count() is {count} while the pool is alive")
-    seg_note = "no pool snapshot in this torch"
-    if hasattr(pool, "snapshot"):
-        step("pool.snapshot()")
-        segs = pool.snapshot()
-        expect(len(segs) > 0, "pool.snapshot() lists no segments while tensors live in it")
-        for s in segs:
-            expect(tuple(s.get("segment_pool_id", ())) == tuple(pool.id),
-                   f"pool.snapshot() lists a segment of pool {s.get('segment_pool_id')}, "
-                   f"not {tuple(pool.id)}")
-        for lo, hi in ranges:
-            expect(any(s["address"] <= lo and hi <= s["address"] + s["total_size"] for s in segs),
-                   "a tensor allocated in the pool is not inside the pool's segments")
-        seg_note = f"{len(segs)} pool segments"
-    # The pool is private: while it lives, its freed blocks must not serve allocations made
-    # outside it (CUDA graphs depend on this).
-    step("allocate outside the pool")
-    del ts
-    outside = [torch.full((n,), 9, dtype=torch.uint8, device=dev) for n in sizes]
-    for t in outside:
-        lo, hi = t.data_ptr(), t.data_ptr() + t.numel()
-        expect(not any(lo < b and a < hi for a, b in ranges),
-               "an allocation outside the pool reused a block of the live pool")
-    step("allocate in the pool again")
-    with torch.cuda.use_mem_pool(pool):
-        again = torch.full((sizes[-1],), 5, dtype=torch.uint8, device=dev)
-    expect(int(again.sum()) == 5 * sizes[-1], "a pool tensor does not hold its values")
-    for t in outside:
-        expect(bool((t == 9).all()), "a tensor outside the pool was overwritten")
-    step("release the pool")
-    del again, outside, pool, t  # t: the loop variable still holds the last outside tensor
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    used = driver_used_bytes() - used0
-    expect(used < 32 * MiB,
-           f"{used / MiB:.0f} MiB still used at the driver after the pool was deleted and "
-           "empty_cache ran (the pool held 101 MiB)")
-    return f"use_count {count}, {seg_note}, pool private, released ({used / MiB:+.0f} MiB)"
+# The MemPool checks (their own file, registered here so the table keeps its order).
+import pool_checks  # noqa: E402,F401
 
 
 @check
@@ -814,6 +693,8 @@ def run(alloc, name):
                 berth.check_errors()
     except Skip as e:
         return "skip", str(e)
+    except Refused as e:
+        return "refused", str(e)
     except BaseException as e:  # noqa: BLE001 - every failure becomes a verdict
         if isinstance(e, KeyboardInterrupt):
             raise

@@ -11,7 +11,8 @@ allocators alike. A run past --timeout (default 120 s) is a fail "timed out".
 Writes DIR/compat.jsonl (one record per pair: the check's JSON line, with the verdict and detail
 the table shows, plus wall_s and rc) and DIR/logs/CHECK.ALLOCATOR.{out,err}; prints the table
 (one row per check, one column per allocator) and "N of M berth cells pass where default
-passes" on stdout, progress on stderr. train_losses passes under a berth allocator only if its
+passes" on stdout, progress on stderr. A cell "refused" is a policy's documented refusal,
+checked to say why and what to do instead; it is not counted as a failure. train_losses passes under a berth allocator only if its
 losses equal default's (allclose, rtol 1e-5): an allocator must not change numerics.
 
 Allocators: --allocators, else env BERTH_TORCH_ALLOCATORS (comma or space separated), else
@@ -188,6 +189,8 @@ def cell(rec):
         return "pass"
     if rec["verdict"] == "skip":
         return "skip: " + short(rec["detail"])
+    if rec["verdict"] == "refused":
+        return "refused: " + short(rec["detail"], 160)
     return "FAIL: " + short(rec["detail"])
 
 
@@ -204,7 +207,10 @@ def table(records, checks, allocators):
              if by.get((c, "default"), {}).get("verdict") == "pass"]
     n = sum(by.get(k, {}).get("verdict") == "pass" for k in where)
     failed = sum(by.get(k, {}).get("verdict") == "fail" for k in where)
+    refused = sum(by.get(k, {}).get("verdict") == "refused" for k in where)
     tail = f"{n} of {len(where)} berth cells pass where default passes"
+    if refused:
+        tail += f"; {refused} refused by their policy, saying why and what to do instead"
     if "default" not in allocators:
         tail += " (default was not run)"
     return "\n".join(lines), tail, failed > 0

@@ -66,7 +66,10 @@ def test_compat(check, alloc):
     rec = _run(check, alloc)
     if rec["verdict"] == "skip":
         pytest.skip(rec["detail"])
-    assert rec["verdict"] == "pass", f"{check} under {alloc}: {rec['detail']}"
+    # A berth policy's documented refusal (checked to say why and what to do instead) is its
+    # answer; PyTorch's default never refuses.
+    ok = ("pass",) if alloc == "default" else ("pass", "refused")
+    assert rec["verdict"] in ok, f"{check} under {alloc}: {rec['verdict']}: {rec['detail']}"
     if check == "train_losses" and alloc != "default":
         ref = _run(check, "default")
         if ref["verdict"] != "pass":

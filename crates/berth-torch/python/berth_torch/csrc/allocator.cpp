@@ -14,7 +14,8 @@
 // - statistics, snapshots and history from berth's allocator of each device, in PyTorch's
 //   structures, so PyTorch's Python functions and memory_viz work unchanged;
 // - private pools (CUDA graphs, MemPool) through berth's pools; a policy without them raises
-//   with berth's reason;
+//   with berth's reason; a MemPool with an allocator of its own takes its segments from that
+//   allocator (Note [Pools with their own allocator] in berth-alloc);
 // - during a CUDA graph capture, berth's calls run in relaxed capture mode (new segments are
 //   legal) and berth records or queries no event (`Note [Private pools]` in berth-alloc);
 // - out-of-memory as `c10::OutOfMemoryError` (Python: `torch.OutOfMemoryError`), after the
@@ -94,6 +95,8 @@ struct Abi {
   int64_t (*largest_cached_block)(int);
   uint64_t (*base_allocation)(void*, uint64_t*);
   int (*create_or_incref_pool)(int, uint64_t, uint64_t);
+  int (*create_pool_with_allocator)(int, uint64_t, uint64_t, uint64_t (*)(void*, uint64_t),
+                                    void (*)(void*, uint64_t), void*, void (*)(void*));
   int (*begin_allocate_to_pool)(int, uint64_t, uint64_t, bool (*)(void*, uint64_t), void*,
                                 void (*)(void*));
   int (*end_allocate_to_pool)(int, uint64_t, uint64_t);
@@ -137,6 +140,7 @@ void load_abi(const std::string& path) {
   bind(lib, abi.largest_cached_block, "berth_torch_largest_cached_block");
   bind(lib, abi.base_allocation, "berth_torch_base_allocation");
   bind(lib, abi.create_or_incref_pool, "berth_torch_create_or_incref_pool");
+  bind(lib, abi.create_pool_with_allocator, "berth_torch_create_pool_with_allocator");
   bind(lib, abi.begin_allocate_to_pool, "berth_torch_begin_allocate_to_pool");
   bind(lib, abi.end_allocate_to_pool, "berth_torch_end_allocate_to_pool");
   bind(lib, abi.release_pool, "berth_torch_release_pool");
@@ -288,6 +292,34 @@ bool call_filter(void* ctx, uint64_t stream) {
 
 void drop_filter(void* ctx) {
   delete static_cast<StreamFilterFn*>(ctx);
+}
+
+// A MemPool's own allocator, held by berth for the pool's life: berth takes the pool's
+// segments from raw_alloc and gives them back through raw_delete. An exception must not cross
+// into berth: a failed allocation is no memory (berth's out-of-memory path follows), a failed
+// free is said once.
+using PoolAllocator = std::shared_ptr<cca::CUDAAllocator>;
+
+uint64_t pool_allocator_alloc(void* ctx, uint64_t bytes) {
+  try {
+    return reinterpret_cast<uint64_t>((*static_cast<PoolAllocator*>(ctx))->raw_alloc(bytes));
+  } catch (const std::exception& e) {
+    TORCH_WARN_ONCE("berth: a MemPool's own allocator failed to allocate ", bytes,
+                    " bytes; taken as out of memory: ", e.what());
+    return 0;
+  }
+}
+
+void pool_allocator_free(void* ctx, uint64_t ptr) {
+  try {
+    (*static_cast<PoolAllocator*>(ctx))->raw_delete(reinterpret_cast<void*>(ptr));
+  } catch (const std::exception& e) {
+    TORCH_WARN_ONCE("berth: a MemPool's own allocator failed to free ", ptr, ": ", e.what());
+  }
+}
+
+void pool_allocator_drop(void* ctx) {
+  delete static_cast<PoolAllocator*>(ctx);
 }
 
 // What getCheckpointState hands CUDA-graph trees: the pool and its allocated blocks then
@@ -452,9 +484,14 @@ class BerthAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggable
 
   void createOrIncrefPool(c10::DeviceIndex device, MempoolId pool,
                           std::shared_ptr<cca::CUDAAllocator> allocator = nullptr) override {
-    TORCH_CHECK(allocator == nullptr || allocator.get() == this,
-                "berth: a torch.cuda.MemPool with its own allocator is not supported under "
-                "berth's allocator; create the MemPool without an allocator argument");
+    if (allocator != nullptr && allocator.get() != this) {
+      // berth_torch_create_pool_with_allocator drops the copy itself when it fails.
+      check(abi.create_pool_with_allocator(device, pool.first, pool.second,
+                                           pool_allocator_alloc, pool_allocator_free,
+                                           new PoolAllocator(std::move(allocator)),
+                                           pool_allocator_drop));
+      return;
+    }
     check(abi.create_or_incref_pool(device, pool.first, pool.second));
   }
 

@@ -55,7 +55,10 @@ impl SegmentSource for OwnAllocator {
     fn alloc(&self, bytes: usize) -> Option<DevicePtr> {
         let mut st = self.st.lock().unwrap();
         let bytes = bytes as u64;
-        assert!(bytes >= 512 && bytes % 512 == 0, "asked for {bytes} bytes");
+        assert!(
+            bytes >= 512 && bytes.is_multiple_of(512),
+            "asked for {bytes} bytes"
+        );
         if st.live.values().sum::<u64>() + bytes > self.capacity {
             return None;
         }
@@ -68,7 +71,10 @@ impl SegmentSource for OwnAllocator {
 
     unsafe fn free(&self, ptr: DevicePtr) {
         let mut st = self.st.lock().unwrap();
-        assert!(st.live.remove(&ptr.0).is_some(), "{ptr} freed twice or never allocated");
+        assert!(
+            st.live.remove(&ptr.0).is_some(),
+            "{ptr} freed twice or never allocated"
+        );
         st.frees += 1;
     }
 }
@@ -131,7 +137,11 @@ fn a_pool_with_its_own_allocator_takes_its_segments_from_it_and_gives_them_back(
     assert_eq!(u.sim.used_bytes(), 0);
     assert_eq!(a.stats().memory_reserved(), 0);
     assert_eq!(a.stats().num_device_free, 3);
-    assert_eq!(Arc::strong_count(&own), 1, "the allocator is dropped with the pool");
+    assert_eq!(
+        Arc::strong_count(&own),
+        1,
+        "the allocator is dropped with the pool"
+    );
 }
 
 #[test]
@@ -186,13 +196,20 @@ fn expandable_and_paged_refuse_a_pool_with_its_own_allocator_saying_what_to_do()
             .alloc
             .create_pool_with_source(MEMPOOL, own.clone())
             .unwrap_err();
-        let AllocError::PolicyLacks { feature, instead, .. } = &e else {
+        let AllocError::PolicyLacks {
+            feature, instead, ..
+        } = &e
+        else {
             panic!("{policy}: {e:?}");
         };
         assert!(feature.contains("MemPool(allocator=...)"), "{policy}: {e}");
         assert!(instead.contains("\"pytorch\" policy"), "{policy}: {e}");
         assert_eq!(u.alloc.pool_use_count(MEMPOOL), 0, "{policy}: no pool made");
-        assert_eq!(Arc::strong_count(&own), 1, "{policy}: the allocator is not kept");
+        assert_eq!(
+            Arc::strong_count(&own),
+            1,
+            "{policy}: the allocator is not kept"
+        );
     }
     // expandable names PyTorch's own refusal; paged names its own sleep mode.
     let e = Under::new("expandable", 64 * MIB)

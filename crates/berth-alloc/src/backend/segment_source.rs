@@ -12,8 +12,8 @@
 //! free segments of freeable pools are returned and the request is tried again, then
 //! out-of-memory. The memory-fraction cap counts these segments too.
 //!
-//! Where it cannot apply: with expandable segments PyTorch refuses such a pool ("MemPool
-//! doesn't currently support expandable_segments"), and so does berth's `expandable`, at the
+//! Where it cannot apply: with expandable segments PyTorch refuses such a pool (`"MemPool
+//! doesn't currently support expandable_segments"`), and so does berth's `expandable`, at the
 //! pool's creation rather than at its first allocation; `paged` maps its own physical pages
 //! into one reserved range and has no segments to take from an allocator, so it refuses too
 //! and names its own sleep mode (`crate::tags`), which is what vLLM's allocator is for.

@@ -7,8 +7,8 @@ use crate::sync::SpinGuard;
 use super::state::{backend_err, State};
 use super::Shared;
 use crate::backend::{MemoryBackend, StreamId};
-use crate::error::BackendError;
 use crate::error::AllocError;
+use crate::error::BackendError;
 use crate::snapshot::TraceAction;
 
 /// One request on its way through the fallback.

@@ -86,14 +86,7 @@ fn a_mempool_with_its_own_allocator_through_the_c_functions() {
     // with torch.cuda.use_mem_pool(pool): every stream (a null filter).
     // SAFETY: a null filter and context.
     let began = unsafe {
-        berth_torch_begin_allocate_to_pool(
-            0,
-            POOL.0,
-            POOL.1,
-            None,
-            std::ptr::null_mut(),
-            None,
-        )
+        berth_torch_begin_allocate_to_pool(0, POOL.0, POOL.1, None, std::ptr::null_mut(), None)
     };
     assert_eq!(began, 0);
     let ptr = berth_torch_try_alloc(3 * MIB, 0, std::ptr::null_mut());
@@ -106,7 +99,11 @@ fn a_mempool_with_its_own_allocator_through_the_c_functions() {
         )
     };
     assert_eq!((allocs, live), (1, 20 * MIB as u64), "one 20 MiB segment");
-    assert_eq!(ptr as u64, 1 << 36, "the block is at the start of the pool's segment");
+    assert_eq!(
+        ptr as u64,
+        1 << 36,
+        "the block is at the start of the pool's segment"
+    );
     berth_torch_free(ptr, 3 * MIB, 0, std::ptr::null_mut());
     assert_eq!(berth_torch_end_allocate_to_pool(0, POOL.0, POOL.1), 0);
     // A second creation of the same pool with an allocator fails and drops its context.
@@ -119,6 +116,14 @@ fn a_mempool_with_its_own_allocator_through_the_c_functions() {
     assert_eq!(unsafe { (*own).frees.load(Ordering::SeqCst) }, 0);
     assert_eq!(berth_torch_release_pool(0, POOL.0, POOL.1), 0);
     assert_eq!(berth_torch_empty_pool_cache(0, POOL.0, POOL.1), 0);
-    assert_eq!(FREES.load(Ordering::SeqCst), 1, "the segment went back to the pool's allocator");
-    assert_eq!(DROPS.load(Ordering::SeqCst), 3, "dropped once the pool is forgotten");
+    assert_eq!(
+        FREES.load(Ordering::SeqCst),
+        1,
+        "the segment went back to the pool's allocator"
+    );
+    assert_eq!(
+        DROPS.load(Ordering::SeqCst),
+        3,
+        "dropped once the pool is forgotten"
+    );
 }

@@ -4,9 +4,13 @@
 //! and say what to do instead.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
 
-use berth_alloc::{AllocError, DevicePtr, SegmentSource};
+use berth_alloc::backend::sim::SimBackend;
+use berth_alloc::caching::CachingAllocator;
+use berth_alloc::{AllocError, DeviceAllocator, DevicePtr, SegmentSource};
 
 use crate::private_pools::{only, segment_pools, Under, MEMPOOL, S0};
 use crate::util::MIB;
@@ -242,4 +246,111 @@ fn an_allocator_is_given_to_a_new_pool_only() {
     a.create_pool_with_source(other, own.clone()).unwrap();
     a.create_or_incref_pool(other).unwrap();
     assert_eq!(a.pool_use_count(other), 2);
+}
+
+/// A pool allocator that calls back into the allocator it serves on every free, as one that
+/// runs Python (vLLM's) may: a free made with the allocator's lock held would never return.
+struct ReentrantAllocator {
+    inner: Arc<OwnAllocator>,
+    alloc: Mutex<Option<CachingAllocator<Arc<SimBackend>>>>,
+    reentered: AtomicUsize,
+}
+
+impl SegmentSource for ReentrantAllocator {
+    fn alloc(&self, bytes: usize) -> Option<DevicePtr> {
+        self.inner.alloc(bytes)
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr) {
+        if let Some(a) = self.alloc.lock().unwrap().as_ref() {
+            // Takes the allocator's lock, and allocates and frees a small block.
+            let _ = a.stats();
+            let p = a.raw_alloc(512, S0).unwrap();
+            a.raw_delete(p).unwrap();
+            self.reentered.fetch_add(1, Ordering::SeqCst);
+        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.free(ptr) }
+    }
+}
+
+#[test]
+fn a_pool_allocator_is_never_called_with_the_allocators_lock_held() {
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        let sim = Arc::new(SimBackend::new(256 * MIB));
+        let a = CachingAllocator::new(Arc::clone(&sim));
+        let own = Arc::new(ReentrantAllocator {
+            inner: OwnAllocator::new(u64::MAX),
+            alloc: Mutex::new(Some(a.clone())),
+            reentered: AtomicUsize::new(0),
+        });
+        a.create_pool_with_source(MEMPOOL, own.clone()).unwrap();
+        a.begin_allocate_to_pool(MEMPOOL, only(S0)).unwrap();
+        let p = a.raw_alloc(MIB as usize, S0).unwrap();
+        a.raw_delete(p).unwrap();
+        a.end_allocate_to_pool(MEMPOOL).unwrap();
+        a.release_pool(MEMPOOL).unwrap();
+        a.release_pool(MEMPOOL).unwrap();
+        // empty_cache gives the segment back: the allocator's free runs after the lock is
+        // dropped, and lets go of the pool's allocator there too.
+        a.empty_cache().unwrap();
+        let reentered = own.reentered.load(Ordering::SeqCst);
+        let live = own.inner.live_bytes();
+        own.alloc.lock().unwrap().take();
+        done.send((reentered, live)).unwrap();
+    });
+    let (reentered, live) = finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the pool allocator's free deadlocked on the allocator's lock");
+    assert_eq!((reentered, live), (1, 0));
+}
+
+#[test]
+fn out_of_memory_gives_a_freeable_pools_segments_back_to_its_allocator_and_retries() {
+    // The device has room for one 20 MiB segment besides the pool's own memory: the pool's
+    // cached segment is released (to its allocator) when a general request cannot be served,
+    // and borrowed first when the pool lends on out-of-memory.
+    for lend in [false, true] {
+        let u = Under::new("pytorch", 48 * MIB);
+        let a = &*u.alloc;
+        let own = OwnAllocator::new(u64::MAX);
+        a.create_pool_with_source(MEMPOOL, own.clone()).unwrap();
+        a.set_use_on_oom(MEMPOOL, lend).unwrap();
+        a.begin_allocate_to_pool(MEMPOOL, only(S0)).unwrap();
+        let p = a.raw_alloc(20 * MIB as usize, S0).unwrap();
+        a.raw_delete(p).unwrap();
+        a.end_allocate_to_pool(MEMPOOL).unwrap();
+        a.release_pool(MEMPOOL).unwrap();
+        let big = a.raw_alloc(40 * MIB as usize, S0).unwrap();
+        let next = a.raw_alloc(20 * MIB as usize, S0);
+        if lend {
+            // The pool is still alive (one use): its cached block is lent, from its allocator.
+            let next = next.unwrap();
+            assert_eq!(next, p, "lent the pool's block");
+            assert_eq!(own.live_bytes(), 20 * MIB);
+            a.raw_delete(next).unwrap();
+        } else {
+            // Alive pools are not flushed: out-of-memory, and the pool's segment stays.
+            assert!(next.unwrap_err().is_out_of_memory());
+            assert_eq!(own.live_bytes(), 20 * MIB);
+            // Once freeable, the retry after the flush gives it back to its allocator.
+            a.release_pool(MEMPOOL).unwrap();
+            assert_eq!(Arc::strong_count(&own), 2, "held by the pool");
+            let _ = a.raw_alloc(20 * MIB as usize, S0).unwrap_err();
+            assert_eq!(
+                own.live_bytes(),
+                0,
+                "the flush gave it back to the pool's allocator"
+            );
+            assert_eq!(own.calls(), (1, 1));
+            assert_eq!(
+                Arc::strong_count(&own),
+                1,
+                "let go of with the forgotten pool"
+            );
+        }
+        a.raw_delete(big).unwrap();
+        check_accounting(&u, &own);
+    }
 }

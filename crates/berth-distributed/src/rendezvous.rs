@@ -207,7 +207,12 @@ impl Rendezvous {
             if n >= world {
                 return Ok(());
             }
-            self.check_peer_error()?;
+            if let Err(e) = self.check_peer_error() {
+                // Another rank failed first: rank 0 too keeps its store up until the others
+                // have read why, or they would fail with a lost connection instead.
+                self.linger_after_error(n);
+                return Err(e);
+            }
             if start.elapsed() >= self.timeout {
                 let err = self.missing_ranks_error(per_rank, n);
                 self.say_error(&err);
@@ -252,9 +257,10 @@ impl Rendezvous {
 }
 
 impl Rendezvous {
-    /// On rank 0, after a timeout: waits (at most [`ERROR_GRACE`]) until the `arrived` ranks
-    /// other than itself have read the error, so that they fail with it rather than with a
-    /// lost connection when rank 0's store stops.
+    /// On rank 0, after a failed wait (its own timeout, or another rank's error it read):
+    /// waits (at most [`ERROR_GRACE`]) until `arrived - 1` ranks have read the error (every
+    /// rank that arrived but the one that said it), so that they fail with it rather than
+    /// with a lost connection when rank 0's store stops.
     fn linger_after_error(&self, arrived: i64) {
         if self.env.rank != 0 {
             return;

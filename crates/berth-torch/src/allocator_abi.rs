@@ -569,11 +569,29 @@ pub unsafe extern "C" fn berth_torch_check_pool_live_allocations(
 }
 
 /// `emptyCache(mempool_id)`: returns the free cached segments of pool `(id0, id1)` to the
-/// driver (run when a `torch.cuda.MemPool` is destroyed). Returns 0, or -1.
+/// driver (run when a `torch.cuda.MemPool` is destroyed). A negative `device` means every
+/// device that has the pool, as PyTorch's `emptyCache(mempool_id)` walks every device's
+/// allocator (a `MemPool` may be destroyed while another device is current). Returns 0, or -1.
 #[no_mangle]
 pub extern "C" fn berth_torch_empty_pool_cache(device: c_int, id0: u64, id1: u64) -> c_int {
+    if device >= 0 {
+        return status(guarded(|| {
+            on_device(device, |a| a.empty_pool_cache((id0, id1)))
+        }));
+    }
     status(guarded(|| {
-        on_device(device, |a| a.empty_pool_cache((id0, id1)))
+        install::installed()?;
+        for (d, _) in memory::built_allocators() {
+            let d = d as c_int;
+            match on_device(d, |a| a.empty_pool_cache((id0, id1))) {
+                Err(HookError::Alloc {
+                    source: AllocError::NoSuchPool { .. },
+                    ..
+                }) => {}
+                other => other?,
+            }
+        }
+        Ok(())
     }))
 }
 

@@ -115,7 +115,11 @@ fn a_mempool_with_its_own_allocator_through_the_c_functions() {
     // SAFETY: `own` is alive until the pool is forgotten.
     assert_eq!(unsafe { (*own).frees.load(Ordering::SeqCst) }, 0);
     assert_eq!(berth_torch_release_pool(0, POOL.0, POOL.1), 0);
-    assert_eq!(berth_torch_empty_pool_cache(0, POOL.0, POOL.1), 0);
+    // ~MemPool's emptyCache(id) walks every device (-1), as PyTorch's: a device without the
+    // pool is no error.
+    assert_eq!(berth_torch_empty_pool_cache(-1, 0, 999), 0);
+    assert_eq!(berth_torch_empty_pool_cache(0, 0, 999), -1);
+    assert_eq!(berth_torch_empty_pool_cache(-1, POOL.0, POOL.1), 0);
     assert_eq!(
         FREES.load(Ordering::SeqCst),
         1,

@@ -2,6 +2,8 @@
 //! `get_free_block`, with `alloc_block`, `release_available_cached_blocks`,
 //! `release_cached_blocks`, `garbage_collect_cached_blocks`), written out in one function.
 
+use std::sync::Arc;
+
 use crate::sync::SpinGuard;
 
 use super::state::{backend_err, State};
@@ -80,7 +82,9 @@ impl<B: MemoryBackend> Shared<B> {
             }
         }
         // Step 6: out of memory.
-        Err(self.out_of_memory(&mut st, r))
+        let e = self.out_of_memory(&mut st, r);
+        self.unlock(st);
+        Err(e)
     }
 
     /// `alloc_block`: a new segment of `alloc_size` bytes (or mapped pages with expandable
@@ -94,6 +98,11 @@ impl<B: MemoryBackend> Shared<B> {
     ) -> Result<(Guard<'a, B::Fence>, Option<u32>), AllocError> {
         if is_retry {
             st.stats.num_alloc_retries += 1;
+        }
+        // Segments released for this request go back to their pools' allocators first.
+        if !st.source_calls.is_empty() {
+            self.unlock(st);
+            st = self.lock();
         }
         if let Some(allowed) = st.allowed {
             if st.total_reserved + st.inflight + r.alloc_size > allowed {
@@ -121,6 +130,15 @@ impl<B: MemoryBackend> Shared<B> {
         };
         let mut st = self.lock();
         st.inflight -= r.alloc_size;
+        // The pool may have been forgotten, and its slot reused, while the lock was dropped:
+        // memory from its allocator goes back there, and the request finds no block.
+        if let (Some(source), Ok(ptr)) = (&source, &result) {
+            let now = st.private.source(r.pool / 2);
+            if !now.is_some_and(|s| Arc::ptr_eq(s, source)) {
+                st.source_calls.free_later(source, ptr.0, r.alloc_size);
+                return Ok((st, None));
+            }
+        }
         match result {
             Ok(ptr) => {
                 let i = st.new_segment(ptr.0, r.alloc_size, r.stream, r.pool);

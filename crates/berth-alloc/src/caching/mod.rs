@@ -60,6 +60,24 @@ impl<B: MemoryBackend> Shared<B> {
         self.state.lock()
     }
 
+    /// Drops the state lock, then makes the calls on pools' own allocators queued under it
+    /// (`private_pools::SourceCalls`). Their bytes count as in flight meanwhile, so the
+    /// memory-fraction check stays exact.
+    fn unlock(&self, mut st: SpinGuard<'_, State<B::Fence>>) {
+        if st.source_calls.is_empty() {
+            return;
+        }
+        let calls = std::mem::take(&mut st.source_calls);
+        st.inflight += calls.bytes;
+        drop(st);
+        // SAFETY: `release_block` queued each segment once, entirely free and with no pending
+        // events, and it left the allocator's bookkeeping then.
+        let bytes = unsafe { calls.run() };
+        if bytes > 0 {
+            self.lock().inflight -= bytes;
+        }
+    }
+
     fn malloc(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr, AllocError> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
@@ -89,7 +107,11 @@ impl<B: MemoryBackend> Shared<B> {
             pool,
         };
         match self.malloc_fallback(st, r) {
-            Ok((mut st, i)) => Ok(DevicePtr(st.alloc_found_block(i, size, requested, None))),
+            Ok((mut st, i)) => {
+                let ptr = DevicePtr(st.alloc_found_block(i, size, requested, None));
+                self.unlock(st);
+                Ok(ptr)
+            }
             Err(e) => {
                 // The state guard is gone: observers may use the allocator.
                 self.observers.notify(&e);
@@ -241,9 +263,10 @@ impl<B: MemoryBackend> DeviceAllocator for CachingAllocator<B> {
     }
 
     fn empty_cache(&self) -> Result<(), AllocError> {
-        self.shared
-            .lock()
-            .release_cached_blocks(&self.shared.backend)
+        let mut st = self.shared.lock();
+        let released = st.release_cached_blocks(&self.shared.backend);
+        self.shared.unlock(st);
+        released
     }
 
     fn stats(&self) -> MemoryStats {
@@ -320,7 +343,7 @@ impl<B: MemoryBackend> DeviceAllocator for CachingAllocator<B> {
                  such a pool",
             ));
         }
-        let pair = st.private.create_with_source(id, source)?;
+        let pair = st.private.create_with_source(id, &source)?;
         st.add_pool_pair(pair);
         Ok(())
     }
@@ -376,7 +399,9 @@ impl<B: MemoryBackend> DeviceAllocator for CachingAllocator<B> {
             what: "empty its cache: no such pool",
         })?;
         st.synchronize_and_free_events(&self.shared.backend)?;
-        st.release_pool_pair(&self.shared.backend, pair)
+        let released = st.release_pool_pair(&self.shared.backend, pair);
+        self.shared.unlock(st);
+        released
     }
 
     fn set_use_on_oom(&self, id: MempoolId, on: bool) -> Result<(), AllocError> {

@@ -183,7 +183,7 @@ impl PrivatePools {
     pub fn create_with_source(
         &mut self,
         id: MempoolId,
-        source: Arc<dyn SegmentSource>,
+        source: &Arc<dyn SegmentSource>,
     ) -> Result<u16, AllocError> {
         if id == (0, 0) {
             return Err(no_pool(
@@ -198,7 +198,7 @@ impl PrivatePools {
                  is given when the pool is created (torch.cuda.MemPool(allocator=...))",
             ));
         }
-        self.insert(id, Some(source))
+        self.insert(id, Some(Arc::clone(source)))
     }
 
     /// Adds pool `id` with one use in a free slot; returns its pair.
@@ -359,12 +359,61 @@ impl PrivatePools {
             .collect()
     }
 
-    /// Forgets pool pair `pair` (freeable and holding no segment).
-    pub fn forget(&mut self, pair: u16) {
+    /// Forgets pool pair `pair` (freeable and holding no segment). Returns its own allocator,
+    /// if it had one, for the caller to let go of once the state lock is dropped.
+    #[must_use]
+    pub fn forget(&mut self, pair: u16) -> Option<Arc<dyn SegmentSource>> {
         debug_assert!(self
             .get_mut(pair)
             .is_some_and(|p| p.use_count == 0 && p.segments == 0));
-        self.pools[usize::from(pair) - 1] = None;
+        self.pools[usize::from(pair) - 1]
+            .take()
+            .and_then(|p| p.source)
+    }
+}
+
+/// Calls on pools' own allocators that wait until the state lock is dropped
+/// (`Note [Pools with their own allocator]`): segments to give back, and the allocators of
+/// forgotten pools to let go of. A pool's allocator may run Python (vLLM's does) or free CUDA
+/// tensors, which would come back into this allocator: it is never called with the lock held.
+#[derive(Default)]
+pub(crate) struct SourceCalls {
+    frees: Vec<(Arc<dyn SegmentSource>, u64)>,
+    drops: Vec<Arc<dyn SegmentSource>>,
+    /// Bytes of the segments in `frees`, still held from their allocators.
+    pub bytes: u64,
+}
+
+impl SourceCalls {
+    /// Queues giving segment `ptr` of `bytes` back to `source`.
+    pub fn free_later(&mut self, source: &Arc<dyn SegmentSource>, ptr: u64, bytes: u64) {
+        self.frees.push((Arc::clone(source), ptr));
+        self.bytes += bytes;
+    }
+
+    /// Queues letting go of `source`.
+    pub fn drop_later(&mut self, source: Arc<dyn SegmentSource>) {
+        self.drops.push(source);
+    }
+
+    /// Whether nothing is queued.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.frees.is_empty() && self.drops.is_empty()
+    }
+
+    /// Makes the queued calls (after the lock is dropped); returns the bytes given back.
+    ///
+    /// # Safety
+    /// Every queued segment came from its source's `alloc`, is queued once, and no queued GPU
+    /// work uses it.
+    pub unsafe fn run(self) -> u64 {
+        for (source, ptr) in self.frees {
+            // SAFETY: the caller's contract.
+            unsafe { source.free(DevicePtr(ptr)) };
+        }
+        drop(self.drops);
+        self.bytes
     }
 }
 

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, VecDeque};
 use super::block::{Block, Slab, NIL};
 use super::policy::{MIN_BLOCK_SIZE, SMALL_SIZE};
 use super::pool::BlockPool;
-use super::private_pools::PrivatePools;
+use super::private_pools::{PrivatePools, SourceCalls};
 use super::sorted::SizeKey;
 use crate::addr_map::AddrMap;
 use crate::backend::{DevicePtr, MemoryBackend, StreamId};
@@ -69,6 +69,8 @@ pub(crate) struct State<E> {
     pub history: Option<TraceRing>,
     pub device_total: Option<u64>,
     pub device: i32,
+    /// Calls on pools' own allocators to make once the lock is dropped (`Shared::unlock`).
+    pub source_calls: SourceCalls,
 }
 
 /// Wraps a backend error with the stream of the operation.
@@ -102,6 +104,7 @@ impl<E> State<E> {
             history: None,
             device_total: None,
             device: 0,
+            source_calls: SourceCalls::default(),
         }
     }
 
@@ -431,9 +434,8 @@ impl<E> State<E> {
             (b.ptr, b.size, b.stream, b.small, b.pool)
         };
         match self.private.source(pool / 2) {
-            // SAFETY: the segment came from this pool's source (`alloc_block`), is entirely
-            // free and has no pending events, so no queued work uses it.
-            Some(source) => unsafe { source.free(DevicePtr(ptr)) },
+            // Given back once the lock is dropped (`SourceCalls`).
+            Some(source) => self.source_calls.free_later(source, ptr, size),
             // SAFETY: the segment came from `backend.malloc` with this size, is entirely free,
             // and has no pending events, so no queued work uses it.
             None => unsafe { backend.free(DevicePtr(ptr), size as usize, stream) }

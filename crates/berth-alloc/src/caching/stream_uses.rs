@@ -136,7 +136,9 @@ impl<E> State<E> {
             .get_mut(pair)
             .is_some_and(|p| p.use_count == 0 && p.segments == 0)
         {
-            self.private.forget(pair);
+            if let Some(source) = self.private.forget(pair) {
+                self.source_calls.drop_later(source);
+            }
         }
         Ok(())
     }

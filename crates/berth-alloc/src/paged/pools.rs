@@ -241,7 +241,8 @@ impl<E> State<E> {
             self.arenas[i] = Arena::new(StreamId::DEFAULT, RETIRED, 0);
             self.retired.push(i);
         }
-        self.private.forget(pair);
+        // None: paged refuses pools with an allocator of their own.
+        drop(self.private.forget(pair));
         failed.map_or(Ok(()), Err)
     }
 }

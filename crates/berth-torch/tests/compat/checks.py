@@ -694,6 +694,13 @@ def run(alloc, name):
     except Skip as e:
         return "skip", str(e)
     except Refused as e:
+        if berth is not None and hasattr(berth, "check_errors"):
+            # A refusal over a failed free is no refusal either.
+            try:
+                berth.check_errors()
+            except Exception as err:  # noqa: BLE001 - every failure becomes a verdict
+                step("berth_torch.check_errors()")
+                return "fail", _fail_detail(err)
         return "refused", str(e)
     except BaseException as e:  # noqa: BLE001 - every failure becomes a verdict
         if isinstance(e, KeyboardInterrupt):

@@ -297,7 +297,8 @@ void drop_filter(void* ctx) {
 // A MemPool's own allocator, held by berth for the pool's life: berth takes the pool's
 // segments from raw_alloc and gives them back through raw_delete. An exception must not cross
 // into berth: a failed allocation is no memory (berth's out-of-memory path follows), a failed
-// free is said once.
+// free is said once. berth calls them without its own lock held (Note [Pools with their own
+// allocator]), so an allocator that runs Python or frees tensors does not deadlock.
 using PoolAllocator = std::shared_ptr<cca::CUDAAllocator>;
 
 uint64_t pool_allocator_alloc(void* ctx, uint64_t bytes) {
@@ -307,6 +308,10 @@ uint64_t pool_allocator_alloc(void* ctx, uint64_t bytes) {
     TORCH_WARN_ONCE("berth: a MemPool's own allocator failed to allocate ", bytes,
                     " bytes; taken as out of memory: ", e.what());
     return 0;
+  } catch (...) {
+    TORCH_WARN_ONCE("berth: a MemPool's own allocator failed to allocate ", bytes,
+                    " bytes (a non-standard exception); taken as out of memory");
+    return 0;
   }
 }
 
@@ -315,6 +320,9 @@ void pool_allocator_free(void* ctx, uint64_t ptr) {
     (*static_cast<PoolAllocator*>(ctx))->raw_delete(reinterpret_cast<void*>(ptr));
   } catch (const std::exception& e) {
     TORCH_WARN_ONCE("berth: a MemPool's own allocator failed to free ", ptr, ": ", e.what());
+  } catch (...) {
+    TORCH_WARN_ONCE("berth: a MemPool's own allocator failed to free ", ptr,
+                    " (a non-standard exception)");
   }
 }
 
@@ -396,7 +404,8 @@ class BerthAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggable
       abi.reset();
       raise_deferred();
     } else {
-      check(abi.empty_pool_cache(c10::cuda::current_device(), pool.first, pool.second));
+      // Every device that has the pool, as PyTorch's emptyCache(mempool_id).
+      check(abi.empty_pool_cache(-1, pool.first, pool.second));
     }
   }
 

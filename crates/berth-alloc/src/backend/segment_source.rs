@@ -10,7 +10,10 @@
 //! <https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.cpp>). A
 //! request the source cannot serve goes through the usual out-of-memory fallback: the cached
 //! free segments of freeable pools are returned and the request is tried again, then
-//! out-of-memory. The memory-fraction cap counts these segments too.
+//! out-of-memory. The memory-fraction cap counts these segments too, also while they are being
+//! given back. The pool's allocator is never called with the policy's lock held (frees wait
+//! until it is dropped), and berth lets go of it once the pool is forgotten, also outside the
+//! lock.
 //!
 //! Where it cannot apply: with expandable segments PyTorch refuses such a pool (`"MemPool
 //! doesn't currently support expandable_segments"`), and so does berth's `expandable`, at the
@@ -24,8 +27,10 @@ use crate::ids::DevicePtr;
 /// (`Note [Pools with their own allocator]`): PyTorch's `raw_alloc` / `raw_delete` of the
 /// `CUDAAllocator` given to `torch.cuda.MemPool`.
 ///
-/// Calls come from any thread. `alloc` is called without the policy's lock held; `free` is
-/// called with it held, so it must not call back into the same allocator.
+/// Calls come from any thread, never with the policy's lock held: a source may run Python or
+/// free tensors of the same allocator (PyTorch calls `raw_delete` under its lock, a recursive
+/// one; berth's is not). A segment released under the lock is given back once the lock is
+/// dropped, by the same call, or by the next one when that call failed midway.
 pub trait SegmentSource: Send + Sync {
     /// `bytes` bytes of device memory (a multiple of 512, at least 512) for a new segment of
     /// the pool, 512-byte aligned, or `None` when the source has no memory for it.

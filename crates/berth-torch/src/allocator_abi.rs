@@ -351,35 +351,41 @@ pub unsafe extern "C" fn berth_torch_base_allocation(ptr: *mut c_void, size: *mu
 
 // ---- private pools -------------------------------------------------------------------------
 
-/// A stream filter from C++: `call(ctx, stream)` says whether requests on `stream` go to the
-/// pool; `drop(ctx)` runs when berth no longer needs it.
-struct ForeignFilter {
+/// A context pointer from C++ and the function that releases it: `drop(ctx)` runs once, when
+/// this is dropped (the callbacks that take `ctx` are the owner's).
+struct ForeignContext {
     ctx: *mut c_void,
-    call: unsafe extern "C" fn(*mut c_void, u64) -> bool,
     drop: Option<unsafe extern "C" fn(*mut c_void)>,
 }
 
-// SAFETY: the caller of `berth_torch_begin_allocate_to_pool` promises that `call` may run on
-// any thread and `drop` once on any thread (PyTorch's filters are plain std::functions over
-// a capture id).
-unsafe impl Send for ForeignFilter {}
-// SAFETY: as above; `call` only reads.
-unsafe impl Sync for ForeignFilter {}
+// SAFETY: the callers of the functions that take a context promise that its callbacks may run
+// on any thread and `drop` once on any thread (PyTorch's filters are plain std::functions over
+// a capture id; its allocators do their own locking).
+unsafe impl Send for ForeignContext {}
+// SAFETY: as above; berth only passes `ctx` on.
+unsafe impl Sync for ForeignContext {}
 
-impl ForeignFilter {
-    fn accepts(&self, stream: StreamId) -> bool {
-        // SAFETY: the caller of `berth_torch_begin_allocate_to_pool` promised `call` is
-        // callable with `ctx` until `drop` runs, which is after the last call (this is `&self`).
-        unsafe { (self.call)(self.ctx, stream.0) }
-    }
-}
-
-impl Drop for ForeignFilter {
+impl Drop for ForeignContext {
     fn drop(&mut self) {
         if let Some(d) = self.drop {
             // SAFETY: the caller's contract: `drop` releases `ctx` once.
             unsafe { d(self.ctx) };
         }
+    }
+}
+
+/// A stream filter from C++: `call(ctx, stream)` says whether requests on `stream` go to the
+/// pool.
+struct ForeignFilter {
+    ctx: ForeignContext,
+    call: unsafe extern "C" fn(*mut c_void, u64) -> bool,
+}
+
+impl ForeignFilter {
+    fn accepts(&self, stream: StreamId) -> bool {
+        // SAFETY: the caller of `berth_torch_begin_allocate_to_pool` promised `call` is
+        // callable with `ctx` until `drop` runs, which is after the last call (this is `&self`).
+        unsafe { (self.call)(self.ctx.ctx, stream.0) }
     }
 }
 
@@ -394,41 +400,25 @@ pub extern "C" fn berth_torch_create_or_incref_pool(device: c_int, id0: u64, id1
 }
 
 /// A pool's own allocator from C++ (`torch.cuda.MemPool(allocator=...)`): `alloc(ctx, bytes)`
-/// returns a device address or 0 for no memory, `free(ctx, address)` gives one back,
-/// `drop(ctx)` runs when berth lets go of it.
+/// returns a device address or 0 for no memory, `free(ctx, address)` gives one back.
 struct ForeignSource {
-    ctx: *mut c_void,
+    ctx: ForeignContext,
     alloc: unsafe extern "C" fn(*mut c_void, u64) -> u64,
     free: unsafe extern "C" fn(*mut c_void, u64),
-    drop: Option<unsafe extern "C" fn(*mut c_void)>,
 }
-
-// SAFETY: the caller of `berth_torch_create_pool_with_allocator` promises that `alloc` and
-// `free` may run on any thread and `drop` once on any thread.
-unsafe impl Send for ForeignSource {}
-// SAFETY: as above; the C++ side's allocator does its own locking (PyTorch's allocators do).
-unsafe impl Sync for ForeignSource {}
 
 impl SegmentSource for ForeignSource {
     fn alloc(&self, bytes: usize) -> Option<DevicePtr> {
         // SAFETY: the caller of `berth_torch_create_pool_with_allocator` promised `alloc` is
-        // callable with `ctx` until `drop` runs, which is after the last call (this is `&self`).
-        let ptr = unsafe { (self.alloc)(self.ctx, bytes as u64) };
+        // callable with `ctx` from any thread until `drop` runs, which is after the last call
+        // (this is `&self`).
+        let ptr = unsafe { (self.alloc)(self.ctx.ctx, bytes as u64) };
         (ptr != 0).then_some(DevicePtr(ptr))
     }
 
     unsafe fn free(&self, ptr: DevicePtr) {
         // SAFETY: as for `alloc`; `ptr` came from it (the trait's contract).
-        unsafe { (self.free)(self.ctx, ptr.0) }
-    }
-}
-
-impl Drop for ForeignSource {
-    fn drop(&mut self) {
-        if let Some(d) = self.drop {
-            // SAFETY: the caller's contract: `drop` releases `ctx` once.
-            unsafe { d(self.ctx) };
-        }
+        unsafe { (self.free)(self.ctx.ctx, ptr.0) }
     }
 }
 
@@ -454,10 +444,12 @@ pub unsafe extern "C" fn berth_torch_create_pool_with_allocator(
     drop_ctx: Option<unsafe extern "C" fn(*mut c_void)>,
 ) -> c_int {
     let source = Arc::new(ForeignSource {
-        ctx,
+        ctx: ForeignContext {
+            ctx,
+            drop: drop_ctx,
+        },
         alloc,
         free,
-        drop: drop_ctx,
     });
     status(guarded(move || {
         on_device(device, |a| a.create_pool_with_source((id0, id1), source))
@@ -485,17 +477,20 @@ pub unsafe extern "C" fn berth_torch_begin_allocate_to_pool(
     let filter: StreamFilter = match filter {
         Some(call) => {
             let f = ForeignFilter {
-                ctx,
+                ctx: ForeignContext {
+                    ctx,
+                    drop: drop_ctx,
+                },
                 call,
-                drop: drop_ctx,
             };
             Arc::new(move |s: StreamId| f.accepts(s))
         }
         None => {
-            if let Some(d) = drop_ctx {
-                // SAFETY: the caller's contract.
-                unsafe { d(ctx) };
-            }
+            // Released at once: no filter will use it.
+            drop(ForeignContext {
+                ctx,
+                drop: drop_ctx,
+            });
             Arc::new(|_| true)
         }
     };

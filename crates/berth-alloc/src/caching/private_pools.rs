@@ -159,12 +159,6 @@ impl PrivatePools {
     /// [`AllocError::NoSuchPool`] for `(0, 0)`; [`AllocError::TooManyPools`] past 32767
     /// pools.
     pub fn create_or_incref(&mut self, id: MempoolId) -> Result<(u16, bool), AllocError> {
-        if id == (0, 0) {
-            return Err(no_pool(
-                id,
-                "create a private pool: (0, 0) is the general pool",
-            ));
-        }
         if let Some(pair) = self.pair_of(id) {
             let p = self.get_mut(pair).expect("live pool");
             p.use_count += 1;
@@ -185,12 +179,6 @@ impl PrivatePools {
         id: MempoolId,
         source: &Arc<dyn SegmentSource>,
     ) -> Result<u16, AllocError> {
-        if id == (0, 0) {
-            return Err(no_pool(
-                id,
-                "create a private pool: (0, 0) is the general pool",
-            ));
-        }
         if self.pair_of(id).is_some() {
             return Err(no_pool(
                 id,
@@ -207,6 +195,12 @@ impl PrivatePools {
         id: MempoolId,
         source: Option<Arc<dyn SegmentSource>>,
     ) -> Result<u16, AllocError> {
+        if id == (0, 0) {
+            return Err(no_pool(
+                id,
+                "create a private pool: (0, 0) is the general pool",
+            ));
+        }
         let pool = Some(PrivatePool {
             id,
             use_count: 1,

@@ -4,7 +4,7 @@
 
 use berth_alloc::{AllocError, BlockState, DevicePtr, MempoolId};
 
-use crate::private_pools::{only, Under, MEMPOOL, S0};
+use crate::private_pools::{cache_one_block, only, Under, MEMPOOL, S0};
 use crate::util::MIB;
 
 /// The pool of the segment holding `ptr`.
@@ -27,10 +27,7 @@ fn a_use_on_oom_pool_lends_its_free_blocks_before_out_of_memory() {
         // 20 MiB cached.
         a.create_or_incref_pool(MEMPOOL).unwrap();
         a.set_use_on_oom(MEMPOOL, true).unwrap();
-        a.begin_allocate_to_pool(MEMPOOL, only(S0)).unwrap();
-        let p = a.raw_alloc(20 * MIB as usize, S0).unwrap();
-        a.raw_delete(p).unwrap();
-        a.end_allocate_to_pool(MEMPOOL).unwrap();
+        cache_one_block(a, MEMPOOL, 20 * MIB);
         a.release_pool(MEMPOOL).unwrap();
         // The general pool takes most of the rest; the next request cannot get new memory.
         let big = a.raw_alloc(40 * MIB as usize, S0).unwrap();
@@ -64,10 +61,7 @@ fn a_pool_that_lends_on_oom_does_not_lend_to_another_pool() {
         let (lender, other): (MempoolId, MempoolId) = ((0, 3), (0, 4));
         a.create_or_incref_pool(lender).unwrap();
         a.set_use_on_oom(lender, true).unwrap();
-        a.begin_allocate_to_pool(lender, only(S0)).unwrap();
-        let p = a.raw_alloc(20 * MIB as usize, S0).unwrap();
-        a.raw_delete(p).unwrap();
-        a.end_allocate_to_pool(lender).unwrap();
+        cache_one_block(a, lender, 20 * MIB);
         let big = a.raw_alloc(40 * MIB as usize, S0).unwrap();
         // A request of another private pool does not borrow (PyTorch: "if already trying to
         // use a mempool, then just oom").

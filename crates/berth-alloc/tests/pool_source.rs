@@ -12,7 +12,7 @@ use berth_alloc::backend::sim::SimBackend;
 use berth_alloc::caching::CachingAllocator;
 use berth_alloc::{AllocError, DeviceAllocator, DevicePtr, SegmentSource};
 
-use crate::private_pools::{only, segment_pools, Under, MEMPOOL, S0};
+use crate::private_pools::{cache_one_block, only, segment_pools, Under, MEMPOOL, S0};
 use crate::util::MIB;
 
 /// A pool's own allocator for the tests: bump allocation from an address range the simulated
@@ -286,10 +286,7 @@ fn a_pool_allocator_is_never_called_with_the_allocators_lock_held() {
             reentered: AtomicUsize::new(0),
         });
         a.create_pool_with_source(MEMPOOL, own.clone()).unwrap();
-        a.begin_allocate_to_pool(MEMPOOL, only(S0)).unwrap();
-        let p = a.raw_alloc(MIB as usize, S0).unwrap();
-        a.raw_delete(p).unwrap();
-        a.end_allocate_to_pool(MEMPOOL).unwrap();
+        cache_one_block(&a, MEMPOOL, MIB);
         a.release_pool(MEMPOOL).unwrap();
         a.release_pool(MEMPOOL).unwrap();
         // empty_cache gives the segment back: the allocator's free runs after the lock is
@@ -317,10 +314,7 @@ fn out_of_memory_gives_a_freeable_pools_segments_back_to_its_allocator_and_retri
         let own = OwnAllocator::new(u64::MAX);
         a.create_pool_with_source(MEMPOOL, own.clone()).unwrap();
         a.set_use_on_oom(MEMPOOL, lend).unwrap();
-        a.begin_allocate_to_pool(MEMPOOL, only(S0)).unwrap();
-        let p = a.raw_alloc(20 * MIB as usize, S0).unwrap();
-        a.raw_delete(p).unwrap();
-        a.end_allocate_to_pool(MEMPOOL).unwrap();
+        let p = cache_one_block(a, MEMPOOL, 20 * MIB);
         a.release_pool(MEMPOOL).unwrap();
         let big = a.raw_alloc(40 * MIB as usize, S0).unwrap();
         let next = a.raw_alloc(20 * MIB as usize, S0);

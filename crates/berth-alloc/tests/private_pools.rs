@@ -90,6 +90,21 @@ pub(crate) fn only(stream: StreamId) -> StreamFilter {
     Arc::new(move |s| s == stream)
 }
 
+/// Allocates `bytes` into `pool` on stream `S0` and frees it again, so the pool is left with
+/// that block cached (as after one `with torch.cuda.use_mem_pool(pool)` block); returns where
+/// the block was.
+pub(crate) fn cache_one_block(
+    alloc: &dyn DeviceAllocator,
+    pool: MempoolId,
+    bytes: u64,
+) -> DevicePtr {
+    alloc.begin_allocate_to_pool(pool, only(S0)).unwrap();
+    let p = alloc.raw_alloc(bytes as usize, S0).unwrap();
+    alloc.raw_delete(p).unwrap();
+    alloc.end_allocate_to_pool(pool).unwrap();
+    p
+}
+
 /// The pool ids of the segments, in address order.
 pub(crate) fn segment_pools(alloc: &dyn DeviceAllocator) -> Vec<MempoolId> {
     alloc
